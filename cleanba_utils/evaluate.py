@@ -1,0 +1,50 @@
+"""Plays episodes with a model saved by a Cleanba script (`--save-model`).
+
+    python -m cleanba_utils.evaluate runs/<run_name>/<exp_name>.cleanba_model --episodes 10
+
+The file names the script that wrote it; that script's own `Network`, `make_env` and `evaluate`
+play the episodes, so evaluation always matches training."""
+
+import argparse
+import importlib
+import json
+import sys
+
+import flax.serialization
+import msgpack
+import numpy as np
+
+
+def load_model(path: str):
+    """Returns (script module, its Args, params) of a saved model."""
+    with open(path, "rb") as f:
+        saved = flax.serialization.msgpack_restore(f.read())
+    script = importlib.import_module(f"cleanba.{saved['script']}")
+    return script, script.args_from_dict(saved["args"]), saved["params"]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="a .cleanba_model file")
+    parser.add_argument("--episodes", type=int, default=10, help="number of episodes to play")
+    parser.add_argument("--seed", type=int, default=None, help="environment seed (default: the run's seed + 1,000,000)")
+    parser.add_argument("--json", action="store_true", help="print the returns as JSON")
+    options = parser.parse_args(argv)
+    if options.episodes <= 0:
+        parser.exit(2, f"error: --episodes must be positive, got {options.episodes}\n")
+    try:
+        script, args, params = load_model(options.model)
+    except OSError as e:
+        parser.exit(2, f"error: cannot read {options.model}: {e.strerror}\n")
+    except (ValueError, KeyError, TypeError, ImportError, msgpack.UnpackException):
+        parser.exit(2, f"error: {options.model} is not a model saved by a Cleanba script (--save-model)\n")
+    seed = args.seed + 1_000_000 if options.seed is None else options.seed
+    returns = script.evaluate(params, args, options.episodes, seed)
+    if options.json:
+        print(json.dumps({"env_id": args.env_id, "returns": returns}))
+    else:
+        print(f"{args.env_id}: mean return {np.mean(returns):.2f} over {len(returns)} episodes: {returns}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

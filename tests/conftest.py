@@ -1,0 +1,51 @@
+"""Helpers shared by the script tests: run a script in a subprocess, read back what it logged."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import flax.serialization
+import numpy as np
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A network and rollout small enough for two CPU cores; 8 envs x 16 steps per update.
+TINY = ["--env-id", "Breakout-v5", "--channels", "4", "--hiddens", "32", "--num-steps", "16",
+        "--num-minibatches", "2", "--update-epochs", "2", "--log-frequency", "1"]
+
+
+def run_script(script: str, args: list, cwd, devices: int = 1, extra_env: dict | None = None, timeout: float = 300):
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **(extra_env or {}))
+    return subprocess.run([sys.executable, str(REPO / "cleanba" / script), *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def scalars(run_dir, tag: str) -> list[tuple[int, float]]:
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)] if tag in events.Tags()["scalars"] else []
+
+
+def scalar_tags(run_dir) -> set:
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return set(events.Tags()["scalars"])
+
+
+def load_params(model_path):
+    with open(model_path, "rb") as f:
+        return flax.serialization.msgpack_restore(f.read())["params"]
+
+
+def max_abs_difference(params_a, params_b) -> float:
+    flat_a, flat_b = flatten(params_a), flatten(params_b)
+    assert flat_a.keys() == flat_b.keys()
+    return max(float(np.max(np.abs(flat_a[k] - flat_b[k]))) for k in flat_a)
+
+
+def flatten(tree, prefix="") -> dict:
+    if isinstance(tree, dict):
+        return {k: v for key in tree for k, v in flatten(tree[key], f"{prefix}/{key}").items()}
+    return {prefix: np.asarray(tree, dtype=np.float64)}
