@@ -1,0 +1,327 @@
+"""Launch an experiment: every sweep setting x game x seed of one training command.
+
+Runs locally with a pool of worker processes, or as one SLURM job array (one array task per run):
+
+    python -m cleanba_utils.benchmark --env-ids Breakout-v5 Pong-v5 \\
+        --command "python cleanba/cleanba_ppo.py --track" --num-seeds 3 --workers 2
+    python -m cleanba_utils.benchmark --env-ids Breakout-v5 --command "python cleanba/cleanba_ppo.py" \\
+        --experiment lr_sweep --sweep "--learning-rate=2.5e-4,1e-3" --sweep "--num-minibatches=4,8" \\
+        --slurm-template-path cleanba.slurm_template --workers 16
+
+Every run gets `--env-id`, `--seed`, `--group <experiment>/<setting index>` and a deterministic
+`--run-name`, so a rerun or a requeued SLURM task writes to the same `runs/<run name>` folder.
+See cleanba_utils/LAUNCHER.md for the device layouts of the paper.
+"""
+
+import argparse
+import itertools
+import math
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from cleanba_utils import cli
+
+# Flags the launcher sets on every run; a command or sweep that also set them would clash silently.
+LAUNCHER_FLAGS = ("--env-id", "--seed", "--group", "--run-name", "--resume")
+DISTRIBUTIONS = {
+    "uniform": lambda rng, low, high: rng.uniform(low, high),
+    "loguniform": lambda rng, low, high: math.exp(rng.uniform(math.log(low), math.log(high))),
+}
+SLURM_DEFAULTS = {"slurm_gpus_per_task": 1, "slurm_ntasks": 1, "slurm_nodes": 1, "slurm_total_cpus": 8}
+STOP_GRACE_SECONDS = 60  # time a run gets to save its checkpoint after SIGTERM before it is killed
+
+
+def fail(message):
+    cli.fail("benchmark", message)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m cleanba_utils.benchmark", description=__doc__.split("\n")[0], allow_abbrev=False
+    )
+    add = parser.add_argument
+    add("--env-ids", nargs="+", required=True, metavar="ENV_ID", help="games, e.g. Breakout-v5 Pong-v5")
+    add("--command", required=True, metavar="CMD", help='e.g. "python cleanba/cleanba_ppo.py --track"')
+    add("--num-seeds", type=cli.positive_int, default=1, metavar="N", help="seeds per game and setting (default 1)")
+    add("--start-seed", type=int, default=1, metavar="SEED", help="first of the consecutive seeds (default 1)")
+    add("--workers", type=cli.positive_int, default=1, metavar="N", help="runs at a time (default 1)")
+    add("--experiment", metavar="NAME", help="experiment name (default: the script name)")
+    add("--log-dir", metavar="DIR", help="for logs and the sbatch script (default: runs/_launcher/<experiment>)")
+    add("--sweep", action="append", default=[], metavar='"--FLAG=V1,V2"', help="values of one script flag "
+        "(spaces split a value into several arguments); repeat for a grid; "
+        "with --search random also uniform(LOW,HIGH) or loguniform(LOW,HIGH)")
+    add("--search", choices=["grid", "random"], default="grid", help="run the whole grid or --budget random settings")
+    add("--budget", type=cli.positive_int, metavar="K", help="number of settings drawn by --search random")
+    add("--sweep-seed", type=int, default=0, metavar="SEED", help="seed of --search random (default 0)")
+    add("--resume", action="store_true", help="continue each run from its checkpoint (SLURM runs always do)")
+    add("--dry-run", action="store_true", help="print the commands (or the sbatch script) and exit")
+    add("--slurm-template-path", metavar="PATH", help="e.g. cleanba.slurm_template: submit a SLURM job array")
+    add("--slurm-gpus-per-task", type=cli.positive_int, metavar="N", help="GPUs per process (default 1)")
+    add("--slurm-ntasks", type=cli.positive_int, metavar="N", help="processes per run, jax.distributed ranks (default 1)")
+    add("--slurm-nodes", type=cli.positive_int, metavar="N", help="nodes per run (default 1)")
+    add("--slurm-total-cpus", type=cli.positive_int, metavar="N", help="CPUs per run, split over its tasks (default 8)")
+    add("--slurm-job-name", metavar="NAME", help="SLURM job name (default: the experiment name)")
+    add("--slurm-partition", metavar="NAME", help="SLURM partition (default: the cluster's default)")
+    cli.one_line_errors(parser, "benchmark")
+    # argparse takes a value that starts with "--" for an unknown option, so glue each --sweep to its value.
+    tokens = iter(argv)
+    return parser.parse_args([f"--sweep={next(tokens, '')}" if token == "--sweep" else token for token in tokens])
+
+
+def parse_sweep(text):
+    """`--flag=a,b` -> (flag, ["a", "b"]); `--flag=loguniform(1e-4,1e-3)` -> (flag, ("loguniform", 1e-4, 1e-3))."""
+    flag, _, values = text.partition("=")
+    if not re.fullmatch(r"--[A-Za-z][\w-]*", flag) or not values:
+        raise ValueError(f"bad --sweep {text!r}; write it as --sweep \"--flag=value1,value2\"")
+    if flag in LAUNCHER_FLAGS:
+        raise ValueError(f"--sweep {flag} is set by the launcher per run; sweep the flags of the training script only")
+    distribution = re.fullmatch(r"(\w+)\((.*)\)", values)
+    if distribution is None:
+        if "" in [value.strip() for value in values.split(",")]:
+            raise ValueError(f"--sweep {text!r} has an empty value; separate the values with single commas")
+        return flag, values.split(",")
+    name, bounds = distribution.groups()
+    try:
+        low, high = (float(bound) for bound in bounds.split(","))
+    except ValueError:
+        low = high = math.nan
+    if name not in DISTRIBUTIONS or not low < high or (name == "loguniform" and low <= 0):
+        raise ValueError(f"bad range in --sweep {text!r}; use uniform(LOW,HIGH) or loguniform(LOW,HIGH) "
+                         "with LOW < HIGH (and LOW > 0 for loguniform)")
+    return flag, (name, low, high)
+
+
+def grid_settings(sweeps):
+    """All settings of the grid, each a list of (flag, value) pairs; no sweep is one empty setting."""
+    flags = [flag for flag, _ in sweeps]
+    return [list(zip(flags, values)) for values in itertools.product(*[values for _, values in sweeps])]
+
+
+def random_settings(sweeps, budget, seed):
+    """`budget` settings drawn with `seed`: distinct grid points, or independent draws when a flag has a range."""
+    rng = random.Random(seed)
+    if all(isinstance(values, list) for _, values in sweeps):
+        grid = grid_settings(sweeps)
+        if budget > len(grid):
+            raise ValueError(f"--budget {budget} is larger than the grid of {len(grid)} settings; lower --budget")
+        return rng.sample(grid, budget)
+
+    def draw(values):
+        if isinstance(values, list):
+            return rng.choice(values)
+        name, low, high = values
+        return f"{DISTRIBUTIONS[name](rng, low, high):.4g}"
+
+    return [[(flag, draw(values)) for flag, values in sweeps] for _ in range(budget)]
+
+
+def default_experiment(command):
+    """`python cleanba/cleanba_ppo.py` and `python -m cleanba.cleanba_ppo` -> cleanba_ppo."""
+    for previous, token in zip([""] + command, command):
+        if previous == "-m":
+            return token.rpartition(".")[2]
+        if token.endswith(".py"):
+            return os.path.basename(token)[: -len(".py")]
+    return "experiment"
+
+
+def build_runs(command, env_ids, seeds, settings, experiment, resume):
+    """One (run name, argv) per setting x game x seed, in that nesting order."""
+    runs = []
+    for index, setting in enumerate(settings):
+        setting_args = [token for flag, value in setting for token in [flag, *value.split()]]
+        for env_id, seed in itertools.product(env_ids, seeds):
+            run_name = f"{env_id}__{experiment}__{index}__{seed}"
+            launcher_args = ["--env-id", env_id, "--seed", str(seed), "--group", f"{experiment}/{index}"]
+            launcher_args += ["--run-name", run_name] + (["--resume"] if resume else [])
+            runs.append((run_name, command + setting_args + launcher_args))
+    return runs
+
+
+def plan(args):
+    """(experiment, runs) for the parsed arguments; a ValueError says what is wrong with them."""
+    command = shlex.split(args.command)
+    if not command:
+        raise ValueError('--command is empty; give the training command, e.g. "python cleanba/cleanba_ppo.py"')
+    clashes = [token.split("=")[0] for token in command if token.split("=")[0] in LAUNCHER_FLAGS]
+    if clashes:
+        raise ValueError(f"--command sets {', '.join(clashes)}, which the launcher sets per run; remove it")
+    experiment = args.experiment or default_experiment(command)
+    if not re.fullmatch(r"[\w.-]+", experiment):
+        raise ValueError(f"--experiment {experiment!r} is not a folder name; use letters, digits, '_', '-' and '.'")
+    if args.start_seed < 0:
+        raise ValueError(f"--start-seed must be >= 0, got {args.start_seed}")
+    sweeps = [parse_sweep(text) for text in args.sweep]
+    if len({flag for flag, _ in sweeps}) < len(sweeps):
+        raise ValueError('a flag appears in more than one --sweep; give all its values in one --sweep "--flag=v1,v2"')
+    if (args.search == "random") != (args.budget is not None):
+        raise ValueError("--search random and --budget K go together; give both or neither")
+    if args.search == "random":
+        settings = random_settings(sweeps, args.budget, args.sweep_seed)
+    elif all(isinstance(values, list) for _, values in sweeps):
+        settings = grid_settings(sweeps)
+    else:
+        raise ValueError("ranges like loguniform(LOW,HIGH) need --search random --budget K; or list the values instead")
+    seeds = range(args.start_seed, args.start_seed + args.num_seeds)
+    # A requeued SLURM task must continue its run; a first start finds no checkpoint and starts fresh.
+    resume = args.resume or args.slurm_template_path is not None
+    return experiment, build_runs(command, args.env_ids, seeds, settings, experiment, resume)
+
+
+def slurm_options(args):
+    """The SLURM sizes with their defaults filled in; a ValueError says what is wrong with them."""
+    given = [name for name in [*SLURM_DEFAULTS, "slurm_job_name", "slurm_partition"] if getattr(args, name) is not None]
+    if args.slurm_template_path is None:
+        if given:
+            option = "--" + given[0].replace("_", "-")
+            raise ValueError(f"{option} needs --slurm-template-path, e.g. --slurm-template-path cleanba.slurm_template")
+        return None
+    if not os.path.isfile(args.slurm_template_path):
+        raise ValueError(f"no SLURM template at {args.slurm_template_path!r}; give the path of cleanba.slurm_template")
+    options = {name: getattr(args, name) or default for name, default in SLURM_DEFAULTS.items()}
+    if options["slurm_ntasks"] < options["slurm_nodes"]:
+        raise ValueError("--slurm-ntasks is smaller than --slurm-nodes; give each node at least one task")
+    if options["slurm_total_cpus"] < options["slurm_ntasks"]:
+        raise ValueError("--slurm-total-cpus is smaller than --slurm-ntasks; give each task at least one CPU")
+    return options
+
+
+def slurm_script(template, runs, workers, log_dir, job_name, partition, options):
+    """Fill the sbatch template's {{placeholders}}; the lines of an unset one (the partition) are dropped."""
+    commands = [f"    {shlex.quote(shlex.join(argv))}  # {index}" for index, (_, argv) in enumerate(runs)]
+    values = {
+        "job_name": job_name,
+        "partition": partition,
+        "array": f"0-{len(runs) - 1}%{workers}",
+        "nodes": str(options["slurm_nodes"]),
+        "ntasks": str(options["slurm_ntasks"]),
+        "gpus_per_task": str(options["slurm_gpus_per_task"]),
+        "cpus_per_task": str(options["slurm_total_cpus"] // options["slurm_ntasks"]),
+        "log_dir": os.path.abspath(log_dir),
+        "commands": "\n".join(commands),
+    }
+    unset = ["{{" + key + "}}" for key, value in values.items() if value is None]
+    script = "".join(line for line in template.splitlines(keepends=True) if not any(key in line for key in unset))
+    for key, value in values.items():
+        script = script.replace("{{" + key + "}}", value or "")
+    unknown = sorted(set(re.findall(r"\{\{\w*\}\}", script)))
+    if unknown:
+        known = ", ".join(values)
+        raise ValueError(f"the SLURM template has unknown placeholders {', '.join(unknown)}; known ones: {known}")
+    return script
+
+
+def submit(script, log_dir, experiment):
+    """Save the sbatch script under the log dir and submit it when sbatch is available; returns an exit code."""
+    os.makedirs(log_dir, exist_ok=True)  # SLURM does not create the folder of --output
+    path = os.path.join(log_dir, f"{experiment}.sbatch")
+    with open(path, "w") as file:
+        file.write(script)
+    if shutil.which("sbatch") is None:
+        print(f"wrote {path}; sbatch is not on PATH, submit it on the cluster with: sbatch {path}")
+        return 0
+    print(f"wrote {path}; submitting", flush=True)
+    return subprocess.run(["sbatch", path]).returncode
+
+
+def signal_group(process, signum):
+    # Each run leads its own process group, so this also reaches the processes the run started.
+    try:
+        os.killpg(process.pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def stop(processes):
+    """Ask runs to save a checkpoint and exit (SIGTERM); kill what is left after the grace time or a second Ctrl-C."""
+    for process in processes:
+        signal_group(process, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    try:
+        for process in processes:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        for process in processes:
+            signal_group(process, signal.SIGKILL)
+            process.wait()
+
+
+def run_local(runs, workers, log_dir):
+    """Run at most `workers` runs at a time, each logging to <log_dir>/<run name>.log; returns {run name: exit code}."""
+    os.makedirs(log_dir, exist_ok=True)
+    pending, running, exit_codes = list(runs), {}, {}
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                run_name, argv = pending.pop(0)
+                # Appending keeps the log of an earlier launch that this one resumes.
+                with open(os.path.join(log_dir, f"{run_name}.log"), "a") as log:
+                    log.write(shlex.join(argv) + "\n")
+                    log.flush()
+                    # A session of its own keeps Ctrl-C away from the run, so that stop() decides how it ends.
+                    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                running[process] = (run_name, time.monotonic())
+            time.sleep(0.1)
+            for process in [process for process in running if process.poll() is not None]:
+                run_name, start = running.pop(process)
+                exit_codes[run_name] = process.returncode
+                progress = f"[{len(exit_codes)}/{len(runs)}] exit {process.returncode}"
+                print(f"{progress} after {time.monotonic() - start:.0f}s: {run_name}", flush=True)
+    except KeyboardInterrupt:
+        print(f"interrupted: stopping {len(running)} running run(s)", file=sys.stderr, flush=True)
+        stop(list(running))
+        raise
+    return exit_codes
+
+
+def summary(exit_codes, log_dir):
+    failed = {run_name: code for run_name, code in exit_codes.items() if code != 0}
+    lines = [f"{len(exit_codes)} runs: {len(exit_codes) - len(failed)} exited 0, {len(failed)} failed"]
+    for run_name, code in failed.items():
+        lines.append(f"  exit {code}: {run_name} (log: {os.path.join(log_dir, run_name + '.log')})")
+    return "\n".join(lines)
+
+
+def main():
+    args = parse_args(sys.argv[1:])
+    try:
+        experiment, runs = plan(args)
+        options = slurm_options(args)
+        log_dir = args.log_dir or os.path.join("runs", "_launcher", experiment)
+        if options is not None:
+            with open(args.slurm_template_path) as file:
+                template = file.read()
+            script = slurm_script(template, runs, args.workers, log_dir, args.slurm_job_name or experiment,
+                                  args.slurm_partition, options)
+    except ValueError as error:
+        fail(str(error))
+
+    if options is not None:
+        if args.dry_run:
+            print(script, end="")
+            return
+        sys.exit(submit(script, log_dir, experiment))
+    if args.dry_run:
+        print("\n".join(shlex.join(argv) for _, argv in runs))
+        return
+    # Ctrl-C and SIGTERM (e.g. from a job scheduler) stop the runs alike; a launcher started in the
+    # background inherits an ignored SIGINT, hence both are set here.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.default_int_handler)
+    try:
+        exit_codes = run_local(runs, args.workers, log_dir)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    print(summary(exit_codes, log_dir))
+    sys.exit(1 if any(exit_codes.values()) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+import itertools
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cleanba_utils.benchmark import grid_settings, parse_sweep, random_settings
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEMPLATE = os.path.join(REPO, "cleanba.slurm_template")
+GAMES = ["Breakout-v5", "Pong-v5"]
+
+# Stands in for a training script: records its argv, writes to both streams, fails on Pong with
+# --fail-pong, and with --sleep waits until SIGTERM or SIGUSR1 and notes which one it got.
+FAKE_TRAIN = """
+import json, os, signal, sys, time
+here = os.path.dirname(os.path.abspath(__file__))
+def stopped(signum, frame):
+    open(os.path.join(here, "stopped-" + signal.Signals(signum).name), "w").close()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stopped)
+signal.signal(signal.SIGUSR1, stopped)
+os.makedirs(os.path.join(here, "calls"), exist_ok=True)
+record = os.path.join(here, "calls", f"{os.getpid()}.json")
+with open(record + ".tmp", "w") as file:
+    json.dump(sys.argv[1:], file)
+os.replace(record + ".tmp", record)
+print("to stdout")
+print("to stderr", file=sys.stderr)
+if "--sleep" in sys.argv:
+    time.sleep(60)
+sys.exit(3 if "--fail-pong" in sys.argv and "Pong-v5" in sys.argv else 0)
+"""
+
+
+@pytest.fixture
+def fake_train(tmp_path):
+    path = tmp_path / "fake_train.py"
+    path.write_text(FAKE_TRAIN)
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(path))}"
+
+
+def launch(tmp_path, *args, env=None):
+    return subprocess.run([sys.executable, "-m", "cleanba_utils.benchmark", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def calls(tmp_path):
+    """Every fake training run so far, as {flag: the token after it} plus its whole argv under "argv"."""
+    records = [json.loads(path.read_text()) for path in sorted((tmp_path / "calls").glob("*.json"))]
+    return [dict(zip(argv, argv[1:])) | {"argv": argv} for argv in records]
+
+
+def wait_for(condition, seconds=20):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_local_runs_every_game_and_seed_with_logs(tmp_path, fake_train):
+    result = launch(tmp_path, "--env-ids", *GAMES, "--command", fake_train, "--num-seeds", "2", "--start-seed", "1",
+                    "--workers", "2")
+    assert result.returncode == 0, result.stderr
+    runs = calls(tmp_path)
+    assert sorted((run["--env-id"], run["--seed"]) for run in runs) == sorted(itertools.product(GAMES, ["1", "2"]))
+    for run in runs:
+        run_name = f"{run['--env-id']}__fake_train__0__{run['--seed']}"
+        assert run["--run-name"] == run_name and run["--group"] == "fake_train/0"
+        assert "--resume" not in run["argv"]
+        log = (tmp_path / "runs" / "_launcher" / "fake_train" / f"{run_name}.log").read_text()
+        assert "to stdout" in log and "to stderr" in log
+    progress = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert [line.split("]")[0] for line in progress] == ["[1/4", "[2/4", "[3/4", "[4/4"]
+    assert all(" exit 0 " in line for line in progress)
+    assert "4 runs: 4 exited 0, 0 failed" in result.stdout
+
+
+def test_failing_run_fails_the_launcher(tmp_path, fake_train):
+    result = launch(tmp_path, "--env-ids", *GAMES, "--command", f"{fake_train} --fail-pong", "--workers", "2")
+    assert result.returncode == 1
+    assert "2 runs: 1 exited 0, 1 failed" in result.stdout
+    assert "exit 3: Pong-v5__fake_train__0__1" in result.stdout
+
+
+def test_interrupt_stops_running_runs(tmp_path, fake_train):
+    args = ["--env-ids", *GAMES, "--command", f"{fake_train} --sleep", "--workers", "2"]
+    launcher = subprocess.Popen([sys.executable, "-m", "cleanba_utils.benchmark", *args], cwd=tmp_path,
+                                stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: len(calls(tmp_path)) == 2)
+    launcher.send_signal(signal.SIGINT)
+    assert launcher.wait(timeout=30) == 130
+    assert "stopping 2 running run(s)" in launcher.stderr.read()
+    assert (tmp_path / "stopped-SIGTERM").exists()
+    for record in (tmp_path / "calls").glob("*.json"):
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(record.stem), 0)
+
+
+def test_dry_run_prints_commands_only(tmp_path, fake_train):
+    result = launch(tmp_path, "--env-ids", *GAMES, "--command", fake_train, "--num-seeds", "3", "--resume", "--dry-run")
+    assert result.returncode == 0
+    commands = [shlex.split(line) for line in result.stdout.splitlines()]
+    assert len(commands) == 6 and all(command[-1] == "--resume" for command in commands)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "calls").exists()
+
+
+def test_grid_sweep_runs_every_setting(tmp_path, fake_train):
+    result = launch(tmp_path, "--env-ids", "Pong-v5", "--command", fake_train, "--experiment", "grid", "--dry-run",
+                    "--sweep", "--learning-rate=1e-4,1e-3", "--sweep", "--learner-device-ids=1 2,3")
+    commands = [shlex.split(line) for line in result.stdout.splitlines()]
+    # A value with spaces becomes several arguments, as flags taking a list (device ids) need.
+    settings = [(" ".join(command[2 : command.index("--env-id")]), command[command.index("--group") + 1])
+                for command in commands]
+    assert settings == [
+        ("--learning-rate 1e-4 --learner-device-ids 1 2", "grid/0"),
+        ("--learning-rate 1e-4 --learner-device-ids 3", "grid/1"),
+        ("--learning-rate 1e-3 --learner-device-ids 1 2", "grid/2"),
+        ("--learning-rate 1e-3 --learner-device-ids 3", "grid/3"),
+    ]
+
+
+def test_random_search_is_deterministic_within_grid_and_budget():
+    sweeps = [parse_sweep("--learning-rate=1e-4,3e-4,1e-3"), parse_sweep("--num-minibatches=2,4,8")]
+    grid = grid_settings(sweeps)
+    drawn = random_settings(sweeps, 5, seed=3)
+    assert drawn == random_settings(sweeps, 5, seed=3)
+    assert len(drawn) == 5 and all(setting in grid for setting in drawn)
+    assert len({tuple(setting) for setting in drawn}) == 5
+    assert len({tuple(map(tuple, random_settings(sweeps, 5, seed))) for seed in range(5)}) > 1
+    with pytest.raises(ValueError, match="larger than the grid of 9"):
+        random_settings(sweeps, 10, seed=3)
+
+
+def test_random_search_draws_ranges(tmp_path, fake_train):
+    args = ["--env-ids", "Pong-v5", "--command", fake_train, "--search", "random", "--budget", "4", "--sweep-seed", "7",
+            "--sweep", "--learning-rate=loguniform(1e-5,1e-3)", "--sweep", "--num-minibatches=4,8", "--dry-run"]
+    result = launch(tmp_path, *args)
+    assert result.stdout == launch(tmp_path, *args).stdout
+    commands = [shlex.split(line) for line in result.stdout.splitlines()]
+    assert len(commands) == 4
+    for command in commands:
+        assert 1e-5 <= float(command[command.index("--learning-rate") + 1]) <= 1e-3
+        assert command[command.index("--num-minibatches") + 1] in ["4", "8"]
+
+
+def slurm_args(fake_train, *extra):
+    return ["--env-ids", *GAMES, "--command", fake_train, "--num-seeds", "2", "--workers", "3",
+            "--slurm-template-path", TEMPLATE, *extra]
+
+
+def test_sbatch_script_has_every_command_and_requeue(tmp_path, fake_train):
+    result = launch(tmp_path, *slurm_args(fake_train, "--slurm-ntasks", "2", "--slurm-gpus-per-task", "4",
+                                          "--slurm-total-cpus", "16", "--slurm-partition", "gpu", "--dry-run"))
+    assert result.returncode == 0, result.stderr
+    script = result.stdout
+    local_args = ["--env-ids", *GAMES, "--command", fake_train, "--num-seeds", "2", "--resume", "--dry-run"]
+    commands = launch(tmp_path, *local_args).stdout.splitlines()
+    assert len(commands) == 4
+    for index, command in enumerate(commands):
+        assert f"    {shlex.quote(command)}  # {index}" in script.splitlines()
+    expected = [
+        "#SBATCH --job-name=fake_train", "#SBATCH --partition=gpu", "#SBATCH --array=0-3%3", "#SBATCH --ntasks=2",
+        "#SBATCH --gpus-per-task=4", "#SBATCH --cpus-per-task=8", "#SBATCH --requeue", "#SBATCH --signal=B:USR1@120",
+        "command=${commands[$SLURM_ARRAY_TASK_ID]}", '    scontrol requeue "$SLURM_JOB_ID"',
+        "trap 'checkpoint_and_requeue USR1' USR1", "trap 'checkpoint_and_requeue TERM' TERM",
+        'srun bash -c "exec $command" &',
+    ]
+    assert [line for line in script.splitlines() if line in expected] == expected
+    assert "{{" not in script
+    without_partition = launch(tmp_path, *slurm_args(fake_train, "--dry-run")).stdout
+    assert "--partition" not in without_partition
+
+
+def test_sbatch_script_is_saved_submitted_and_requeues(tmp_path, fake_train):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in [("sbatch", 'echo "$@" > "$(dirname "$0")/sbatch.args"'), ("srun", 'exec "$@"'),
+                       ("scontrol", 'echo "$@" > "$(dirname "$0")/scontrol.args"')]:
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = os.environ | {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    result = launch(tmp_path, *slurm_args(f"{fake_train} --sleep"), env=env)
+    assert result.returncode == 0, result.stderr
+    script = tmp_path / "runs" / "_launcher" / "fake_train" / "fake_train.sbatch"
+    assert (bin_dir / "sbatch.args").read_text().split() == [str(script.relative_to(tmp_path))]
+
+    task_env = env | {"SLURM_ARRAY_TASK_ID": "2", "SLURM_JOB_ID": "42"}
+    task = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=task_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: len(calls(tmp_path)) == 1)
+    run = calls(tmp_path)[0]
+    assert (run["--env-id"], run["--seed"], run["argv"][-1]) == ("Pong-v5", "1", "--resume")
+    task.send_signal(signal.SIGUSR1)
+    assert task.wait(timeout=30) == 0, task.stdout.read()
+    assert (tmp_path / "stopped-SIGUSR1").exists()
+    assert (bin_dir / "scontrol.args").read_text().split() == ["requeue", "42"]
+
+
+VALID = ["--env-ids", "Pong-v5", "--command", "python train.py"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--command", "python train.py"], "the following arguments are required: --env-ids"),
+        ([*VALID, "--sweep", "--learning-rate"], "bad --sweep"),
+        ([*VALID, "--sweep", "--lr=uniform(1)"], "bad range"),
+        ([*VALID, "--sweep", "--lr=uniform(1,2)"], "need --search random"),
+        ([*VALID, "--sweep", "--seed=1,2"], "set by the launcher"),
+        (["--env-ids", "Pong-v5", "--command", "python train.py --seed 1"], "--command sets --seed"),
+        ([*VALID, "--workers", "0"], "argument --workers"),
+        ([*VALID, "--num-seeds", "-1"], "argument --num-seeds"),
+        ([*VALID, "--budget", "2"], "go together"),
+        ([*VALID, "--slurm-ntasks", "2"], "needs --slurm-template-path"),
+        ([*VALID, "--slurm-template-path", "missing"], "no SLURM template"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    result = launch(tmp_path, *args)
+    assert result.returncode == 2
+    assert result.stderr.startswith("benchmark: error: ") and message in result.stderr
+    assert len(result.stderr.splitlines()) == 1 and result.stdout == ""
