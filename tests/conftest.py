@@ -49,3 +49,11 @@ def flatten(tree, prefix="") -> dict:
     if isinstance(tree, dict):
         return {k: v for key in tree for k, v in flatten(tree[key], f"{prefix}/{key}").items()}
     return {prefix: np.asarray(tree, dtype=np.float64)}
+
+
+def wait_for_line(proc, prefix: str):
+    """Reads a running script's stdout until a line starts with `prefix` (other libraries print there too)."""
+    for line in proc.stdout:
+        if line.startswith(prefix):
+            return line
+    raise AssertionError(f"the process ended (exit {proc.wait()}) before printing {prefix!r}: {proc.stderr.read()[-3000:]}")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cleanba import cleanba_ppo as ppo
-from conftest import REPO, TINY, load_params, max_abs_difference, run_script, scalar_tags, scalars
+from conftest import REPO, TINY, load_params, max_abs_difference, run_script, scalar_tags, scalars, wait_for_line
 
 # Parameters of the same run under two layouts differ by float rounding only: measured at most
 # 6e-8 after 3 updates, asserted with 20x margin.
@@ -257,7 +257,7 @@ def test_ctrl_c_exits_cleanly_with_logs_flushed(tmp_path):
     args = [*TINY, "--local-num-envs", 4, "--total-timesteps", 100_000, "--run-name", "interrupted"]
     proc = subprocess.Popen([sys.executable, str(REPO / "cleanba" / "cleanba_ppo.py"), *map(str, args)],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().startswith("update 1/")
+    wait_for_line(proc, "update 1/")
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130 and "interrupted" in stderr and "Traceback" not in stderr
