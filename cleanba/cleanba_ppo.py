@@ -76,7 +76,7 @@ class Args:
     num_actor_threads: int = 2
     """the number of actor threads per actor device"""
     envpool_num_threads: Optional[int] = None
-    """worker threads of each envpool instance (default: min(local_num_envs, CPU count)); results do not depend on it"""
+    """worker threads of each envpool instance (default: CPUs / actor threads); results do not depend on it"""
     num_steps: int = 128
     """the number of steps each environment runs per rollout"""
     gamma: float = 0.99
@@ -159,7 +159,7 @@ def parse_args(argv=None) -> Args:
 
 
 def validate(args: Args):
-    """Checks every argument before any environment or device work; exits 2 on the first problem."""
+    """Checks every argument that needs no device, before any other work; exits 2 on the first problem."""
     distributed_options = [args.coordinator_address, args.num_processes, args.process_id]
     if any(o is not None for o in distributed_options) and not (args.distributed and all(
             o is not None for o in distributed_options)):
@@ -191,7 +191,8 @@ def validate(args: Args):
 
 
 def validate_layout(args: Args):
-    """The checks that need the devices (and, with --distributed, the number of processes)."""
+    """The checks that need the devices (and, with --distributed, the number of processes), before any
+    environment or device work."""
     num_devices = len(jax.local_devices())
     for name in ["actor_device_ids", "learner_device_ids"]:
         ids = getattr(args, name)
@@ -223,7 +224,8 @@ def make_env(args: Args, seed: int, num_envs: int):
         env_type="gymnasium",
         num_envs=num_envs,
         seed=seed,
-        num_threads=args.envpool_num_threads or min(num_envs, os.cpu_count() or 1),
+        num_threads=args.envpool_num_threads or max(1, min(num_envs, (os.cpu_count() or 1) // (
+            args.num_actor_threads * len(args.actor_device_ids)))),
         **(atari if is_atari(args.env_id) else {}),
     )
 
@@ -554,6 +556,7 @@ def train(args: Args):
     probe_env = make_env(args, args.seed, 1)
     network = Network(args.channels, args.hiddens, probe_env.action_space.n)
     params = network.init(jax.random.fold_in(jax.random.PRNGKey(args.seed), 0), probe_env.reset()[0])
+    probe_env.close()
     optimizer = optax.chain(
         optax.clip_by_global_norm(args.max_grad_norm),
         optax.inject_hyperparams(optax.adam)(
@@ -610,7 +613,8 @@ def train(args: Args):
 
     for device_index, actor_device in enumerate(actor_devices):
         for thread_id in range(args.num_actor_threads):
-            thread_index = (jax.process_index() * len(actor_devices) + device_index) * args.num_actor_threads + thread_id
+            thread_index = ((jax.process_index() * len(actor_devices) + device_index) * args.num_actor_threads
+                            + thread_id)
             param_queues.append(queue.Queue(maxsize=1))
             rollout_queues.append(queue.Queue(maxsize=1))
             threads.append(threading.Thread(target=guarded, daemon=True, name=f"actor-{thread_index}", args=(
