@@ -143,8 +143,9 @@ def collect(runs_dir, metric, last_n, labels):
             )
         seen[key] = run_dir
         run = dict(zip(("algorithm", "env_id", "seed"), key))
-        # Actor threads can log slightly out of step order; TensorBoard's purging would drop episodes.
-        events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0}, purge_orphaned_data=False)
+        # Purging (the default) drops what a preempted run logged after the checkpoint it resumed from;
+        # out-of-order steps from several actor threads are kept, since the event files are of version 2.
+        events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
         events.Reload()
         tags = events.Tags()["scalars"]
         logged = {name: sorted(events.Scalars(tag), key=lambda e: e.step) for name, tag in TAGS.items() if tag in tags}
