@@ -9,6 +9,7 @@ corrects for the difference between the behaviour policy and the policy being tr
 
 import contextlib
 import dataclasses
+import glob
 import hashlib
 import importlib.metadata
 import io
@@ -16,6 +17,7 @@ import json
 import os
 import platform
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -34,6 +36,7 @@ import optax
 import rlax
 import tyro
 from flax.training.train_state import TrainState
+from jax._src import distributed
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tensorboardX import SummaryWriter
 
@@ -74,7 +77,7 @@ class Args:
     num_actor_threads: int = 2
     """the number of actor threads per actor device"""
     envpool_num_threads: Optional[int] = None
-    """worker threads of each envpool instance (default: min(local_num_envs, CPU count)); results do not depend on it"""
+    """worker threads of each envpool instance (default: CPUs / actor threads); results do not depend on it"""
     num_steps: int = 20
     """the number of steps each environment runs per rollout"""
     gamma: float = 0.99
@@ -104,6 +107,18 @@ class Args:
     """the local device ids the learner update is pmap'd over"""
     concurrency: bool = True
     """let actors collect the next rollout while the learner trains (policy lag 1 instead of 0)"""
+    distributed: bool = False
+    """join a multi-process run with jax.distributed (configured by SLURM or the three options below)"""
+    coordinator_address: Optional[str] = None
+    """host:port of process 0, for --distributed outside SLURM"""
+    num_processes: Optional[int] = None
+    """the number of processes, for --distributed outside SLURM"""
+    process_id: Optional[int] = None
+    """this process's index in 0 .. num_processes - 1, for --distributed outside SLURM"""
+    checkpoint_every: int = 0
+    """save a checkpoint every this many updates (0: only at the end and on SIGTERM / SIGUSR1)"""
+    resume: bool = False
+    """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is none)"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +129,8 @@ class Sizes:
     num_updates: int
 
 
-def sizes_of(args: Args) -> Sizes:
-    num_envs = args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids)
+def sizes_of(args: Args, num_processes: int) -> Sizes:
+    num_envs = args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids) * num_processes
     batch_size = num_envs * args.num_steps
     return Sizes(num_envs, batch_size, batch_size // args.num_minibatches, args.total_timesteps // batch_size)
 
@@ -143,13 +158,21 @@ def parse_args(argv=None) -> Args:
 
 
 def validate(args: Args):
-    """Checks every argument before any environment or device work; exits 2 on the first problem."""
+    """Checks every argument that needs no device, before any other work; exits 2 on the first problem."""
+    distributed_options = [args.coordinator_address, args.num_processes, args.process_id]
+    if any(o is not None for o in distributed_options) and not (args.distributed and all(
+            o is not None for o in distributed_options)):
+        fail("--coordinator-address, --num-processes and --process-id go together, with --distributed")
+    if args.num_processes is not None and not 0 <= args.process_id < args.num_processes:
+        fail(f"--process-id must be in 0 .. {args.num_processes - 1} (--num-processes), got {args.process_id}")
+    if args.resume and args.run_name is None:
+        fail("--resume needs --run-name: the run folder whose checkpoints to continue from")
     positive = ["total_timesteps", "learning_rate", "local_num_envs", "num_actor_threads", "num_steps",
                 "num_minibatches", "clip_rho_threshold", "clip_pg_rho_threshold", "max_grad_norm", "log_frequency"]
     for name in positive:
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name in ["ent_coef", "vf_coef", "eval_episodes"]:
+    for name in ["ent_coef", "vf_coef", "eval_episodes", "checkpoint_every"]:
         if getattr(args, name) < 0:
             fail(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
     if not 0 < args.gamma <= 1:
@@ -164,6 +187,11 @@ def validate(args: Args):
         fail("--channels and --hiddens take positive layer sizes")
     if args.env_id not in envpool.list_all_envs():
         fail(f"--env-id {args.env_id} is not an envpool environment; try Breakout-v5 or CartPole-v1")
+
+
+def validate_layout(args: Args):
+    """The checks that need the devices (and, with --distributed, the number of processes), before any
+    environment or device work."""
     num_devices = len(jax.local_devices())
     for name in ["actor_device_ids", "learner_device_ids"]:
         ids = getattr(args, name)
@@ -177,7 +205,7 @@ def validate(args: Args):
         fail(f"--local-num-envs {args.local_num_envs} over {len(args.learner_device_ids)} learner device(s) gives "
              f"{args.local_num_envs // len(args.learner_device_ids)} envs per device, not divisible by "
              f"--num-minibatches {args.num_minibatches}: every device puts equally many envs in each minibatch")
-    sizes = sizes_of(args)
+    sizes = sizes_of(args, jax.process_count())
     if sizes.num_updates < 1:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({sizes.batch_size} steps = "
              "num envs x num steps); raise it or shrink --local-num-envs / --num-steps")
@@ -196,7 +224,8 @@ def make_env(args: Args, seed: int, num_envs: int):
         env_type="gymnasium",
         num_envs=num_envs,
         seed=seed,
-        num_threads=args.envpool_num_threads or min(num_envs, os.cpu_count() or 1),
+        num_threads=args.envpool_num_threads or max(1, min(num_envs, (os.cpu_count() or 1) // (
+            args.num_actor_threads * len(args.actor_device_ids)))),
         **(atari if is_atari(args.env_id) else {}),
     )
 
@@ -271,7 +300,7 @@ def queue_put(q: queue.Queue, item, stop: threading.Event):
                 raise SystemExit(1)
 
 
-def rollout(args, sizes, network, thread_index, env_offset, actor_device, learner_devices,
+def rollout(args, sizes, network, first_update, env_offset, actor_device, learner_devices,
             param_queue, rollout_queue, writer, stop, recent_returns):
     """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs - 1."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
@@ -293,9 +322,9 @@ def rollout(args, sizes, network, thread_index, env_offset, actor_device, learne
     next_is_reset = np.zeros(args.local_num_envs, dtype=bool)
     episode_return = np.zeros(args.local_num_envs)
     episode_length = np.zeros(args.local_num_envs, dtype=np.int64)
-    for iteration in range(1, sizes.num_updates + 1):
+    for iteration in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
-        if not (args.concurrency and iteration == 2):
+        if not (args.concurrency and iteration == first_update + 1):
             actor_policy_version, params = queue_get(param_queue, stop)
         param_queue_get_time = time.time() - param_wait_start
 
@@ -470,27 +499,62 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     return returns.tolist()
 
 
+def save_checkpoint(run_dir: str, state, counters: dict, keep: int = 2):
+    """Written beside its final name and renamed into place, with a checksum in front: a crash while
+    writing leaves the previous checkpoint intact, and a damaged file is recognized on resume."""
+    payload = flax.serialization.msgpack_serialize(
+        {"state": flax.serialization.to_state_dict(jax.device_get(first_replica(state))), "counters": counters})
+    directory = os.path.join(run_dir, "checkpoints")
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"update_{counters['update']:09d}.ckpt")
+    with open(path + ".tmp", "wb") as f:
+        f.write(hashlib.sha256(payload).hexdigest().encode() + payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    for old in sorted(glob.glob(os.path.join(directory, "*.ckpt")))[:-keep]:
+        os.remove(old)
+
+
+def load_checkpoint(run_dir: str, state):
+    """(state, counters) of the newest checkpoint whose checksum holds, or None when there is none."""
+    for path in sorted(glob.glob(os.path.join(run_dir, "checkpoints", "*.ckpt")), reverse=True):
+        with open(path, "rb") as f:
+            data = f.read()
+        if hashlib.sha256(data[64:]).hexdigest().encode() != data[:64]:
+            print(f"warning: checkpoint {path} is damaged; trying the one before", file=sys.stderr)
+            continue
+        saved = flax.serialization.msgpack_restore(data[64:])
+        return flax.serialization.from_state_dict(state, saved["state"]), saved["counters"]
+    return None
+
+
+def lost_peers() -> str:
+    """Names the processes the coordinator no longer hears from, for the error of a broken run."""
+    everyone = list(range(jax.process_count()))
+    try:
+        live = distributed.global_state.client.get_live_nodes(everyone)
+    except Exception:
+        return "the coordinator (process 0) is gone"
+    lost = sorted(set(everyone) - set(live))
+    return f"process(es) {lost} left the run" if lost else "a peer process failed"
+
+
 def train(args: Args):
-    sizes = sizes_of(args)
+    sizes = sizes_of(args, jax.process_count())
+    is_main = jax.process_index() == 0
     run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join("runs", run_name)
-    os.makedirs(run_dir, exist_ok=True)
-    write_json(os.path.join(run_dir, "spec.json"), run_spec(args, sizes, run_name))
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=dataclasses.asdict(args), name=run_name, group=args.group or None, save_code=True)
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
-        f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()))
 
     local_devices = jax.local_devices()
     actor_devices = [local_devices[i] for i in args.actor_device_ids]
     learner_devices = [local_devices[i] for i in args.learner_device_ids]
+    global_learner_devices = [jax.local_devices(process_index=p)[i]
+                              for p in range(jax.process_count()) for i in args.learner_device_ids]
     probe_env = make_env(args, args.seed, 1)
     network = Network(args.channels, args.hiddens, probe_env.action_space.n)
     params = network.init(jax.random.fold_in(jax.random.PRNGKey(args.seed), 0), probe_env.reset()[0])
+    probe_env.close()
     optimizer = optax.chain(
         optax.clip_by_global_norm(args.max_grad_norm),
         optax.inject_hyperparams(optax.rmsprop)(
@@ -498,10 +562,38 @@ def train(args: Args):
             decay=0.99, eps=0.01),
     )
     state = TrainState.create(apply_fn=network.apply, params=params, tx=optimizer)
+    counters = dict(update=0, wall_time_s=0.0)
+    checkpoint = load_checkpoint(run_dir, state) if args.resume else None
+    if checkpoint:
+        state, counters = checkpoint
+        if counters["sizes"] != dataclasses.asdict(sizes) or counters["seed"] != args.seed:
+            fail(f"--resume: the checkpoint of {run_dir} is of another run (sizes {counters['sizes']}, seed "
+                 f"{counters['seed']}); resume with the same global hyperparameters")
+        print(f"resuming {run_name} from update {counters['update']}")
     learner_sharding = NamedSharding(Mesh(np.array(learner_devices), ("devices",)), PartitionSpec("devices"))
     state = jax.device_put(jax.tree.map(lambda x: np.stack([np.asarray(x)] * len(learner_devices)), state),
                            learner_sharding)
-    update = make_update(args, learner_devices)
+    update = make_update(args, global_learner_devices)
+    any_process = jax.pmap(lambda flag: jax.lax.psum(flag, "devices"), axis_name="devices",
+                           devices=global_learner_devices)
+
+    start_update = counters["update"]
+    if is_main:
+        os.makedirs(run_dir, exist_ok=True)
+        spec = run_spec(args, sizes, run_name)
+        write_json(os.path.join(run_dir, "spec.json" if not checkpoint else f"spec_resume_{start_update}.json"),
+                   spec)
+    if args.track and is_main:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=dataclasses.asdict(args), name=run_name, group=args.group or None, save_code=True,
+                   id=run_name if args.resume else None, resume="allow" if args.resume else None)
+    # purge_step makes TensorBoard drop what a preempted run logged after its checkpoint.
+    writer = SummaryWriter(run_dir, write_to_disk=is_main,
+                           purge_step=start_update * sizes.batch_size + 1 if checkpoint else None)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
+        f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()))
 
     stop = threading.Event()
     failures: list[str] = []
@@ -519,11 +611,12 @@ def train(args: Args):
 
     for device_index, actor_device in enumerate(actor_devices):
         for thread_id in range(args.num_actor_threads):
-            thread_index = device_index * args.num_actor_threads + thread_id
+            thread_index = ((jax.process_index() * len(actor_devices) + device_index) * args.num_actor_threads
+                            + thread_id)
             param_queues.append(queue.Queue(maxsize=1))
             rollout_queues.append(queue.Queue(maxsize=1))
             threads.append(threading.Thread(target=guarded, daemon=True, name=f"actor-{thread_index}", args=(
-                rollout, args, sizes, network, thread_index, thread_index * args.local_num_envs, actor_device,
+                rollout, args, sizes, network, start_update + 1, thread_index * args.local_num_envs, actor_device,
                 learner_devices, param_queues[-1], rollout_queues[-1], writer, stop, recent_returns)))
 
     def send_params(version):
@@ -533,19 +626,29 @@ def train(args: Args):
             for q in param_queues[device_index * args.num_actor_threads:(device_index + 1) * args.num_actor_threads]:
                 queue_put(q, (version, on_device), stop)
 
+    received_signal = []
+    for signum in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signum, lambda signum, frame: received_signal.append(signum))
+
+    def checkpoint_now(update_index):
+        if is_main:
+            save_checkpoint(run_dir, state, dict(
+                update=update_index, global_step=update_index * sizes.batch_size, sizes=dataclasses.asdict(sizes),
+                seed=args.seed, wall_time_s=counters["wall_time_s"] + time.time() - start_time))
+
     start_time = time.time()
-    learner_policy_version = 0
-    global_step = 0
+    learner_policy_version = start_update
+    global_step = start_update * sizes.batch_size
     exit_code = 0
     try:
         send_params(learner_policy_version)
         for thread in threads:
             thread.start()
-        for update_index in range(1, sizes.num_updates + 1):
+        for update_index in range(start_update + 1, sizes.num_updates + 1):
             wait_start = time.time()
             payloads = [queue_get(q, stop) for q in rollout_queues]
             rollout_queue_get_time = time.time() - wait_start
-            expected_lag = 1 if args.concurrency and update_index > 1 else 0
+            expected_lag = 1 if args.concurrency and update_index > start_update + 1 else 0
             for iteration, actor_policy_version, _, _ in payloads:
                 lag = learner_policy_version - actor_policy_version
                 if iteration != update_index or lag != expected_lag:
@@ -558,10 +661,7 @@ def train(args: Args):
             learn_time = time.time() - learn_start
             learner_policy_version += 1
             global_step = update_index * sizes.batch_size
-            if update_index < sizes.num_updates:
-                send_params(learner_policy_version)
-
-            sps = int(global_step / (time.time() - start_time))
+            sps = int((global_step - start_update * sizes.batch_size) / (time.time() - start_time))
             timing = {k: np.mean([p[3][k] for p in payloads]) for k in payloads[0][3]}
             scalars = dict(timing, rollout_queue_get_time=rollout_queue_get_time, learn_time=learn_time,
                            actor_policy_version=payloads[0][1], learner_policy_version=learner_policy_version)
@@ -574,18 +674,34 @@ def train(args: Args):
                     writer.add_scalar(f"losses/{key}", value, global_step)
                 returns = list(recent_returns)
                 mean_return = f"{np.mean(returns):.1f}" if returns else "n/a"
-                eta = (sizes.num_updates - update_index) * (time.time() - start_time) / update_index
+                eta = (sizes.num_updates - update_index) * (time.time() - start_time) / (update_index - start_update)
                 print(f"update {update_index}/{sizes.num_updates} step={global_step} SPS={sps} "
                       f"return={mean_return} policy actor={payloads[0][1]} learner={learner_policy_version} "
                       f"wait rollout={rollout_queue_get_time:.2f}s param={timing['param_queue_get_time']:.2f}s "
                       f"ETA={eta / 60:.1f}min", flush=True)
+            # Every process must stop after the same update, or the others would wait for it forever.
+            stop_requested = np.full(len(learner_devices), bool(received_signal), np.int32)
+            if args.distributed:
+                stop_requested = np.asarray(any_process(stop_requested))
+            if stop_requested[0]:
+                checkpoint_now(update_index)
+                print(f"stopped by a signal after update {update_index}; checkpoint saved, continue with --resume",
+                      file=sys.stderr)
+                exit_code = 128 + (received_signal[0] if received_signal else signal.SIGTERM)
+                break
+            if args.checkpoint_every and (update_index % args.checkpoint_every == 0
+                                          or update_index == sizes.num_updates):
+                checkpoint_now(update_index)
+            if update_index < sizes.num_updates:
+                send_params(learner_policy_version)
     except KeyboardInterrupt:
         print("interrupted: stopping threads and flushing logs", file=sys.stderr)
         exit_code = 130
     except SystemExit:
         exit_code = 1
     except Exception:
-        failures.append(traceback.format_exc())
+        failures.append(traceback.format_exc() + (f"error: distributed run broken: {lost_peers()}\n"
+                                                  if args.distributed else ""))
         exit_code = 1
     finally:
         stop.set()
@@ -600,24 +716,25 @@ def train(args: Args):
 
     final_params = jax.device_get(first_replica(state.params))
     fingerprint = params_fingerprint(final_params)
-    if args.save_model:
+    if args.save_model and is_main:
         model_path = os.path.join(run_dir, f"{args.exp_name}.cleanba_model")
         saved_args = json.loads(json.dumps(dataclasses.asdict(args)))  # msgpack takes lists, not tuples
         with open(model_path, "wb") as f:
             f.write(flax.serialization.msgpack_serialize(
                 {"script": os.path.basename(__file__)[: -len(".py")], "args": saved_args, "params": final_params}))
         print(f"model saved to {model_path}")
-    if args.eval_episodes:
+    if args.eval_episodes and is_main:
         eval_returns = evaluate(final_params, args, args.eval_episodes, args.seed + 1_000_000)
         for episode, episode_return in enumerate(eval_returns):
             writer.add_scalar("eval/episodic_return", episode_return, episode)
         print(f"eval: mean return {np.mean(eval_returns):.1f} over {len(eval_returns)} episodes")
-    wall_time = time.time() - start_time
-    write_json(os.path.join(run_dir, "summary.json"), dict(
-        params_fingerprint=fingerprint, global_step=global_step, learner_policy_version=learner_policy_version,
-        sps=int(global_step / wall_time), wall_time_s=wall_time))
+    wall_time = counters["wall_time_s"] + time.time() - start_time
+    if is_main:
+        write_json(os.path.join(run_dir, "summary.json"), dict(
+            params_fingerprint=fingerprint, global_step=global_step, learner_policy_version=learner_policy_version,
+            sps=int(global_step / wall_time), wall_time_s=wall_time))
     writer.close()
-    if args.track:
+    if args.track and is_main:
         wandb.finish()
     print(f"params_fingerprint={fingerprint}", flush=True)
 
@@ -628,7 +745,16 @@ def args_from_dict(saved: dict) -> Args:
 
 
 def main(argv=None):
-    train(parse_args(argv))
+    args = parse_args(argv)
+    if args.distributed:
+        try:
+            jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
+                                       heartbeat_timeout_seconds=30)
+        except (ValueError, RuntimeError) as error:
+            fail(f"--distributed could not join the run ({str(error).splitlines()[0]}); run it under SLURM or "
+                 "give --coordinator-address, --num-processes and --process-id")
+    validate_layout(args)
+    train(args)
 
 
 if __name__ == "__main__":

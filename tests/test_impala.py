@@ -236,7 +236,7 @@ BAD_INPUTS = [
 @pytest.mark.parametrize("args,option", BAD_INPUTS)
 def test_bad_input_is_one_line_and_exit_2(capsys, args, option):
     with pytest.raises(SystemExit) as exit_:
-        impala.parse_args(args)
+        impala.validate_layout(impala.parse_args(args))
     assert exit_.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and option in lines[0], lines

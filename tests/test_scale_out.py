@@ -1,4 +1,4 @@
-"""Multi-process runs, a lost peer, preemption with checkpoint and resume."""
+"""Multi-process runs, a lost peer, preemption with checkpoint and resume: the machinery both scripts share."""
 
 import json
 import os
@@ -11,10 +11,14 @@ import time
 import pytest
 
 from conftest import REPO, TINY, load_params, max_abs_difference, run_script, scalars, wait_for_line
-from test_ppo import LAYOUT_ATOL, fingerprint_of
+from test_impala import IMPALA_TINY
+from test_impala import LAYOUT_ATOL as IMPALA_LAYOUT_ATOL
+from test_ppo import LAYOUT_ATOL as PPO_LAYOUT_ATOL
+from test_ppo import fingerprint_of
 
-SCRIPT = str(REPO / "cleanba" / "cleanba_ppo.py")
-GLOBAL = [*TINY, "--total-timesteps", 384, "--concurrency", "--num-actor-threads", 1, "--actor-device-ids", 0,
+# Each script's tiny arguments and how far its parameters may drift between layouts.
+SCRIPTS = {"cleanba_ppo.py": (TINY, PPO_LAYOUT_ATOL), "cleanba_impala.py": (IMPALA_TINY, IMPALA_LAYOUT_ATOL)}
+GLOBAL = ["--total-timesteps", 384, "--concurrency", "--num-actor-threads", 1, "--actor-device-ids", 0,
           "--learner-device-ids", 1]
 
 
@@ -24,19 +28,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_processes(args: list, cwd, num_processes: int = 2) -> list[subprocess.Popen]:
+def start_processes(script: str, args: list, cwd, num_processes: int = 2) -> list[subprocess.Popen]:
     """Processes on this machine joined by jax.distributed, 2 CPU devices each."""
     address = f"127.0.0.1:{free_port()}"
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    return [subprocess.Popen([sys.executable, SCRIPT, *map(str, args), "--distributed", "--coordinator-address",
-                              address, "--num-processes", str(num_processes), "--process-id", str(i)],
+    return [subprocess.Popen([sys.executable, str(REPO / "cleanba" / script), *map(str, args), "--distributed",
+                              "--coordinator-address", address, "--num-processes", str(num_processes),
+                              "--process-id", str(i)],
                              cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for i in range(num_processes)]
 
 
-def test_two_processes_match_one_process_with_two_learner_devices(tmp_path):
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_two_processes_match_one_process_with_two_learner_devices(tmp_path, script):
+    tiny, layout_atol = SCRIPTS[script]
     start = time.time()
-    processes = start_processes([*GLOBAL, "--local-num-envs", 4, "--save-model", "--run-name", "two"], tmp_path)
+    processes = start_processes(script, [*tiny, *GLOBAL, "--local-num-envs", 4, "--save-model", "--run-name", "two"],
+                                tmp_path)
     results = [p.communicate(timeout=300) for p in processes]
     wall_time = time.time() - start
     for p, (_, stderr) in zip(processes, results):
@@ -45,17 +53,19 @@ def test_two_processes_match_one_process_with_two_learner_devices(tmp_path):
     assert len(fingerprints) == 1
     print(f"two-process run: {wall_time:.1f}s wall time")
 
-    single = run_script("cleanba_ppo.py", [*GLOBAL, "--local-num-envs", 8, "--save-model", "--learner-device-ids", 1,
-                                           2, "--run-name", "one"], tmp_path, devices=3)
+    single = run_script(script, [*tiny, *GLOBAL, "--local-num-envs", 8, "--save-model", "--learner-device-ids", 1, 2,
+                                 "--run-name", "one"], tmp_path, devices=3)
     assert single.returncode == 0, single.stderr[-3000:]
     # Only process 0 writes the run folder.
     assert json.loads((tmp_path / "runs" / "two" / "spec.json").read_text())["sizes"]["num_envs"] == 8
-    assert max_abs_difference(load_params(tmp_path / "runs" / "two" / "cleanba_ppo.cleanba_model"),
-                              load_params(tmp_path / "runs" / "one" / "cleanba_ppo.cleanba_model")) < LAYOUT_ATOL
+    model = script.replace(".py", ".cleanba_model")
+    assert max_abs_difference(load_params(tmp_path / "runs" / "two" / model),
+                              load_params(tmp_path / "runs" / "one" / model)) < layout_atol
 
 
 def test_a_killed_peer_ends_the_run(tmp_path):
-    processes = start_processes([*GLOBAL, "--local-num-envs", 4, "--total-timesteps", 100_000], tmp_path)
+    processes = start_processes("cleanba_ppo.py", [*TINY, *GLOBAL, "--local-num-envs", 4, "--total-timesteps", 100_000],
+                                tmp_path)
     wait_for_line(processes[0], "update 1/")
     processes[1].kill()
     killed_at = time.time()
@@ -71,41 +81,49 @@ def checkpoint_files(run_dir) -> list:
 
 
 @pytest.fixture(scope="module")
-def preempted_run(tmp_path_factory):
-    """A run stopped by SIGTERM after its third update, with a checkpoint after every update."""
+def preempted_run(request, tmp_path_factory):
+    """A run of the script given as parameter, stopped by SIGTERM after its third update, with a checkpoint
+    after every update."""
+    script = request.param
     cwd = tmp_path_factory.mktemp("preempted")
-    args = [*TINY, "--local-num-envs", 4, "--total-timesteps", 640, "--checkpoint-every", 1, "--run-name", "run"]
-    proc = subprocess.Popen([sys.executable, SCRIPT, *map(str, args)], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    args = [*SCRIPTS[script][0], "--local-num-envs", 4, "--total-timesteps", 640, "--checkpoint-every", 1,
+            "--run-name", "run"]
+    proc = subprocess.Popen([sys.executable, str(REPO / "cleanba" / script), *map(str, args)], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_line(proc, "update 3/")
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM and "continue with --resume" in stderr, stderr[-3000:]
-    return cwd, args
+    return script, cwd, args
 
 
+@pytest.mark.parametrize("preempted_run", SCRIPTS, indirect=True)
 def test_sigterm_saves_and_resume_finishes_the_run(preempted_run, tmp_path):
-    cwd, args = preempted_run
+    script, cwd, args = preempted_run
     run_dir = cwd / "runs" / "run"
     stopped_at = int(checkpoint_files(run_dir)[-1].stem.split("_")[1])
     assert 3 <= stopped_at < 5 and len(checkpoint_files(run_dir)) == 2
-    result = run_script("cleanba_ppo.py", [*args, "--resume"], cwd)
+    result = run_script(script, [*args, "--resume"], cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"resuming run from update {stopped_at}" in result.stdout
+    assert (run_dir / f"spec_resume_{stopped_at}.json").exists()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["global_step"] == 640 and summary["learner_policy_version"] == 5
+    assert summary["params_fingerprint"] == fingerprint_of(result)
     # TensorBoard sees each update once: what followed the checkpoint before the signal is purged.
     assert [v for _, v in scalars(run_dir, "stats/learner_policy_version")] == [1, 2, 3, 4, 5]
 
 
+# Checkpoint files are the scripts' shared code: one script suffices.
+@pytest.mark.parametrize("preempted_run", ["cleanba_ppo.py"], indirect=True)
 def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(preempted_run, tmp_path):
-    cwd, args = preempted_run
+    script, cwd, args = preempted_run
     run_dir = cwd / "runs" / "run"
     newest, previous = checkpoint_files(run_dir)[-1], checkpoint_files(run_dir)[-2]
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0xFF
     newest.write_bytes(bytes(data))
-    result = run_script("cleanba_ppo.py", [*args, "--resume", "--run-name", "run"], cwd)
+    result = run_script(script, [*args, "--resume", "--run-name", "run"], cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "damaged" in result.stderr
     assert f"resuming run from update {int(previous.stem.split('_')[1])}" in result.stdout
