@@ -683,7 +683,7 @@ def train(args: Args):
             stop_requested = np.full(len(learner_devices), bool(received_signal), np.int32)
             if args.distributed:
                 stop_requested = np.asarray(any_process(stop_requested))
-            if stop_requested[0]:
+            if stop_requested[0] and update_index < sizes.num_updates:
                 checkpoint_now(update_index)
                 print(f"stopped by a signal after update {update_index}; checkpoint saved, continue with --resume",
                       file=sys.stderr)
