@@ -224,7 +224,8 @@ def make_env(args: Args, seed: int, num_envs: int):
         env_type="gymnasium",
         num_envs=num_envs,
         seed=seed,
-        num_threads=args.envpool_num_threads or max(1, min(num_envs, (os.cpu_count() or 1) // (
+        # sched_getaffinity counts the CPUs this process may use (a SLURM allocation), not the node's.
+        num_threads=args.envpool_num_threads or max(1, min(num_envs, len(os.sched_getaffinity(0)) // (
             args.num_actor_threads * len(args.actor_device_ids)))),
         **(atari if is_atari(args.env_id) else {}),
     )
