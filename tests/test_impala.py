@@ -11,17 +11,8 @@ import numpy as np
 import pytest
 
 from cleanba import cleanba_impala as impala
-from conftest import REPO, TINY, load_params, max_abs_difference, run_script, scalar_tags, scalars
-from test_ppo import CRASHING_ACTOR, assert_policy_lag, fingerprint_of
-
-# IMPALA makes one pass over each rollout, so it has no --update-epochs.
-IMPALA_TINY = TINY[:TINY.index("--update-epochs")] + TINY[TINY.index("--update-epochs") + 2:]
-
-# Parameters of the same run under two layouts differ by float rounding only: measured at most 4e-9
-# after 3 updates (1.5e-8 on Breakout), asserted with 25x margin; minibatches chosen per device
-# instead of per global env index give 5e-4.
-LAYOUT_ATOL = 1e-7
-
+from conftest import IMPALA_TINY, REPO, assert_policy_lag, fingerprint_of, run_script, scalars
+from test_ppo import CRASHING_ACTOR
 
 def python_vtrace(values, rewards, terminations, truncations, rhos, gamma, lam, rho_bar, pg_rho_bar):
     """Espeholt et al. (2018) eq. 1 as the explicit sum, one environment:
@@ -127,58 +118,6 @@ def test_minibatch_membership_depends_on_global_env_index_only():
     # Every block of 4 consecutive envs sends one env to each minibatch, in an order that varies.
     assert all(sorted(block) == [0, 1, 2, 3] for block in np.asarray(together).reshape(4, 4).tolist())
     assert len({tuple(block) for block in np.asarray(together).reshape(4, 4).tolist()}) > 1
-
-
-# CartPole: episodes of a few dozen steps, so every layout crosses episode boundaries.
-LAYOUT = [*IMPALA_TINY, "--env-id", "CartPole-v1", "--total-timesteps", 384, "--save-model", "--actor-device-ids", 0]
-LAYOUTS = {
-    "one_learner": ["--local-num-envs", 8, "--num-actor-threads", 1, "--learner-device-ids", 1],
-    "one_learner_again": ["--local-num-envs", 8, "--num-actor-threads", 1, "--learner-device-ids", 1],
-    "two_learners": ["--local-num-envs", 8, "--num-actor-threads", 1, "--learner-device-ids", 1, 2],
-    "two_threads": ["--local-num-envs", 4, "--num-actor-threads", 2, "--learner-device-ids", 1],
-}
-
-
-@pytest.fixture(scope="session")
-def layout_runs(tmp_path_factory):
-    """The same global config (8 envs, 3 updates, concurrent by default) under several layouts on 4 CPU devices."""
-    cwd = tmp_path_factory.mktemp("impala_layouts")
-    runs = {}
-    for name, layout in LAYOUTS.items():
-        result = run_script("cleanba_impala.py", [*LAYOUT, *layout, "--run-name", name], cwd, devices=4)
-        assert result.returncode == 0, result.stderr[-3000:]
-        runs[name] = (result, cwd / "runs" / name)
-    return runs
-
-
-def test_concurrent_by_default_with_lag_one_after_first_update(layout_runs):
-    for _, run_dir in layout_runs.values():
-        assert_policy_lag(run_dir, concurrent=True, num_updates=3)
-
-
-def test_same_command_twice_gives_same_fingerprint(layout_runs):
-    assert fingerprint_of(layout_runs["one_learner"][0]) == fingerprint_of(layout_runs["one_learner_again"][0])
-
-
-@pytest.mark.parametrize("layout", ["two_learners", "two_threads"])
-def test_layout_does_not_change_parameters(layout_runs, layout):
-    reference = load_params(layout_runs["one_learner"][1] / "cleanba_impala.cleanba_model")
-    other = load_params(layout_runs[layout][1] / "cleanba_impala.cleanba_model")
-    assert max_abs_difference(reference, other) < LAYOUT_ATOL
-
-
-def test_four_devices_actor_on_0_learners_on_1_2_log_everything(layout_runs):
-    run_dir = layout_runs["two_learners"][1]
-    spec = json.loads((run_dir / "spec.json").read_text())
-    assert spec["script"] == "cleanba_impala.py" and spec["args"]["learner_device_ids"] == [1, 2]
-    assert len(spec["devices"]) == 4
-    expected = {"charts/SPS", "charts/learning_rate", "charts/episodic_return", "losses/pg_loss",
-                "losses/baseline_loss", "losses/entropy", "losses/approx_kl", "stats/actor_policy_version",
-                "stats/learner_policy_version", "stats/rollout_queue_get_time", "stats/param_queue_get_time",
-                "stats/rollout_time", "stats/learn_time", "stats/env_step_time", "stats/inference_time"}
-    assert expected <= scalar_tags(run_dir)
-    learning_rates = [value for _, value in scalars(run_dir, "charts/learning_rate")]
-    np.testing.assert_allclose(learning_rates, [6e-4, 4e-4, 2e-4], rtol=1e-6)
 
 
 @pytest.fixture(scope="session")

@@ -12,12 +12,7 @@ import numpy as np
 import pytest
 
 from cleanba import cleanba_ppo as ppo
-from conftest import REPO, TINY, load_params, max_abs_difference, run_script, scalar_tags, scalars, wait_for_line
-
-# Parameters of the same run under two layouts differ by float rounding only: measured at most
-# 6e-8 after 3 updates, asserted with 20x margin.
-LAYOUT_ATOL = 1e-6
-
+from conftest import REPO, TINY, assert_policy_lag, fingerprint_of, load_params, run_script, scalars, wait_for_line
 
 def python_gae(rewards, values, terminations, truncations, gamma, lam):
     """The GAE recursion written out step by step, one environment."""
@@ -80,72 +75,6 @@ def test_action_sampling_depends_on_env_index_not_batch():
     halves = [ppo.sample_actions(logits[:3], ppo.jax.random.PRNGKey(0), 7, jnp.arange(3) + k) for k in (0, 3)]
     np.testing.assert_array_equal(together, np.concatenate(halves))
     assert len(set(np.asarray(together).tolist())) > 1
-
-
-def assert_policy_lag(run_dir, concurrent: bool, num_updates: int):
-    learner = dict(scalars(run_dir, "stats/learner_policy_version"))
-    actor = dict(scalars(run_dir, "stats/actor_policy_version"))
-    assert sorted(learner.values()) == list(range(1, num_updates + 1))
-    for step, learner_version in learner.items():
-        # learner_policy_version is logged after the update that trained on the actor's data
-        expected_lag = 1 if concurrent and learner_version > 1 else 0
-        assert learner_version - 1 - actor[step] == expected_lag, (step, learner_version, actor[step])
-
-
-LAYOUT = [*TINY, "--total-timesteps", 384, "--concurrency", "--save-model", "--actor-device-ids", 0]
-LAYOUTS = {
-    "one_learner": ["--local-num-envs", 8, "--num-actor-threads", 1, "--learner-device-ids", 1],
-    "one_learner_again": ["--local-num-envs", 8, "--num-actor-threads", 1, "--learner-device-ids", 1],
-    "two_learners": ["--local-num-envs", 8, "--num-actor-threads", 1, "--learner-device-ids", 1, 2],
-    "two_threads": ["--local-num-envs", 4, "--num-actor-threads", 2, "--learner-device-ids", 1],
-}
-
-
-@pytest.fixture(scope="session")
-def layout_runs(tmp_path_factory):
-    """The same global config (8 envs, 3 updates) under several layouts on 4 CPU devices."""
-    cwd = tmp_path_factory.mktemp("layouts")
-    runs = {}
-    for name, layout in LAYOUTS.items():
-        result = run_script("cleanba_ppo.py", [*LAYOUT, *layout, "--run-name", name], cwd, devices=4)
-        assert result.returncode == 0, result.stderr[-3000:]
-        runs[name] = (result, cwd / "runs" / name)
-    return runs
-
-
-def fingerprint_of(result) -> str:
-    last_line = result.stdout.strip().splitlines()[-1]
-    assert last_line.startswith("params_fingerprint="), last_line
-    return last_line.split("=", 1)[1]
-
-
-def test_concurrent_run_has_lag_one_after_first_update(layout_runs):
-    for _, run_dir in layout_runs.values():
-        assert_policy_lag(run_dir, concurrent=True, num_updates=3)
-
-
-def test_same_command_twice_gives_same_fingerprint(layout_runs):
-    assert fingerprint_of(layout_runs["one_learner"][0]) == fingerprint_of(layout_runs["one_learner_again"][0])
-
-
-@pytest.mark.parametrize("layout", ["two_learners", "two_threads"])
-def test_layout_does_not_change_parameters(layout_runs, layout):
-    reference = load_params(layout_runs["one_learner"][1] / "cleanba_ppo.cleanba_model")
-    other = load_params(layout_runs[layout][1] / "cleanba_ppo.cleanba_model")
-    assert max_abs_difference(reference, other) < LAYOUT_ATOL
-
-
-def test_four_devices_actor_on_0_learners_on_1_2_log_everything(layout_runs):
-    run_dir = layout_runs["two_learners"][1]
-    spec = json.loads((run_dir / "spec.json").read_text())
-    assert spec["args"]["learner_device_ids"] == [1, 2] and len(spec["devices"]) == 4
-    expected = {"charts/SPS", "charts/learning_rate", "losses/policy_loss", "losses/value_loss", "losses/entropy",
-                "losses/approx_kl", "losses/clipfrac", "stats/actor_policy_version", "stats/learner_policy_version",
-                "stats/rollout_queue_get_time", "stats/param_queue_get_time", "stats/rollout_time",
-                "stats/learn_time", "stats/env_step_time", "stats/inference_time"}
-    assert expected <= scalar_tags(run_dir)
-    learning_rates = [value for _, value in scalars(run_dir, "charts/learning_rate")]
-    np.testing.assert_allclose(learning_rates, [2.5e-4, 2.5e-4 * 2 / 3, 2.5e-4 / 3], rtol=1e-6)
 
 
 @pytest.fixture(scope="session")
