@@ -113,7 +113,8 @@ def main():
     for env_id, name in [("CartPole-v1", "cartpole"), ("Breakout-v5", "atari")]:
         plot(curves, env_id, options.out_dir / f"learning_cpu_{name}.png")
 
-    table = ["| script | env | seed | steps | final return (last 100 episodes) | steps to threshold | SPS | wall time (min) |",
+    table = ["| script | env | seed | steps | final return (last 100 episodes) | steps to threshold | SPS "
+             "| wall time (min) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         threshold = f"{r['steps_to_threshold']:,} (≥ {THRESHOLDS[r['env_id']]:g})" if r["steps_to_threshold"] \

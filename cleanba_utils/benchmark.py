@@ -64,7 +64,7 @@ def parse_args(argv):
     add("--dry-run", action="store_true", help="print the commands (or the sbatch script) and exit")
     add("--slurm-template-path", metavar="PATH", help="e.g. cleanba.slurm_template: submit a SLURM job array")
     add("--slurm-gpus-per-task", type=cli.positive_int, metavar="N", help="GPUs per process (default 1)")
-    add("--slurm-ntasks", type=cli.positive_int, metavar="N", help="processes per run, jax.distributed ranks (default 1)")
+    add("--slurm-ntasks", type=cli.positive_int, metavar="N", help="processes per run (jax.distributed; default 1)")
     add("--slurm-nodes", type=cli.positive_int, metavar="N", help="nodes per run (default 1)")
     add("--slurm-total-cpus", type=cli.positive_int, metavar="N", help="CPUs per run, split over its tasks (default 8)")
     add("--slurm-job-name", metavar="NAME", help="SLURM job name (default: the experiment name)")

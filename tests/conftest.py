@@ -7,6 +7,7 @@ from pathlib import Path
 
 import flax.serialization
 import numpy as np
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +57,8 @@ def wait_for_line(proc, prefix: str):
     for line in proc.stdout:
         if line.startswith(prefix):
             return line
-    raise AssertionError(f"the process ended (exit {proc.wait()}) before printing {prefix!r}: {proc.stderr.read()[-3000:]}")
+    raise AssertionError(f"the process ended (exit {proc.wait()}) before printing {prefix!r}: "
+                         f"{proc.stderr.read()[-3000:]}")
 
 
 # IMPALA makes one pass over each rollout, so it has no --update-epochs.
@@ -86,3 +88,12 @@ def fingerprint_of(result) -> str:
     last_line = result.stdout.strip().splitlines()[-1]
     assert last_line.startswith("params_fingerprint="), last_line
     return last_line.split("=", 1)[1]
+
+
+def assert_refused(script, args: list, option: str, capsys):
+    """A script's argument checks stop `args` with exit code 2 and one `error:` line naming `option`."""
+    with pytest.raises(SystemExit) as exit_:
+        script.validate_layout(script.parse_args(args))
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and option in lines[0], lines

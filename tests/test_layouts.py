@@ -5,9 +5,19 @@ import json
 
 import numpy as np
 import pytest
-
-from conftest import (IMPALA_LAYOUT_ATOL, IMPALA_TINY, PPO_LAYOUT_ATOL, TINY, assert_policy_lag, fingerprint_of,
-                      load_params, max_abs_difference, run_script, scalar_tags, scalars)
+from conftest import (
+    IMPALA_LAYOUT_ATOL,
+    IMPALA_TINY,
+    PPO_LAYOUT_ATOL,
+    TINY,
+    assert_policy_lag,
+    fingerprint_of,
+    load_params,
+    max_abs_difference,
+    run_script,
+    scalar_tags,
+    scalars,
+)
 
 SHARED_TAGS = {"charts/SPS", "charts/learning_rate", "losses/entropy", "losses/approx_kl",
                "stats/actor_policy_version", "stats/learner_policy_version", "stats/rollout_queue_get_time",

@@ -7,7 +7,6 @@ learning (or learns from the wrong data) stays near 22."""
 
 import numpy as np
 import pytest
-
 from conftest import run_script, scalars
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--hiddens", 64, 64, "--local-num-envs", 4, "--total-timesteps", 100_000,

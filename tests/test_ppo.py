@@ -10,9 +10,20 @@ import time
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import (
+    REPO,
+    TINY,
+    assert_policy_lag,
+    assert_refused,
+    fingerprint_of,
+    load_params,
+    run_script,
+    scalars,
+    wait_for_line,
+)
 
 from cleanba import cleanba_ppo as ppo
-from conftest import REPO, TINY, assert_policy_lag, fingerprint_of, load_params, run_script, scalars, wait_for_line
+
 
 def python_gae(rewards, values, terminations, truncations, gamma, lam):
     """The GAE recursion written out step by step, one environment."""
@@ -193,26 +204,32 @@ def test_ctrl_c_exits_cleanly_with_logs_flushed(tmp_path):
     assert scalars(tmp_path / "runs" / "interrupted", "stats/learner_policy_version")
 
 
-BAD_INPUTS = [
+# Through a real process (2 CPU devices): exit code, one line, no traceback, nothing written, quickly.
+PROCESS_BAD_INPUTS = [
     (["--env-id", "NoSuchGame-v5"], "--env-id"),
+    (["--learner-device-ids", "0", "1", "--local-num-envs", "3"], "--local-num-envs"),
+    (["--num-steps", "abc"], "--num-steps"),
+    (["--no-such-option", "1"], "--no-such-option"),
+    (["--total-timesteps", "100"], "--total-timesteps"),
+]
+# The rest of the table in this process, which sees one device.
+BAD_INPUTS = [
     (["--total-timesteps", "0"], "--total-timesteps"),
     (["--learning-rate", "-1"], "--learning-rate"),
     (["--gamma", "1.5"], "--gamma"),
     (["--gae-lambda", "-0.1"], "--gae-lambda"),
     (["--learner-device-ids", "7"], "--learner-device-ids"),
     (["--actor-device-ids", "0", "0"], "--actor-device-ids"),
-    (["--learner-device-ids", "0", "1", "--local-num-envs", "3"], "--local-num-envs"),
     (["--num-steps", "10", "--num-minibatches", "4"], "--num-steps"),
-    (["--total-timesteps", "100"], "--total-timesteps"),
-    (["--num-steps", "abc"], "--num-steps"),
-    (["--no-such-option", "1"], "--no-such-option"),
     (["--channels", "0"], "--channels"),
     (["--envpool-num-threads", "0"], "--envpool-num-threads"),
     (["--ent-coef", "-0.5"], "--ent-coef"),
+    (["--resume"], "--resume"),
+    (["--process-id", "1"], "--process-id"),
 ]
 
 
-@pytest.mark.parametrize("args,option", BAD_INPUTS)
+@pytest.mark.parametrize("args,option", PROCESS_BAD_INPUTS)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, option):
     start = time.time()
     result = run_script("cleanba_ppo.py", args, tmp_path, devices=2, timeout=30)
@@ -221,3 +238,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, option):
     assert len(lines) == 1 and lines[0].startswith("error: ") and option in lines[0], result.stderr
     assert "Traceback" not in result.stderr and time.time() - start < 30
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args,option", BAD_INPUTS)
+def test_bad_input_is_refused_with_one_line(capsys, args, option):
+    assert_refused(ppo, args, option, capsys)

@@ -9,9 +9,19 @@ import sys
 import time
 
 import pytest
-
-from conftest import (IMPALA_LAYOUT_ATOL, IMPALA_TINY, PPO_LAYOUT_ATOL, REPO, TINY, fingerprint_of, load_params,
-                      max_abs_difference, run_script, scalars, wait_for_line)
+from conftest import (
+    IMPALA_LAYOUT_ATOL,
+    IMPALA_TINY,
+    PPO_LAYOUT_ATOL,
+    REPO,
+    TINY,
+    fingerprint_of,
+    load_params,
+    max_abs_difference,
+    run_script,
+    scalars,
+    wait_for_line,
+)
 
 # Each script's tiny arguments and how far its parameters may drift between layouts.
 SCRIPTS = {"cleanba_ppo.py": (TINY, PPO_LAYOUT_ATOL), "cleanba_impala.py": (IMPALA_TINY, IMPALA_LAYOUT_ATOL)}
