@@ -426,6 +426,9 @@ def make_update(args, learner_devices):
     and every mean is a global one (psum of sums over psum of counts), so the number of learner
     devices changes the result only by float rounding."""
     learner_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 2)
+    # XLA's CPU backend runs convolutions inside a loop about 18x slower than unrolled ones (measured:
+    # 7 vs 135 forward-backward observations per second); elsewhere the loop keeps compilation short.
+    unroll = learner_devices[0].platform == "cpu"
 
     def minibatch_step(state, mb):
         count = jnp.maximum(jax.lax.psum(mb["valid"].sum(), "devices"), 1.0)
@@ -443,7 +446,7 @@ def make_update(args, learner_devices):
         ids = minibatch_ids(jax.random.fold_in(learner_key, update_index), data["env_ids"], args.num_minibatches)
         order = jnp.argsort(ids, stable=True)
         minibatches = jax.tree.map(lambda x: x[order].reshape(args.num_minibatches, -1, *x.shape[1:]), fields)
-        state, metrics = jax.lax.scan(minibatch_step, state, minibatches)
+        state, metrics = jax.lax.scan(minibatch_step, state, minibatches, unroll=unroll)
         return state, jax.tree.map(jnp.mean, metrics)
 
     return jax.pmap(update, axis_name="devices", devices=learner_devices, in_axes=(0, 0, None))

@@ -411,6 +411,9 @@ def make_update(args, learner_devices):
     of every environment's chunk), and every mean is a global one (psum of sums over psum of counts),
     so the number of learner devices changes the result only by float rounding."""
     learner_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 2)
+    # XLA's CPU backend runs convolutions inside a loop about 18x slower than unrolled ones (measured:
+    # 7 vs 135 forward-backward observations per second); elsewhere the loop keeps compilation short.
+    unroll = learner_devices[0].platform == "cpu"
     chunk = args.num_steps // args.num_minibatches
 
     def minibatch_step(state, mb):
@@ -443,9 +446,9 @@ def make_update(args, learner_devices):
             minibatches = jax.tree.map(
                 lambda x: jnp.swapaxes(shuffle(x, perms).reshape(x.shape[0], args.num_minibatches, chunk,
                                                                  *x.shape[2:]), 0, 1), fields)
-            return jax.lax.scan(minibatch_step, state, minibatches)
+            return jax.lax.scan(minibatch_step, state, minibatches, unroll=unroll)
 
-        state, metrics = jax.lax.scan(epoch, state, jnp.arange(args.update_epochs))
+        state, metrics = jax.lax.scan(epoch, state, jnp.arange(args.update_epochs), unroll=unroll)
         return state, jax.tree.map(jnp.mean, metrics)
 
     return jax.pmap(update, axis_name="devices", devices=learner_devices, in_axes=(0, 0, None))
