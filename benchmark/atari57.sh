@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One of the paper's Atari-57 experiments: 57 games x 3 seeds of one script, variant and setting.
+#   benchmark/atari57.sh ALGORITHM VARIANT SETTING    e.g. benchmark/atari57.sh ppo sync base
+#   ALGORITHM  ppo | impala
+#   VARIANT    sync (actors wait for the newest parameters: policy lag 0)
+#              | async (actors collect the next rollout while the learner trains: policy lag 1)
+#   SETTING    base (1 GPU, 10 CPUs, layout a0-l0-d1; local, or a SLURM job array with SLURM=1)
+#              | workstation (8 GPUs, 46 CPUs, layout a0-l1,2,3-d2: two SLURM tasks of 4 GPUs each,
+#                actor on GPU 0 and learner on GPUs 1 2 3 of each, joined by jax.distributed)
+# Run inside the project environment, e.g. `uv run benchmark/atari57.sh ppo sync base`.
+#   WORKERS=N          runs at a time (default 1; locally every base run uses GPU 0)
+#   SLURM=1            base: submit a SLURM job array, 1 GPU and 10 CPUs per run, instead of running locally
+#   TRACK=--track      log to Weights & Biases
+#   DRY_RUN=--dry-run  print the commands (or the sbatch script) without running anything
+#   RESUME=--resume    base, locally: continue the runs of an interrupted launch from their checkpoints
+set -euo pipefail
+usage="usage: benchmark/atari57.sh ppo|impala sync|async base|workstation"
+[[ $# -eq 3 ]] || { echo "$usage" >&2; exit 2; }
+algorithm=$1 variant=$2 setting=$3
+case "$algorithm" in ppo|impala) ;; *) echo "$usage" >&2; exit 2 ;; esac
+case "$variant" in sync) concurrency=--no-concurrency; name=${algorithm}_sync ;;
+                   async) concurrency=--concurrency; name=$algorithm ;;
+                   *) echo "$usage" >&2; exit 2 ;; esac
+cd "$(dirname "$0")/.."  # the repository root
+mapfile -t GAMES < <(tail -n +2 cleanba_utils/atari57_random_human.csv | cut -d, -f1)
+case "$setting" in
+    base)
+        LAUNCH=(${RESUME:-})
+        DEVICES="--actor-device-ids 0 --learner-device-ids 0" ENVPOOL_THREADS=5
+        if [[ -n "${SLURM:-}" ]]; then
+            LAUNCH+=(--slurm-template-path cleanba.slurm_template --slurm-gpus-per-task 1 --slurm-total-cpus 10)
+        fi ;;
+    workstation)
+        LAUNCH=(--slurm-template-path cleanba.slurm_template --slurm-ntasks 2 --slurm-gpus-per-task 4
+                --slurm-total-cpus 46)
+        DEVICES="--distributed --actor-device-ids 0 --learner-device-ids 1 2 3" ENVPOOL_THREADS=11 ;;
+    *) echo "$usage" >&2; exit 2 ;;
+esac
+experiment=${name}_$setting
+
+python -m cleanba_utils.benchmark --env-ids "${GAMES[@]}" --num-seeds 3 \
+    --experiment "$experiment" --workers "${WORKERS:-1}" "${LAUNCH[@]}" ${DRY_RUN:-} \
+    --command "python cleanba/cleanba_$algorithm.py --exp-name $experiment $concurrency $DEVICES \
+        --num-actor-threads 2 --local-num-envs 60 --envpool-num-threads $ENVPOOL_THREADS ${TRACK:-}"
