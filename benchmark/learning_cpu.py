@@ -51,14 +51,18 @@ def plot(curves, env_id, path):
     for algorithm in SCRIPTS:
         runs = {seed: rows for (alg, env, seed), rows in curves.items() if alg == algorithm and env == env_id}
         grid = np.linspace(0, min(rows[-1]["global_step"] for rows in runs.values()), 200)
-        on_grid = np.array([np.interp(grid, [r["global_step"] for r in rows], [r["score"] for r in rows])
-                            for rows in runs.values()])
-        line, = ax.plot(grid, on_grid.mean(0), label=f"{algorithm} ({len(runs)} seed{'s' * (len(runs) > 1)})")
+        on_grid = np.array(
+            [np.interp(grid, [r["global_step"] for r in rows], [r["score"] for r in rows]) for rows in runs.values()]
+        )
+        (line,) = ax.plot(grid, on_grid.mean(0), label=f"{algorithm} ({len(runs)} seed{'s' * (len(runs) > 1)})")
         if len(runs) > 1:
             ax.fill_between(grid, on_grid.min(0), on_grid.max(0), color=line.get_color(), alpha=0.2)
     ax.axhline(THRESHOLDS[env_id], color="gray", linestyle="--", linewidth=1, label="threshold")
-    ax.set(title=f"{env_id} on 2 CPU cores (mean of last {LAST_N} episodes; band: min-max over seeds)",
-           xlabel="environment steps", ylabel="episodic return")
+    ax.set(
+        title=f"{env_id} on 2 CPU cores (mean of last {LAST_N} episodes; band: min-max over seeds)",
+        xlabel="environment steps",
+        ylabel="episodic return",
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -82,10 +86,34 @@ def main():
     commands = []
     for script in SCRIPTS:
         for seed in options.seeds:
-            commands.append((script, [*CARTPOLE, "--total-timesteps", str(options.cartpole_timesteps),
-                                      "--seed", str(seed), "--run-name", f"{script}_cartpole_{seed}"]))
-        commands.append((script, [*ATARI, "--total-timesteps", str(options.atari_timesteps), "--seed", "1",
-                                  "--run-name", f"{script}_breakout_1"]))
+            commands.append(
+                (
+                    script,
+                    [
+                        *CARTPOLE,
+                        "--total-timesteps",
+                        str(options.cartpole_timesteps),
+                        "--seed",
+                        str(seed),
+                        "--run-name",
+                        f"{script}_cartpole_{seed}",
+                    ],
+                )
+            )
+        commands.append(
+            (
+                script,
+                [
+                    *ATARI,
+                    "--total-timesteps",
+                    str(options.atari_timesteps),
+                    "--seed",
+                    "1",
+                    "--run-name",
+                    f"{script}_breakout_1",
+                ],
+            )
+        )
     for script, args in commands:
         if not (runs_dir / args[args.index("--run-name") + 1] / "summary.json").exists():
             run(script, args, runs_dir, log_dir)
@@ -103,9 +131,18 @@ def main():
         key = (score["algorithm"], score["env_id"], score["seed"])
         summary = summaries[key]
         reached = steps_to_threshold(curves[key], THRESHOLDS[key[1]])
-        rows.append(dict(algorithm=key[0], env_id=key[1], seed=key[2], steps=summary["global_step"],
-                         final_return=round(score["score"], 1), steps_to_threshold=reached,
-                         sps=summary["sps"], wall_time_min=round(summary["wall_time_s"] / 60, 1)))
+        rows.append(
+            dict(
+                algorithm=key[0],
+                env_id=key[1],
+                seed=key[2],
+                steps=summary["global_step"],
+                final_return=round(score["score"], 1),
+                steps_to_threshold=reached,
+                sps=summary["sps"],
+                wall_time_min=round(summary["wall_time_s"] / 60, 1),
+            )
+        )
     with open(options.out_dir / "learning_cpu_scores.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -113,21 +150,29 @@ def main():
     for env_id, name in [("CartPole-v1", "cartpole"), ("Breakout-v5", "atari")]:
         plot(curves, env_id, options.out_dir / f"learning_cpu_{name}.png")
 
-    table = ["| script | env | seed | steps | final return (last 100 episodes) | steps to threshold | SPS "
-             "| wall time (min) |",
-             "|---|---|---|---|---|---|---|---|"]
+    table = [
+        "| script | env | seed | steps | final return (last 100 episodes) | steps to threshold | SPS "
+        "| wall time (min) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        threshold = f"{r['steps_to_threshold']:,} (≥ {THRESHOLDS[r['env_id']]:g})" if r["steps_to_threshold"] \
+        threshold = (
+            f"{r['steps_to_threshold']:,} (≥ {THRESHOLDS[r['env_id']]:g})"
+            if r["steps_to_threshold"]
             else f"not reached (≥ {THRESHOLDS[r['env_id']]:g})"
-        table.append(f"| {r['algorithm']} | {r['env_id']} | {r['seed']} | {r['steps']:,} | {r['final_return']} | "
-                     f"{threshold} | {r['sps']} | {r['wall_time_min']} |")
+        )
+        table.append(
+            f"| {r['algorithm']} | {r['env_id']} | {r['seed']} | {r['steps']:,} | {r['final_return']} | "
+            f"{threshold} | {r['sps']} | {r['wall_time_min']} |"
+        )
     command_lines = "\n".join(f"python cleanba/{script}.py {' '.join(args)}" for script, args in commands)
     (options.out_dir / "learning_cpu.md").write_text(
         f"# CPU learning benchmark ({options.date})\n\n"
         f"Machine: {platform.processor() or platform.machine()}, 2 CPU cores, Python {platform.python_version()}. "
         f"Made by `python benchmark/learning_cpu.py {' '.join(sys.argv[1:])}`, which ran:\n\n"
         f"```\n{command_lines}\n```\n\n" + "\n".join(table) + "\n\n"
-        "![CartPole](learning_cpu_cartpole.png)\n\n![Breakout](learning_cpu_atari.png)\n")
+        "![CartPole](learning_cpu_cartpole.png)\n\n![Breakout](learning_cpu_atari.png)\n"
+    )
     print((options.out_dir / "learning_cpu.md").read_text())
 
 

@@ -38,8 +38,12 @@ def main():
             for script in ["cleanba_ppo", "cleanba_impala"]:
                 run_name = f"{script}_{len(rows)}"
                 args = [*COMMON, *network_args, "--total-timesteps", str(512 * num_updates), "--run-name", run_name]
-                subprocess.run([sys.executable, str(REPO / "cleanba" / f"{script}.py"), *args], cwd=work_dir,
-                               check=True, capture_output=True)
+                subprocess.run(
+                    [sys.executable, str(REPO / "cleanba" / f"{script}.py"), *args],
+                    cwd=work_dir,
+                    check=True,
+                    capture_output=True,
+                )
                 sps.append(steady_sps(Path(work_dir) / "runs" / run_name))
             rows.append(f"| {network} | {sps[0]:.0f} | {sps[1]:.0f} |")
     print("\n".join(rows))

@@ -54,9 +54,15 @@ def parse_args(argv):
     add("--workers", type=cli.positive_int, default=1, metavar="N", help="runs at a time (default 1)")
     add("--experiment", metavar="NAME", help="experiment name (default: the script name)")
     add("--log-dir", metavar="DIR", help="for logs and the sbatch script (default: runs/_launcher/<experiment>)")
-    add("--sweep", action="append", default=[], metavar='"--FLAG=V1,V2"', help="values of one script flag "
+    add(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar='"--FLAG=V1,V2"',
+        help="values of one script flag "
         "(spaces split a value into several arguments); repeat for a grid; "
-        "with --search random also uniform(LOW,HIGH) or loguniform(LOW,HIGH)")
+        "with --search random also uniform(LOW,HIGH) or loguniform(LOW,HIGH)",
+    )
     add("--search", choices=["grid", "random"], default="grid", help="run the whole grid or --budget random settings")
     add("--budget", type=cli.positive_int, metavar="K", help="number of settings drawn by --search random")
     add("--sweep-seed", type=int, default=0, metavar="SEED", help="seed of --search random (default 0)")
@@ -79,7 +85,7 @@ def parse_sweep(text):
     """`--flag=a,b` -> (flag, ["a", "b"]); `--flag=loguniform(1e-4,1e-3)` -> (flag, ("loguniform", 1e-4, 1e-3))."""
     flag, _, values = text.partition("=")
     if not re.fullmatch(r"--[A-Za-z][\w-]*", flag) or not values:
-        raise ValueError(f"bad --sweep {text!r}; write it as --sweep \"--flag=value1,value2\"")
+        raise ValueError(f'bad --sweep {text!r}; write it as --sweep "--flag=value1,value2"')
     if flag in LAUNCHER_FLAGS:
         raise ValueError(f"--sweep {flag} is set by the launcher per run; sweep the flags of the training script only")
     distribution = re.fullmatch(r"(\w+)\((.*)\)", values)
@@ -93,8 +99,10 @@ def parse_sweep(text):
     except ValueError:
         low = high = math.nan
     if name not in DISTRIBUTIONS or not low < high or (name == "loguniform" and low <= 0):
-        raise ValueError(f"bad range in --sweep {text!r}; use uniform(LOW,HIGH) or loguniform(LOW,HIGH) "
-                         "with LOW < HIGH (and LOW > 0 for loguniform)")
+        raise ValueError(
+            f"bad range in --sweep {text!r}; use uniform(LOW,HIGH) or loguniform(LOW,HIGH) "
+            "with LOW < HIGH (and LOW > 0 for loguniform)"
+        )
     return flag, (name, low, high)
 
 
@@ -124,7 +132,7 @@ def random_settings(sweeps, budget, seed):
 
 def default_experiment(command):
     """`python cleanba/cleanba_ppo.py` and `python -m cleanba.cleanba_ppo` -> cleanba_ppo."""
-    for previous, token in zip([""] + command, command):
+    for previous, token in zip(["", *command], command):
         if previous == "-m":
             return token.rpartition(".")[2]
         if token.endswith(".py"):
@@ -298,8 +306,9 @@ def main():
         if options is not None:
             with open(args.slurm_template_path) as file:
                 template = file.read()
-            script = slurm_script(template, runs, args.workers, log_dir, args.slurm_job_name or experiment,
-                                  args.slurm_partition, options)
+            script = slurm_script(
+                template, runs, args.workers, log_dir, args.slurm_job_name or experiment, args.slurm_partition, options
+            )
     except ValueError as error:
         fail(str(error))
 

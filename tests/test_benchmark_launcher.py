@@ -46,14 +46,20 @@ def fake_train(tmp_path):
 
 
 def launch(tmp_path, *args, env=None):
-    return subprocess.run([sys.executable, "-m", "cleanba_utils.benchmark", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "cleanba_utils.benchmark", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def calls(tmp_path):
     """Every fake training run so far, as {flag: the token after it} plus its whole argv under "argv"."""
     records = [json.loads(path.read_text()) for path in sorted((tmp_path / "calls").glob("*.json"))]
-    return [dict(zip(argv, argv[1:])) | {"argv": argv} for argv in records]
+    return [dict(itertools.pairwise(argv)) | {"argv": argv} for argv in records]
 
 
 def wait_for(condition, seconds=20):
@@ -64,8 +70,19 @@ def wait_for(condition, seconds=20):
 
 
 def test_local_runs_every_game_and_seed_with_logs(tmp_path, fake_train):
-    result = launch(tmp_path, "--env-ids", *GAMES, "--command", fake_train, "--num-seeds", "2", "--start-seed", "1",
-                    "--workers", "2")
+    result = launch(
+        tmp_path,
+        "--env-ids",
+        *GAMES,
+        "--command",
+        fake_train,
+        "--num-seeds",
+        "2",
+        "--start-seed",
+        "1",
+        "--workers",
+        "2",
+    )
     assert result.returncode == 0, result.stderr
     runs = calls(tmp_path)
     assert sorted((run["--env-id"], run["--seed"]) for run in runs) == sorted(itertools.product(GAMES, ["1", "2"]))
@@ -90,8 +107,9 @@ def test_failing_run_fails_the_launcher(tmp_path, fake_train):
 
 def test_interrupt_stops_running_runs(tmp_path, fake_train):
     args = ["--env-ids", *GAMES, "--command", f"{fake_train} --sleep", "--workers", "2"]
-    launcher = subprocess.Popen([sys.executable, "-m", "cleanba_utils.benchmark", *args], cwd=tmp_path,
-                                stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "cleanba_utils.benchmark", *args], cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
     wait_for(lambda: len(calls(tmp_path)) == 2)
     launcher.send_signal(signal.SIGINT)
     assert launcher.wait(timeout=30) == 130
@@ -111,12 +129,26 @@ def test_dry_run_prints_commands_only(tmp_path, fake_train):
 
 
 def test_grid_sweep_runs_every_setting(tmp_path, fake_train):
-    result = launch(tmp_path, "--env-ids", "Pong-v5", "--command", fake_train, "--experiment", "grid", "--dry-run",
-                    "--sweep", "--learning-rate=1e-4,1e-3", "--sweep", "--learner-device-ids=1 2,3")
+    result = launch(
+        tmp_path,
+        "--env-ids",
+        "Pong-v5",
+        "--command",
+        fake_train,
+        "--experiment",
+        "grid",
+        "--dry-run",
+        "--sweep",
+        "--learning-rate=1e-4,1e-3",
+        "--sweep",
+        "--learner-device-ids=1 2,3",
+    )
     commands = [shlex.split(line) for line in result.stdout.splitlines()]
     # A value with spaces becomes several arguments, as flags taking a list (device ids) need.
-    settings = [(" ".join(command[2 : command.index("--env-id")]), command[command.index("--group") + 1])
-                for command in commands]
+    settings = [
+        (" ".join(command[2 : command.index("--env-id")]), command[command.index("--group") + 1])
+        for command in commands
+    ]
     assert settings == [
         ("--learning-rate 1e-4 --learner-device-ids 1 2", "grid/0"),
         ("--learning-rate 1e-4 --learner-device-ids 3", "grid/1"),
@@ -138,8 +170,23 @@ def test_random_search_is_deterministic_within_grid_and_budget():
 
 
 def test_random_search_draws_ranges(tmp_path, fake_train):
-    args = ["--env-ids", "Pong-v5", "--command", fake_train, "--search", "random", "--budget", "4", "--sweep-seed", "7",
-            "--sweep", "--learning-rate=loguniform(1e-5,1e-3)", "--sweep", "--num-minibatches=4,8", "--dry-run"]
+    args = [
+        "--env-ids",
+        "Pong-v5",
+        "--command",
+        fake_train,
+        "--search",
+        "random",
+        "--budget",
+        "4",
+        "--sweep-seed",
+        "7",
+        "--sweep",
+        "--learning-rate=loguniform(1e-5,1e-3)",
+        "--sweep",
+        "--num-minibatches=4,8",
+        "--dry-run",
+    ]
     result = launch(tmp_path, *args)
     assert result.stdout == launch(tmp_path, *args).stdout
     commands = [shlex.split(line) for line in result.stdout.splitlines()]
@@ -150,13 +197,37 @@ def test_random_search_draws_ranges(tmp_path, fake_train):
 
 
 def slurm_args(fake_train, *extra):
-    return ["--env-ids", *GAMES, "--command", fake_train, "--num-seeds", "2", "--workers", "3",
-            "--slurm-template-path", TEMPLATE, *extra]
+    return [
+        "--env-ids",
+        *GAMES,
+        "--command",
+        fake_train,
+        "--num-seeds",
+        "2",
+        "--workers",
+        "3",
+        "--slurm-template-path",
+        TEMPLATE,
+        *extra,
+    ]
 
 
 def test_sbatch_script_has_every_command_and_requeue(tmp_path, fake_train):
-    result = launch(tmp_path, *slurm_args(fake_train, "--slurm-ntasks", "2", "--slurm-gpus-per-task", "4",
-                                          "--slurm-total-cpus", "16", "--slurm-partition", "gpu", "--dry-run"))
+    result = launch(
+        tmp_path,
+        *slurm_args(
+            fake_train,
+            "--slurm-ntasks",
+            "2",
+            "--slurm-gpus-per-task",
+            "4",
+            "--slurm-total-cpus",
+            "16",
+            "--slurm-partition",
+            "gpu",
+            "--dry-run",
+        ),
+    )
     assert result.returncode == 0, result.stderr
     script = result.stdout
     local_args = ["--env-ids", *GAMES, "--command", fake_train, "--num-seeds", "2", "--resume", "--dry-run"]
@@ -165,10 +236,18 @@ def test_sbatch_script_has_every_command_and_requeue(tmp_path, fake_train):
     for index, command in enumerate(commands):
         assert f"    {shlex.quote(command)}  # {index}" in script.splitlines()
     expected = [
-        "#SBATCH --job-name=fake_train", "#SBATCH --partition=gpu", "#SBATCH --array=0-3%3", "#SBATCH --ntasks=2",
-        "#SBATCH --gpus-per-task=4", "#SBATCH --cpus-per-task=8", "#SBATCH --requeue", "#SBATCH --signal=B:USR1@120",
-        "command=${commands[$SLURM_ARRAY_TASK_ID]}", '    scontrol requeue "$SLURM_JOB_ID"',
-        "trap 'checkpoint_and_requeue USR1' USR1", "trap 'checkpoint_and_requeue TERM' TERM",
+        "#SBATCH --job-name=fake_train",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --array=0-3%3",
+        "#SBATCH --ntasks=2",
+        "#SBATCH --gpus-per-task=4",
+        "#SBATCH --cpus-per-task=8",
+        "#SBATCH --requeue",
+        "#SBATCH --signal=B:USR1@120",
+        "command=${commands[$SLURM_ARRAY_TASK_ID]}",
+        '    scontrol requeue "$SLURM_JOB_ID"',
+        "trap 'checkpoint_and_requeue USR1' USR1",
+        "trap 'checkpoint_and_requeue TERM' TERM",
         'srun bash -c "exec $command" &',
     ]
     assert [line for line in script.splitlines() if line in expected] == expected
@@ -180,8 +259,11 @@ def test_sbatch_script_has_every_command_and_requeue(tmp_path, fake_train):
 def test_sbatch_script_is_saved_submitted_and_requeues(tmp_path, fake_train):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, body in [("sbatch", 'echo "$@" > "$(dirname "$0")/sbatch.args"'), ("srun", 'exec "$@"'),
-                       ("scontrol", 'echo "$@" > "$(dirname "$0")/scontrol.args"')]:
+    for name, body in [
+        ("sbatch", 'echo "$@" > "$(dirname "$0")/sbatch.args"'),
+        ("srun", 'exec "$@"'),
+        ("scontrol", 'echo "$@" > "$(dirname "$0")/scontrol.args"'),
+    ]:
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
     env = os.environ | {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
@@ -191,8 +273,9 @@ def test_sbatch_script_is_saved_submitted_and_requeues(tmp_path, fake_train):
     assert (bin_dir / "sbatch.args").read_text().split() == [str(script.relative_to(tmp_path))]
 
     task_env = env | {"SLURM_ARRAY_TASK_ID": "2", "SLURM_JOB_ID": "42"}
-    task = subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=task_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    task = subprocess.Popen(
+        ["bash", str(script)], cwd=tmp_path, env=task_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     wait_for(lambda: len(calls(tmp_path)) == 1)
     run = calls(tmp_path)[0]
     assert (run["--env-id"], run["--seed"], run["argv"][-1]) == ("Pong-v5", "1", "--resume")
