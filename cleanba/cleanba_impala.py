@@ -7,38 +7,30 @@ iteration, so the learner always trains on data from the policy exactly one vers
 corrects for the difference between the behaviour policy and the policy being trained.
 """
 
-import contextlib
 import dataclasses
-import glob
-import hashlib
-import importlib.metadata
-import io
-import json
 import os
-import platform
 import queue
-import signal
-import subprocess
 import sys
-import threading
 import time
-import traceback
-from collections import deque
-from typing import Optional
+from typing import NamedTuple
 
 import envpool
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import rlax
-import tyro
 from flax.training.train_state import TrainState
-from jax._src import distributed
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from tensorboardX import SummaryWriter
+
+from cleanba_utils import distributed, parsing
+from cleanba_utils.checkpoints import resume_from
+from cleanba_utils.learner import microbatch_update
+from cleanba_utils.parsing import fail
+from cleanba_utils.run import open_run, run_dir_of
+from cleanba_utils.run_files import first_replica, replicate
+from cleanba_utils.threads import Stopped, queue_get, queue_put, start_thread
 
 
 @dataclasses.dataclass
@@ -47,7 +39,7 @@ class Args:
     """the name of this experiment"""
     seed: int = 1
     """seed of the experiment: environments, action sampling, initialization and minibatch order"""
-    run_name: Optional[str] = None
+    run_name: str | None = None
     """name of the run folder under `runs/` (default: `{env_id}__{exp_name}__{seed}__{unix time}`)"""
     group: str = ""
     """free-form label of the experiment this run belongs to, recorded in spec.json"""
@@ -55,7 +47,7 @@ class Args:
     """log to Weights & Biases"""
     wandb_project_name: str = "cleanba"
     """the Weights & Biases project"""
-    wandb_entity: Optional[str] = None
+    wandb_entity: str | None = None
     """the Weights & Biases entity (team)"""
     save_model: bool = False
     """save the final parameters to `runs/{run_name}/{exp_name}.cleanba_model`"""
@@ -76,7 +68,7 @@ class Args:
     """the number of environments of each actor thread"""
     num_actor_threads: int = 2
     """the number of actor threads per actor device"""
-    envpool_num_threads: Optional[int] = None
+    envpool_num_threads: int | None = None
     """worker threads of each envpool instance (default: CPUs / actor threads); results do not depend on it"""
     num_steps: int = 20
     """the number of steps each environment runs per rollout"""
@@ -89,7 +81,7 @@ class Args:
     clip_pg_rho_threshold: float = 1.0
     """the clip of the importance ratios in the policy-gradient advantages"""
     num_minibatches: int = 4
-    """the number of gradient steps per rollout, each on a subset of whole environment sequences"""
+    """the number of optimizer steps per rollout, each on a subset of whole environment sequences"""
     ent_coef: float = 0.01
     """the entropy coefficient"""
     vf_coef: float = 0.5
@@ -105,15 +97,18 @@ class Args:
     """the local device ids that run actor threads"""
     learner_device_ids: tuple[int, ...] = (0,)
     """the local device ids the learner update is pmap'd over"""
+    gradient_accumulation_steps: int = 1
+    """split each minibatch into this many microbatches whose gradients are summed before one optimizer step:
+    the same result (up to float rounding) in less learner memory"""
     concurrency: bool = True
     """let actors collect the next rollout while the learner trains (policy lag 1 instead of 0)"""
     distributed: bool = False
     """join a multi-process run with jax.distributed (configured by SLURM or the three options below)"""
-    coordinator_address: Optional[str] = None
+    coordinator_address: str | None = None
     """host:port of process 0, for --distributed outside SLURM"""
-    num_processes: Optional[int] = None
+    num_processes: int | None = None
     """the number of processes, for --distributed outside SLURM"""
-    process_id: Optional[int] = None
+    process_id: int | None = None
     """this process's index in 0 .. num_processes - 1, for --distributed outside SLURM"""
     checkpoint_every: int = 0
     """save a checkpoint every this many updates (0: only at the end and on SIGTERM / SIGUSR1)"""
@@ -135,80 +130,35 @@ def sizes_of(args: Args, num_processes: int) -> Sizes:
     return Sizes(num_envs, batch_size, batch_size // args.num_minibatches, args.total_timesteps // batch_size)
 
 
-def fail(message: str):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 def parse_args(argv=None) -> Args:
-    """tyro's parser, with its multi-line error box reduced to one line."""
-    captured = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(captured):
-            args = tyro.cli(Args, args=argv)
-    except SystemExit as exit_:
-        if exit_.code:
-            lines = [line.strip(" │╭╮╰╯─-") for line in captured.getvalue().splitlines()]
-            lines = [line for line in lines if line]
-            fail(f"{lines[1] if len(lines) > 1 else 'invalid arguments'} (see --help)")
-        print(captured.getvalue(), end="")
-        raise
+    args = parsing.parse_args(Args, argv)
     validate(args)
     return args
 
 
 def validate(args: Args):
     """Checks every argument that needs no device, before any other work; exits 2 on the first problem."""
-    distributed_options = [args.coordinator_address, args.num_processes, args.process_id]
-    if any(o is not None for o in distributed_options) and not (args.distributed and all(
-            o is not None for o in distributed_options)):
-        fail("--coordinator-address, --num-processes and --process-id go together, with --distributed")
-    if args.num_processes is not None and not 0 <= args.process_id < args.num_processes:
-        fail(f"--process-id must be in 0 .. {args.num_processes - 1} (--num-processes), got {args.process_id}")
-    if args.resume and args.run_name is None:
-        fail("--resume needs --run-name: the run folder whose checkpoints to continue from")
-    positive = ["total_timesteps", "learning_rate", "local_num_envs", "num_actor_threads", "num_steps",
-                "num_minibatches", "clip_rho_threshold", "clip_pg_rho_threshold", "max_grad_norm", "log_frequency"]
-    for name in positive:
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name in ["ent_coef", "vf_coef", "eval_episodes", "checkpoint_every"]:
-        if getattr(args, name) < 0:
-            fail(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
-    if not 0 < args.gamma <= 1:
-        fail(f"--gamma must be in (0, 1], got {args.gamma}")
-    if not 0 <= args.vtrace_lambda <= 1:
-        fail(f"--vtrace-lambda must be in [0, 1], got {args.vtrace_lambda}")
-    if args.envpool_num_threads is not None and args.envpool_num_threads <= 0:
-        fail(f"--envpool-num-threads must be positive, got {args.envpool_num_threads}")
-    if not args.channels and not args.hiddens:
-        fail("--channels and --hiddens are both empty; give the network at least one layer")
-    if any(c <= 0 for c in args.channels + args.hiddens):
-        fail("--channels and --hiddens take positive layer sizes")
-    if args.env_id not in envpool.list_all_envs():
-        fail(f"--env-id {args.env_id} is not an envpool environment; try Breakout-v5 or CartPole-v1")
+    positive = "total_timesteps learning_rate local_num_envs num_actor_threads num_steps num_minibatches"
+    positive += " gradient_accumulation_steps clip_rho_threshold clip_pg_rho_threshold max_grad_norm log_frequency"
+    parsing.check_signs(args, positive.split(), "ent_coef vf_coef eval_episodes checkpoint_every".split())
+    parsing.check_in(args, "gamma", 0, 1, low_open=True)
+    parsing.check_in(args, "vtrace_lambda", 0, 1)
+    parsing.check_run_options(args)
 
 
 def validate_layout(args: Args):
-    """The checks that need the devices (and, with --distributed, the number of processes), before any
-    environment or device work."""
-    num_devices = len(jax.local_devices())
-    for name in ["actor_device_ids", "learner_device_ids"]:
-        ids = getattr(args, name)
-        if not ids or len(set(ids)) != len(ids) or not all(0 <= i < num_devices for i in ids):
-            fail(f"--{name.replace('_', '-')} must list distinct ids among the {num_devices} local devices "
-                 f"(0..{num_devices - 1}), got {list(ids)}")
-    if args.local_num_envs % len(args.learner_device_ids):
-        fail(f"--local-num-envs {args.local_num_envs} must be divisible by the number of learner devices "
-             f"({len(args.learner_device_ids)}): each learner device takes an equal share of every rollout")
-    if (args.local_num_envs // len(args.learner_device_ids)) % args.num_minibatches:
-        fail(f"--local-num-envs {args.local_num_envs} over {len(args.learner_device_ids)} learner device(s) gives "
-             f"{args.local_num_envs // len(args.learner_device_ids)} envs per device, not divisible by "
-             f"--num-minibatches {args.num_minibatches}: every device puts equally many envs in each minibatch")
+    """The checks that need the devices (and, with --distributed, the number of processes)."""
     sizes = sizes_of(args, jax.process_count())
-    if sizes.num_updates < 1:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({sizes.batch_size} steps = "
-             "num envs x num steps); raise it or shrink --local-num-envs / --num-steps")
+    parsing.check_devices(args, sizes.num_updates, sizes.batch_size)
+    envs_per_device = args.local_num_envs // len(args.learner_device_ids)
+    microbatches = args.num_minibatches * args.gradient_accumulation_steps
+    if envs_per_device % microbatches:
+        fail(
+            f"--local-num-envs {args.local_num_envs} over {len(args.learner_device_ids)} learner device(s) gives "
+            f"{envs_per_device} envs per device, not divisible by --num-minibatches {args.num_minibatches} x "
+            f"--gradient-accumulation-steps {args.gradient_accumulation_steps}: every device puts equally many "
+            "envs in each microbatch"
+        )
 
 
 def is_atari(env_id: str) -> bool:
@@ -216,18 +166,15 @@ def is_atari(env_id: str) -> bool:
 
 
 def make_env(args: Args, seed: int, num_envs: int):
-    """envpool seeds its environment i with `seed + i`; Atari follows Machado et al. (2018)."""
-    atari = dict(episodic_life=False, reward_clip=True, repeat_action_probability=0.25,
-                 full_action_space=True, noop_max=1, max_episode_steps=27_000)
+    """envpool seeds its environment i with `seed + i`; Atari follows Machado et al. (2018): sticky actions, the
+    full action space, no life-loss signal, one no-op at reset at most, 108k frames per episode at most."""
+    # sched_getaffinity counts the CPUs this process may use (a SLURM allocation), not the node's.
+    cpus_per_thread = len(os.sched_getaffinity(0)) // (args.num_actor_threads * len(args.actor_device_ids))
+    num_threads = args.envpool_num_threads or max(1, min(num_envs, cpus_per_thread))
+    atari = dict(repeat_action_probability=0.25, full_action_space=True, episodic_life=False, noop_max=1)
+    options = dict(atari, max_episode_steps=27_000, reward_clip=True) if is_atari(args.env_id) else {}
     return envpool.make(
-        args.env_id,
-        env_type="gymnasium",
-        num_envs=num_envs,
-        seed=seed,
-        # sched_getaffinity counts the CPUs this process may use (a SLURM allocation), not the node's.
-        num_threads=args.envpool_num_threads or max(1, min(num_envs, len(os.sched_getaffinity(0)) // (
-            args.num_actor_threads * len(args.actor_device_ids)))),
-        **(atari if is_atari(args.env_id) else {}),
+        args.env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads, **options
     )
 
 
@@ -282,28 +229,23 @@ def sample_actions(logits, key, step, env_ids):
     return jnp.argmax(logits + gumbel, axis=1)
 
 
-def queue_get(q: queue.Queue, stop: threading.Event):
-    """A get that gives up when another thread has failed, so that no thread stays blocked."""
-    while True:
-        try:
-            return q.get(timeout=0.2)
-        except queue.Empty:
-            if stop.is_set():
-                raise SystemExit(1)
+class Rollout(NamedTuple):
+    """What an actor thread puts on its rollout queue."""
+
+    update: int
+    """the learner update this rollout is for"""
+    policy_version: int
+    """the version of the parameters that played it"""
+    data: dict
+    """env-major arrays (envs, steps, ...), one slice of environments per learner device"""
+    timing: dict
+    """seconds the actor spent waiting for parameters, playing, stepping environments and inferring"""
 
 
-def queue_put(q: queue.Queue, item, stop: threading.Event):
-    while True:
-        try:
-            return q.put(item, timeout=0.2)
-        except queue.Full:
-            if stop.is_set():
-                raise SystemExit(1)
-
-
-def rollout(args, sizes, network, first_update, env_offset, actor_device, learner_devices,
-            param_queue, rollout_queue, writer, stop, recent_returns):
-    """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs - 1."""
+def actor(args, sizes, run, network, first_update, env_offset, devices, param_queue, rollout_queue):
+    """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs - 1.
+    `devices` are its own device and the local learner devices."""
+    actor_device, learner_devices = devices
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
     env_ids_on_device = jax.device_put(env_ids, actor_device)
@@ -317,58 +259,50 @@ def rollout(args, sizes, network, first_update, env_offset, actor_device, learne
         logprob = jax.nn.log_softmax(logits)[jnp.arange(action.shape[0]), action]
         return action, logprob
 
+    episodes = run.episodes(args.local_num_envs)
     next_obs, _ = envs.reset()
     # envpool resets an environment on the step after its episode ended: that step ignores the action,
     # returns the first observation of the next episode, and is masked out of learning.
     next_is_reset = np.zeros(args.local_num_envs, dtype=bool)
-    episode_return = np.zeros(args.local_num_envs)
-    episode_length = np.zeros(args.local_num_envs, dtype=np.int64)
-    for iteration in range(first_update, sizes.num_updates + 1):
+    for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
-        if not (args.concurrency and iteration == first_update + 1):
-            actor_policy_version, params = queue_get(param_queue, stop)
+        if not (args.concurrency and update == first_update + 1):
+            policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
 
         rollout_start = time.time()
         inference_time = env_step_time = 0.0
-        storage = {k: [] for k in ["obs", "actions", "logprobs", "rewards",
-                                   "terminations", "truncations", "is_reset"]}
+        steps = []
         for step in range(args.num_steps):
-            global_step = (iteration - 1) * sizes.batch_size + step * sizes.num_envs
             tic = time.time()
-            obs_on_device = jax.device_put(next_obs, actor_device)
-            action, logprob = jax.device_get(
-                get_action(params, obs_on_device, (iteration - 1) * args.num_steps + step))
+            policy_step = (update - 1) * args.num_steps + step
+            action, logprob = jax.device_get(get_action(params, jax.device_put(next_obs, actor_device), policy_step))
             inference_time += time.time() - tic
             tic = time.time()
             obs, reward, terminated, truncated, info = envs.step(action)
             env_step_time += time.time() - tic
-            for key, x in zip(storage, [next_obs, action, logprob, reward, terminated, truncated, next_is_reset]):
-                storage[key].append(x)
-
-            playing = ~next_is_reset
-            episode_return += info.get("reward", reward) * playing
-            episode_length += playing
+            played = dict(obs=next_obs, actions=action, logprobs=logprob, is_reset=next_is_reset)
+            steps.append(dict(played, rewards=reward, terminations=terminated, truncations=truncated))
             done = terminated | truncated
-            for i in np.flatnonzero(done):
-                writer.add_scalar("charts/episodic_return", episode_return[i], global_step)
-                writer.add_scalar("charts/episodic_length", episode_length[i], global_step)
-                recent_returns.append(episode_return[i])
-            episode_return[done] = 0.0
-            episode_length[done] = 0
+            episodes.step(info.get("reward", reward), done, next_is_reset, policy_step * sizes.num_envs)
             next_obs, next_is_reset = obs, done
 
-        # The learner evaluates every observation with its current parameters, the last one included.
-        storage["obs"].append(next_obs)
         # Env-major (envs, steps, ...) split into one slice of envs per learner device: a single
         # host-to-device copy of the whole rollout, overlapped with the learner's work.
-        data = {k: np.stack(v, axis=1) for k, v in storage.items()}
+        data = {key: np.stack([s[key] for s in steps], axis=1) for key in steps[0]}
+        # The learner evaluates every observation with its current parameters, the last one included.
+        data["obs"] = np.concatenate([data["obs"], next_obs[:, None]], axis=1)
         data["env_ids"] = env_ids
         data = {k: v.reshape(len(learner_devices), -1, *v.shape[1:]) for k, v in data.items()}
-        data = jax.device_put(data, learner_sharding)
-        timing = dict(param_queue_get_time=param_queue_get_time, rollout_time=time.time() - rollout_start,
-                      inference_time=inference_time, env_step_time=env_step_time)
-        queue_put(rollout_queue, (iteration, actor_policy_version, data, timing), stop)
+        timing = dict(
+            param_queue_get_time=param_queue_get_time,
+            rollout_time=time.time() - rollout_start,
+            inference_time=inference_time,
+            env_step_time=env_step_time,
+        )
+        queue_put(
+            rollout_queue, Rollout(update, policy_version, jax.device_put(data, learner_sharding), timing), run.stop
+        )
 
 
 def vtrace(values, rewards, terminations, truncations, log_rhos, gamma, vtrace_lambda, clip_rho, clip_pg_rho):
@@ -379,8 +313,9 @@ def vtrace(values, rewards, terminations, truncations, log_rhos, gamma, vtrace_l
     but, like a termination, cuts the trace so that no correction flows across episodes."""
     discount = gamma * (1.0 - terminations)
     trace = vtrace_lambda * (1.0 - jnp.maximum(terminations, truncations))
-    out = rlax.vtrace_td_error_and_advantage(values[:-1], values[1:], rewards, discount, jnp.exp(log_rhos), trace,
-                                             clip_rho, clip_pg_rho)
+    out = rlax.vtrace_td_error_and_advantage(
+        values[:-1], values[1:], rewards, discount, jnp.exp(log_rhos), trace, clip_rho, clip_pg_rho
+    )
     return out.errors + values[:-1], out.pg_advantage
 
 
@@ -395,17 +330,23 @@ def impala_loss(params, apply_fn, mb, count, args):
     log_probs = jax.nn.log_softmax(logits[:, :-1])
     logprob = jnp.take_along_axis(log_probs, mb["actions"][..., None].astype(jnp.int32), axis=-1)[..., 0]
     logratio = logprob - mb["logprobs"]
-    per_env = jax.vmap(lambda *xs: vtrace(*xs, args.gamma, args.vtrace_lambda, args.clip_rho_threshold,
-                                          args.clip_pg_rho_threshold))
+    per_env = jax.vmap(
+        lambda *xs: vtrace(*xs, args.gamma, args.vtrace_lambda, args.clip_rho_threshold, args.clip_pg_rho_threshold)
+    )
     targets, pg_advantages = jax.lax.stop_gradient(
-        per_env(values, mb["rewards"], mb["terminations"], mb["truncations"], logratio))
+        per_env(values, mb["rewards"], mb["terminations"], mb["truncations"], logratio)
+    )
     pg_loss = -pg_advantages * logprob
     baseline_loss = 0.5 * (targets - values[:, :-1]) ** 2
     entropy = -(jax.nn.softmax(logits[:, :-1]) * log_probs).sum(-1)
     mean = lambda x: (x * mb["valid"]).sum() / count
     loss = mean(pg_loss) + args.vf_coef * mean(baseline_loss) - args.ent_coef * mean(entropy)
-    metrics = dict(pg_loss=mean(pg_loss), baseline_loss=mean(baseline_loss), entropy=mean(entropy),
-                   approx_kl=mean(jnp.exp(logratio) - 1 - logratio))
+    metrics = dict(
+        pg_loss=mean(pg_loss),
+        baseline_loss=mean(baseline_loss),
+        entropy=mean(entropy),
+        approx_kl=mean(jnp.exp(logratio) - 1 - logratio),
+    )
     return loss, metrics
 
 
@@ -413,77 +354,55 @@ def minibatch_ids(key, env_ids, num_minibatches):
     """Environment g goes to minibatch perm[g % M] of its block of M = num_minibatches consecutive
     indices, perm being a random permutation keyed by the block: the global index alone decides, and
     a device that holds whole blocks has equally many environments in every minibatch."""
-    block_permutation = lambda g: jax.random.permutation(jax.random.fold_in(key, g // num_minibatches),
-                                                         num_minibatches)
+    block_permutation = lambda g: jax.random.permutation(jax.random.fold_in(key, g // num_minibatches), num_minibatches)
     return jax.vmap(lambda g: block_permutation(g)[g % num_minibatches])(env_ids)
 
 
-def make_update(args, learner_devices):
-    """The learner update, pmap'd over the learner devices: one pass over the rollout in
-    `num_minibatches` gradient steps, each on whole environment sequences.
+def make_update(args, learner_devices, rolled: bool):
+    """The learner update, pmap'd over the learner devices: one pass over the rollout in `num_minibatches`
+    optimizer steps, each on whole environment sequences and the sum of the gradients of
+    `gradient_accumulation_steps` microbatches (subsets of its sequences).
 
     Layout invariance: minibatch membership depends only on global env indices (`minibatch_ids`),
     and every mean is a global one (psum of sums over psum of counts), so the number of learner
-    devices changes the result only by float rounding."""
+    devices changes the result only by float rounding. `rolled`: see `microbatch_update`."""
     learner_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 2)
-    # XLA's CPU backend runs convolutions inside a loop about 18x slower than unrolled ones (measured:
-    # 7 vs 135 forward-backward observations per second); elsewhere the loop keeps compilation short.
-    unroll = learner_devices[0].platform == "cpu"
+    num_micro = args.gradient_accumulation_steps
+    num_microbatches = args.num_minibatches * num_micro
 
-    def minibatch_step(state, mb):
-        count = jnp.maximum(jax.lax.psum(mb["valid"].sum(), "devices"), 1.0)
+    def prepare(rollouts, update_index):
+        data = jax.tree.map(lambda *xs: jnp.concatenate(xs), *rollouts)
+        terminations, truncations = data["terminations"].astype(jnp.float32), data["truncations"].astype(jnp.float32)
+        fields = dict(obs=data["obs"], actions=data["actions"], logprobs=data["logprobs"], rewards=data["rewards"])
+        fields = dict(fields, terminations=terminations, truncations=truncations)
+        ids = minibatch_ids(jax.random.fold_in(learner_key, update_index), data["env_ids"], args.num_minibatches)
+        # Environments sorted by minibatch: minibatch m is the m-th block of `order`.
+        order = jnp.argsort(ids, stable=True)
+        return dict(fields, valid=1.0 - data["is_reset"].astype(jnp.float32), order=order)
+
+    def microbatch_step(state, fields, update_index, index):
+        """Microbatch `index` of the update: minibatch and microbatch in that order of nesting."""
+        minibatch, micro = index // num_micro, index % num_micro
+        envs_per_minibatch = fields["order"].shape[0] // args.num_minibatches
+        minibatch_envs = jax.lax.dynamic_slice_in_dim(
+            fields["order"], minibatch * envs_per_minibatch, envs_per_minibatch
+        )
+        # The count is the whole minibatch's, so that K microbatches sum to exactly its gradient.
+        count = jnp.maximum(jax.lax.psum(fields["valid"][minibatch_envs].sum(), "devices"), 1.0)
+        envs_per_micro = envs_per_minibatch // num_micro
+        micro_envs = jax.lax.dynamic_slice_in_dim(minibatch_envs, micro * envs_per_micro, envs_per_micro)
+        mb = {key: value[micro_envs] for key, value in fields.items() if key != "order"}
         grads, metrics = jax.grad(impala_loss, has_aux=True)(state.params, state.apply_fn, mb, count, args)
         # Each device's loss is its share of the global mean, so the global gradient is their sum.
         grads, metrics = jax.lax.psum((grads, metrics), "devices")
         return state.apply_gradients(grads=grads), metrics
 
-    def update(state, rollouts, update_index):
-        data = jax.tree.map(lambda *xs: jnp.concatenate(xs), *rollouts)
-        fields = dict(obs=data["obs"], actions=data["actions"], logprobs=data["logprobs"], rewards=data["rewards"],
-                      terminations=data["terminations"].astype(jnp.float32),
-                      truncations=data["truncations"].astype(jnp.float32),
-                      valid=1.0 - data["is_reset"].astype(jnp.float32))
-        ids = minibatch_ids(jax.random.fold_in(learner_key, update_index), data["env_ids"], args.num_minibatches)
-        order = jnp.argsort(ids, stable=True)
-        minibatches = jax.tree.map(lambda x: x[order].reshape(args.num_minibatches, -1, *x.shape[1:]), fields)
-        state, metrics = jax.lax.scan(minibatch_step, state, minibatches, unroll=unroll)
-        return state, jax.tree.map(jnp.mean, metrics)
-
-    return jax.pmap(update, axis_name="devices", devices=learner_devices, in_axes=(0, 0, None))
+    return microbatch_update(prepare, microbatch_step, num_microbatches, args.num_minibatches, learner_devices, rolled)
 
 
 def learning_rate_at(args: Args, sizes: Sizes, update: int) -> float:
     """Constant within an update, linearly down to zero over the run."""
     return args.learning_rate * (1.0 - (update - 1) / sizes.num_updates) if args.anneal_lr else args.learning_rate
-
-
-def first_replica(tree):
-    return jax.tree.map(lambda x: x.addressable_shards[0].data[0], tree)
-
-
-def params_fingerprint(params) -> str:
-    digest = hashlib.sha256()
-    for leaf in jax.tree_util.tree_leaves(params):
-        digest.update(np.asarray(leaf, dtype="<f4").tobytes())
-    return digest.hexdigest()
-
-
-def write_json(path, obj):
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=2)
-
-
-def run_spec(args: Args, sizes: Sizes, run_name: str) -> dict:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
-                             capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        sha = None
-    packages = ["jax", "jaxlib", "flax", "optax", "rlax", "envpool", "numpy", "tyro"]
-    return dict(run_name=run_name, script=os.path.basename(__file__), command=sys.argv, args=dataclasses.asdict(args),
-                sizes=dataclasses.asdict(sizes), git_sha=sha, python=platform.python_version(),
-                versions={p: importlib.metadata.version(p) for p in packages},
-                devices=[str(d) for d in jax.devices()], start_time=time.time())
 
 
 def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
@@ -503,244 +422,137 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     return returns.tolist()
 
 
-def save_checkpoint(run_dir: str, state, counters: dict, keep: int = 2):
-    """Written beside its final name and renamed into place, with a checksum in front: a crash while
-    writing leaves the previous checkpoint intact, and a damaged file is recognized on resume."""
-    payload = flax.serialization.msgpack_serialize(
-        {"state": flax.serialization.to_state_dict(jax.device_get(first_replica(state))), "counters": counters})
-    directory = os.path.join(run_dir, "checkpoints")
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"update_{counters['update']:09d}.ckpt")
-    with open(path + ".tmp", "wb") as f:
-        f.write(hashlib.sha256(payload).hexdigest().encode() + payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
-    for old in sorted(glob.glob(os.path.join(directory, "*.ckpt")))[:-keep]:
-        os.remove(old)
-
-
-def load_checkpoint(run_dir: str, state):
-    """(state, counters) of the newest checkpoint whose checksum holds, or None when there is none."""
-    for path in sorted(glob.glob(os.path.join(run_dir, "checkpoints", "*.ckpt")), reverse=True):
-        with open(path, "rb") as f:
-            data = f.read()
-        if hashlib.sha256(data[64:]).hexdigest().encode() != data[:64]:
-            print(f"warning: checkpoint {path} is damaged; trying the one before", file=sys.stderr)
-            continue
-        saved = flax.serialization.msgpack_restore(data[64:])
-        return flax.serialization.from_state_dict(state, saved["state"]), saved["counters"]
-    return None
-
-
-def lost_peers() -> str:
-    """Names the processes the coordinator no longer hears from, for the error of a broken run."""
-    everyone = list(range(jax.process_count()))
-    try:
-        live = distributed.global_state.client.get_live_nodes(everyone)
-    except Exception:
-        return "the coordinator (process 0) is gone"
-    lost = sorted(set(everyone) - set(live))
-    return f"process(es) {lost} left the run" if lost else "a peer process failed"
-
-
-def train(args: Args):
-    sizes = sizes_of(args, jax.process_count())
-    is_main = jax.process_index() == 0
-    run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)
-
-    local_devices = jax.local_devices()
-    actor_devices = [local_devices[i] for i in args.actor_device_ids]
-    learner_devices = [local_devices[i] for i in args.learner_device_ids]
-    global_learner_devices = [jax.local_devices(process_index=p)[i]
-                              for p in range(jax.process_count()) for i in args.learner_device_ids]
+def init_state(args: Args, sizes: Sizes):
+    """The network, and the learner state with its counters: fresh from the seed, or with --resume from the
+    newest checkpoint of the run (counters["update"] > 0 then)."""
     probe_env = make_env(args, args.seed, 1)
     network = Network(args.channels, args.hiddens, probe_env.action_space.n)
     params = network.init(jax.random.fold_in(jax.random.PRNGKey(args.seed), 0), probe_env.reset()[0])
     probe_env.close()
+    learning_rate = lambda count: learning_rate_at(args, sizes, 1 + count // args.num_minibatches)
     optimizer = optax.chain(
         optax.clip_by_global_norm(args.max_grad_norm),
-        optax.inject_hyperparams(optax.rmsprop)(
-            learning_rate=lambda count: learning_rate_at(args, sizes, 1 + count // args.num_minibatches),
-            decay=0.99, eps=0.01),
+        optax.inject_hyperparams(optax.rmsprop)(learning_rate=learning_rate, decay=0.99, eps=0.01),
     )
+    # The gradients of a minibatch's microbatches are summed (each is its share of the minibatch's mean).
+    optimizer = optax.MultiSteps(optimizer, args.gradient_accumulation_steps, use_grad_mean=False)
     state = TrainState.create(apply_fn=network.apply, params=params, tx=optimizer)
-    counters = dict(update=0, wall_time_s=0.0)
-    checkpoint = load_checkpoint(run_dir, state) if args.resume else None
-    if checkpoint:
-        state, counters = checkpoint
-        if counters["sizes"] != dataclasses.asdict(sizes) or counters["seed"] != args.seed:
-            fail(f"--resume: the checkpoint of {run_dir} is of another run (sizes {counters['sizes']}, seed "
-                 f"{counters['seed']}); resume with the same global hyperparameters")
-        print(f"resuming {run_name} from update {counters['update']}")
-    learner_sharding = NamedSharding(Mesh(np.array(learner_devices), ("devices",)), PartitionSpec("devices"))
-    state = jax.device_put(jax.tree.map(lambda x: np.stack([np.asarray(x)] * len(learner_devices)), state),
-                           learner_sharding)
-    update = make_update(args, global_learner_devices)
-    any_process = jax.pmap(lambda flag: jax.lax.psum(flag, "devices"), axis_name="devices",
-                           devices=global_learner_devices)
+    identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
+    checkpoint = resume_from(run_dir_of(args), state, identity) if args.resume else None
+    state, counters = checkpoint or (state, dict(update=0, wall_time_s=0.0))
+    return network, state, dict(counters, **identity)
 
-    start_update = counters["update"]
-    if is_main:
-        os.makedirs(run_dir, exist_ok=True)
-        spec = run_spec(args, sizes, run_name)
-        write_json(os.path.join(run_dir, "spec.json" if not checkpoint else f"spec_resume_{start_update}.json"),
-                   spec)
-    if args.track and is_main:
-        import wandb
 
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=dataclasses.asdict(args), name=run_name, group=args.group or None, save_code=True,
-                   id=run_name if args.resume else None, resume="allow" if args.resume else None)
-    # purge_step makes TensorBoard drop what a preempted run logged after its checkpoint.
-    writer = SummaryWriter(run_dir, write_to_disk=is_main,
-                           purge_step=start_update * sizes.batch_size + 1 if checkpoint else None)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
-        f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()))
-
-    stop = threading.Event()
-    failures: list[str] = []
-    recent_returns: deque = deque(maxlen=100)
+def start_actors(args, sizes, run, network, first_update, actor_devices, learner_devices):
+    """One param queue, one rollout queue and one thread per actor thread of every local actor device."""
     param_queues, rollout_queues, threads = [], [], []
-
-    def guarded(fn, *fn_args):
-        try:
-            fn(*fn_args)
-        except SystemExit:
-            pass
-        except BaseException:
-            failures.append(traceback.format_exc())
-            stop.set()
-
     for device_index, actor_device in enumerate(actor_devices):
         for thread_id in range(args.num_actor_threads):
-            thread_index = ((jax.process_index() * len(actor_devices) + device_index) * args.num_actor_threads
-                            + thread_id)
+            thread_index = (jax.process_index() * len(actor_devices) + device_index) * args.num_actor_threads
+            thread_index += thread_id
             param_queues.append(queue.Queue(maxsize=1))
             rollout_queues.append(queue.Queue(maxsize=1))
-            threads.append(threading.Thread(target=guarded, daemon=True, name=f"actor-{thread_index}", args=(
-                rollout, args, sizes, network, start_update + 1, thread_index * args.local_num_envs, actor_device,
-                learner_devices, param_queues[-1], rollout_queues[-1], writer, stop, recent_returns)))
+            kwargs = dict(
+                args=args,
+                sizes=sizes,
+                run=run,
+                network=network,
+                first_update=first_update,
+                env_offset=thread_index * args.local_num_envs,
+                devices=(actor_device, learner_devices),
+                param_queue=param_queues[-1],
+                rollout_queue=rollout_queues[-1],
+            )
+            threads.append(start_thread(actor, f"actor-{thread_index}", run.stop, run.failures, **kwargs))
+    return param_queues, rollout_queues, threads
 
-    def send_params(version):
-        host_copy = first_replica(state.params)
-        for device_index, actor_device in enumerate(actor_devices):
-            on_device = jax.device_put(host_copy, actor_device)
-            for q in param_queues[device_index * args.num_actor_threads:(device_index + 1) * args.num_actor_threads]:
-                queue_put(q, (version, on_device), stop)
 
-    received_signal = []
-    for signum in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(signum, lambda signum, frame: received_signal.append(signum))
+def send_params(state, policy_version, actor_devices, param_queues, stop):
+    host_copy = first_replica(state.params)
+    threads_per_device = len(param_queues) // len(actor_devices)
+    for device_index, actor_device in enumerate(actor_devices):
+        on_device = jax.device_put(host_copy, actor_device)
+        for q in param_queues[device_index * threads_per_device : (device_index + 1) * threads_per_device]:
+            queue_put(q, (policy_version, on_device), stop)
 
-    def checkpoint_now(update_index):
-        if is_main:
-            save_checkpoint(run_dir, state, dict(
-                update=update_index, global_step=update_index * sizes.batch_size, sizes=dataclasses.asdict(sizes),
-                seed=args.seed, wall_time_s=counters["wall_time_s"] + time.time() - start_time))
 
-    start_time = time.time()
-    learner_policy_version = start_update
-    global_step = start_update * sizes.batch_size
+def log_update(args, sizes, run, update, rollouts, metrics, stats):
+    """TensorBoard every update; the losses and a console line every --log-frequency updates."""
+    global_step, elapsed = update * sizes.batch_size, time.time() - run.start_time
+    updates_done = update - run.counters["update"]
+    timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
+    sps = int(updates_done * sizes.batch_size / elapsed)
+    run.log({f"stats/{key}": value for key, value in dict(timing, **stats).items()}, global_step)
+    run.log({"charts/SPS": sps, "charts/learning_rate": learning_rate_at(args, sizes, update)}, global_step)
+    if update % args.log_frequency and update != sizes.num_updates:
+        return
+    run.log({f"losses/{key}": value for key, value in jax.device_get(first_replica(metrics)).items()}, global_step)
+    mean_return = f"{np.mean(run.recent_returns):.1f}" if run.recent_returns else "n/a"
+    eta_minutes = (sizes.num_updates - update) * elapsed / updates_done / 60
+    print(
+        f"update {update}/{sizes.num_updates} step={global_step} SPS={sps} return={mean_return} "
+        f"policy actor={stats['actor_policy_version']} learner={stats['learner_policy_version']} "
+        f"wait rollout={stats['rollout_queue_get_time']:.2f}s param={timing['param_queue_get_time']:.2f}s "
+        f"ETA={eta_minutes:.1f}min",
+        flush=True,
+    )
+
+
+def train(args: Args):
+    sizes = sizes_of(args, jax.process_count())
+    actor_devices = [jax.local_devices()[i] for i in args.actor_device_ids]
+    learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
+    global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
+    network, state, counters = init_state(args, sizes)
+    run = open_run(args, sizes, __file__, counters, global_learner_devices)
+    state = replicate(state, learner_devices)
+    update = make_update(args, global_learner_devices, rolled=learner_devices[0].platform != "cpu")
+    start_update = learner_policy_version = counters["update"]
+    param_queues, rollout_queues, threads = start_actors(
+        args, sizes, run, network, start_update + 1, actor_devices, learner_devices
+    )
     exit_code = 0
     try:
-        send_params(learner_policy_version)
-        for thread in threads:
-            thread.start()
+        send_params(state, learner_policy_version, actor_devices, param_queues, run.stop)
         for update_index in range(start_update + 1, sizes.num_updates + 1):
             wait_start = time.time()
-            payloads = [queue_get(q, stop) for q in rollout_queues]
+            rollouts = [queue_get(q, run.stop) for q in rollout_queues]
             rollout_queue_get_time = time.time() - wait_start
+            # The Cleanba protocol: data exactly one policy version old with --concurrency, else current.
             expected_lag = 1 if args.concurrency and update_index > start_update + 1 else 0
-            for iteration, actor_policy_version, _, _ in payloads:
-                lag = learner_policy_version - actor_policy_version
-                if iteration != update_index or lag != expected_lag:
-                    raise RuntimeError(f"update {update_index}: rollout {iteration} from policy {actor_policy_version}"
-                                       f" while the learner is at {learner_policy_version} (lag {lag}, expected "
-                                       f"{expected_lag})")
+            for r in rollouts:
+                lag = learner_policy_version - r.policy_version
+                if r.update != update_index or lag != expected_lag:
+                    raise RuntimeError(
+                        f"update {update_index}: rollout {r.update} from policy {r.policy_version}"
+                        f" while the learner is at {learner_policy_version} (lag {lag}, expected "
+                        f"{expected_lag})"
+                    )
             learn_start = time.time()
-            state, metrics = update(state, tuple(p[2] for p in payloads), np.int32(update_index))
+            state, metrics = update(state, tuple(r.data for r in rollouts), np.int32(update_index))
             jax.block_until_ready(state)
-            learn_time = time.time() - learn_start
             learner_policy_version += 1
-            global_step = update_index * sizes.batch_size
-            sps = int((global_step - start_update * sizes.batch_size) / (time.time() - start_time))
-            timing = {k: np.mean([p[3][k] for p in payloads]) for k in payloads[0][3]}
-            scalars = dict(timing, rollout_queue_get_time=rollout_queue_get_time, learn_time=learn_time,
-                           actor_policy_version=payloads[0][1], learner_policy_version=learner_policy_version)
-            for key, value in scalars.items():
-                writer.add_scalar(f"stats/{key}", value, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("charts/learning_rate", learning_rate_at(args, sizes, update_index), global_step)
-            if update_index % args.log_frequency == 0 or update_index == sizes.num_updates:
-                for key, value in jax.device_get(first_replica(metrics)).items():
-                    writer.add_scalar(f"losses/{key}", value, global_step)
-                returns = list(recent_returns)
-                mean_return = f"{np.mean(returns):.1f}" if returns else "n/a"
-                eta = (sizes.num_updates - update_index) * (time.time() - start_time) / (update_index - start_update)
-                print(f"update {update_index}/{sizes.num_updates} step={global_step} SPS={sps} "
-                      f"return={mean_return} policy actor={payloads[0][1]} learner={learner_policy_version} "
-                      f"wait rollout={rollout_queue_get_time:.2f}s param={timing['param_queue_get_time']:.2f}s "
-                      f"ETA={eta / 60:.1f}min", flush=True)
-            # Every process must stop after the same update, or the others would wait for it forever.
-            stop_requested = np.full(len(learner_devices), bool(received_signal), np.int32)
-            if args.distributed:
-                stop_requested = np.asarray(any_process(stop_requested))
-            if stop_requested[0] and update_index < sizes.num_updates:
-                checkpoint_now(update_index)
-                print(f"stopped by a signal after update {update_index}; checkpoint saved, continue with --resume",
-                      file=sys.stderr)
-                exit_code = 128 + (received_signal[0] if received_signal else signal.SIGTERM)
+            stats = dict(
+                rollout_queue_get_time=rollout_queue_get_time,
+                learn_time=time.time() - learn_start,
+                actor_policy_version=rollouts[0].policy_version,
+                learner_policy_version=learner_policy_version,
+            )
+            log_update(args, sizes, run, update_index, rollouts, metrics, stats)
+            exit_code = run.after_update(state, update_index)
+            if exit_code:
                 break
-            if args.checkpoint_every and (update_index % args.checkpoint_every == 0
-                                          or update_index == sizes.num_updates):
-                checkpoint_now(update_index)
             if update_index < sizes.num_updates:
-                send_params(learner_policy_version)
+                send_params(state, learner_policy_version, actor_devices, param_queues, run.stop)
     except KeyboardInterrupt:
         print("interrupted: stopping threads and flushing logs", file=sys.stderr)
         exit_code = 130
-    except SystemExit:
+    except Stopped:
         exit_code = 1
     except Exception:
-        failures.append(traceback.format_exc() + (f"error: distributed run broken: {lost_peers()}\n"
-                                                  if args.distributed else ""))
-        exit_code = 1
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=10)
-    if failures:
-        print("".join(failures), file=sys.stderr, end="")
-        exit_code = 1
-    if exit_code:
-        writer.close()
-        sys.exit(exit_code)
-
-    final_params = jax.device_get(first_replica(state.params))
-    fingerprint = params_fingerprint(final_params)
-    if args.save_model and is_main:
-        model_path = os.path.join(run_dir, f"{args.exp_name}.cleanba_model")
-        saved_args = json.loads(json.dumps(dataclasses.asdict(args)))  # msgpack takes lists, not tuples
-        with open(model_path, "wb") as f:
-            f.write(flax.serialization.msgpack_serialize(
-                {"script": os.path.basename(__file__)[: -len(".py")], "args": saved_args, "params": final_params}))
-        print(f"model saved to {model_path}")
-    if args.eval_episodes and is_main:
-        eval_returns = evaluate(final_params, args, args.eval_episodes, args.seed + 1_000_000)
-        for episode, episode_return in enumerate(eval_returns):
-            writer.add_scalar("eval/episodic_return", episode_return, episode)
-        print(f"eval: mean return {np.mean(eval_returns):.1f} over {len(eval_returns)} episodes")
-    wall_time = counters["wall_time_s"] + time.time() - start_time
-    if is_main:
-        write_json(os.path.join(run_dir, "summary.json"), dict(
-            params_fingerprint=fingerprint, global_step=global_step, learner_policy_version=learner_policy_version,
-            sps=int(global_step / wall_time), wall_time_s=wall_time))
-    writer.close()
-    if args.track and is_main:
-        wandb.finish()
-    print(f"params_fingerprint={fingerprint}", flush=True)
+        run.record_failure()
+    run.exit_if_stopped(exit_code, threads)
+    run.finish(jax.device_get(first_replica(state.params)), learner_policy_version, evaluate)
 
 
 def args_from_dict(saved: dict) -> Args:
@@ -750,13 +562,7 @@ def args_from_dict(saved: dict) -> Args:
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.distributed:
-        try:
-            jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
-                                       heartbeat_timeout_seconds=30)
-        except (ValueError, RuntimeError) as error:
-            fail(f"--distributed could not join the run ({str(error).splitlines()[0]}); run it under SLURM or "
-                 "give --coordinator-address, --num-processes and --process-id")
+    distributed.join(args)
     validate_layout(args)
     train(args)
 

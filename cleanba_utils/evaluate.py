@@ -2,8 +2,12 @@
 
     python -m cleanba_utils.evaluate runs/<run_name>/<exp_name>.cleanba_model --episodes 10
 
-The file names the script that wrote it; that script's own `Network`, `make_env` and `evaluate`
-play the episodes, so evaluation always matches training."""
+The file names the script that wrote it; that script's own network and environments play the
+episodes, so evaluation always matches training. The contract every script in `cleanba/` keeps:
+- `args_from_dict(saved: dict) -> Args` rebuilds its arguments from the saved ones (lists for tuples);
+- `evaluate(params, args, num_episodes, seed) -> list[float]` plays one episode in each of `num_episodes`
+  fresh environments (its `make_env`, seeded `seed + i`) with its `Network`, and returns the unclipped returns;
+- `Run.finish` (cleanba_utils.run) saves the model with the script's file name, which names the module here."""
 
 import argparse
 import importlib

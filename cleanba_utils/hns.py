@@ -88,6 +88,9 @@ def balance(per_game):
     return np.stack([np.repeat(seeds, runs // len(seeds), axis=0) for seeds in per_game], axis=1)
 
 
+# The bootstrap is ours, not rliable's: rliable 1.2's `library` module, which holds its bootstrap, does not
+# import with the locked pandas (measured: TypeError from pandas' `deprecate_kwarg`), and a generator passed
+# explicitly keeps the intervals reproducible from `--seed`. rliable gives the point metrics.
 def bootstrap(per_game, reps, rng):
     """Stratified bootstrap samples: each game resamples its own seeds, so no game ever drops out."""
     for _ in range(reps):

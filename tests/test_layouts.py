@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import (
+from helpers import (
     IMPALA_LAYOUT_ATOL,
     IMPALA_TINY,
     PPO_LAYOUT_ATOL,
@@ -19,20 +19,34 @@ from conftest import (
     scalars,
 )
 
-SHARED_TAGS = {"charts/SPS", "charts/learning_rate", "losses/entropy", "losses/approx_kl",
-               "stats/actor_policy_version", "stats/learner_policy_version", "stats/rollout_queue_get_time",
-               "stats/param_queue_get_time", "stats/rollout_time", "stats/learn_time", "stats/env_step_time",
-               "stats/inference_time"}
+SHARED_TAGS = {
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/entropy",
+    "losses/approx_kl",
+    "stats/actor_policy_version",
+    "stats/learner_policy_version",
+    "stats/rollout_queue_get_time",
+    "stats/param_queue_get_time",
+    "stats/rollout_time",
+    "stats/learn_time",
+    "stats/env_step_time",
+    "stats/inference_time",
+}
 SCRIPTS = {
     "cleanba_ppo": dict(
-        args=[*TINY, "--concurrency"], atol=PPO_LAYOUT_ATOL,
+        args=[*TINY, "--concurrency"],
+        atol=PPO_LAYOUT_ATOL,
         tags={"losses/policy_loss", "losses/value_loss", "losses/clipfrac"},
-        learning_rates=[2.5e-4, 2.5e-4 * 2 / 3, 2.5e-4 / 3]),
+        learning_rates=[2.5e-4, 2.5e-4 * 2 / 3, 2.5e-4 / 3],
+    ),
     # CartPole: episodes of a few dozen steps, so every layout crosses episode boundaries.
     "cleanba_impala": dict(
-        args=[*IMPALA_TINY, "--env-id", "CartPole-v1"], atol=IMPALA_LAYOUT_ATOL,
+        args=[*IMPALA_TINY, "--env-id", "CartPole-v1"],
+        atol=IMPALA_LAYOUT_ATOL,
         tags={"losses/pg_loss", "losses/baseline_loss", "charts/episodic_return"},
-        learning_rates=[6e-4, 4e-4, 2e-4]),
+        learning_rates=[6e-4, 4e-4, 2e-4],
+    ),
 }
 LAYOUTS = {
     "one_learner": ["--local-num-envs", 8, "--num-actor-threads", 1, "--learner-device-ids", 1],
@@ -48,8 +62,17 @@ def layout_runs(request, tmp_path_factory):
     cwd = tmp_path_factory.mktemp(f"{script}_layouts")
     runs = {}
     for name, layout in LAYOUTS.items():
-        args = [*SCRIPTS[script]["args"], "--total-timesteps", 384, "--save-model", "--actor-device-ids", 0, *layout,
-                "--run-name", name]
+        args = [
+            *SCRIPTS[script]["args"],
+            "--total-timesteps",
+            384,
+            "--save-model",
+            "--actor-device-ids",
+            0,
+            *layout,
+            "--run-name",
+            name,
+        ]
         result = run_script(f"{script}.py", args, cwd, devices=4)
         assert result.returncode == 0, result.stderr[-3000:]
         runs[name] = (result, cwd / "runs" / name)

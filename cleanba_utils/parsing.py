@@ -1,0 +1,100 @@
+"""The command line of a training script: tyro's parser with one-line errors, and the checks that every
+script's `validate` and `validate_layout` share. A user's mistake is one line on stderr and exit code 2."""
+
+import contextlib
+import dataclasses
+import io
+import math
+import sys
+from typing import NoReturn
+
+import envpool
+import jax
+import tyro
+
+
+def fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def parse_args(args_type, argv=None):
+    """tyro's parser, with its multi-line error box reduced to its one line of substance."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return tyro.cli(args_type, args=argv)
+    except SystemExit as exit_:
+        if exit_.code:
+            lines = [line.strip(" │╭╮╰╯─-") for line in captured.getvalue().splitlines()]
+            lines = [line for line in lines if line]
+            fail(f"{lines[1] if len(lines) > 1 else 'invalid arguments'} (see --help)")
+        print(captured.getvalue(), end="")
+        raise
+
+
+def check_signs(args, positive: list[str], non_negative: list[str]):
+    """Every float option must be finite (NaN passes any comparison); then the signs the script names."""
+    for field in dataclasses.fields(args):
+        value = getattr(args, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            fail(f"{flag(field.name)} must be a finite number, got {value}")
+    for name in positive:
+        if getattr(args, name) <= 0:
+            fail(f"{flag(name)} must be positive, got {getattr(args, name)}")
+    for name in non_negative:
+        if getattr(args, name) < 0:
+            fail(f"{flag(name)} must be non-negative, got {getattr(args, name)}")
+
+
+def check_in(args, name: str, low: float, high: float, low_open: bool = False):
+    value = getattr(args, name)
+    if not (low < value <= high if low_open else low <= value <= high):
+        fail(f"{flag(name)} must be in {'(' if low_open else '['}{low:g}, {high:g}], got {value}")
+
+
+def check_run_options(args):
+    """The options every script has: the distributed run, resume, envpool, the network and the environment."""
+    distributed_options = [args.coordinator_address, args.num_processes, args.process_id]
+    if any(o is not None for o in distributed_options) and not (
+        args.distributed and all(o is not None for o in distributed_options)
+    ):
+        fail("--coordinator-address, --num-processes and --process-id go together, with --distributed")
+    if args.num_processes is not None and not 0 <= args.process_id < args.num_processes:
+        fail(f"--process-id must be in 0 .. {args.num_processes - 1} (--num-processes), got {args.process_id}")
+    if args.resume and args.run_name is None:
+        fail("--resume needs --run-name: the run folder whose checkpoints to continue from")
+    if args.envpool_num_threads is not None and args.envpool_num_threads <= 0:
+        fail(f"--envpool-num-threads must be positive, got {args.envpool_num_threads}")
+    if not args.channels and not args.hiddens:
+        fail("--channels and --hiddens are both empty; give the network at least one layer")
+    if any(c <= 0 for c in args.channels + args.hiddens):
+        fail("--channels and --hiddens take positive layer sizes")
+    if args.env_id not in envpool.list_all_envs():
+        fail(f"--env-id {args.env_id} is not an envpool environment; try Breakout-v5 or CartPole-v1")
+
+
+def check_devices(args, num_updates: int, batch_size: int):
+    """The checks that need the devices and the number of processes, before any environment or device work."""
+    num_devices = len(jax.local_devices())
+    for name in ["actor_device_ids", "learner_device_ids"]:
+        ids = getattr(args, name)
+        if not ids or len(set(ids)) != len(ids) or not all(0 <= i < num_devices for i in ids):
+            fail(
+                f"{flag(name)} must list distinct ids among the {num_devices} local devices "
+                f"(0..{num_devices - 1}), got {list(ids)}"
+            )
+    if args.local_num_envs % len(args.learner_device_ids):
+        fail(
+            f"--local-num-envs {args.local_num_envs} must be divisible by the number of learner devices "
+            f"({len(args.learner_device_ids)}): each learner device takes an equal share of every rollout"
+        )
+    if num_updates < 1:
+        fail(
+            f"--total-timesteps {args.total_timesteps} is less than one rollout ({batch_size} steps = "
+            "num envs x num steps); raise it or shrink --local-num-envs / --num-steps"
+        )

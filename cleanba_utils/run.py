@@ -1,0 +1,204 @@
+"""One training run's plumbing, shared by every script: its folder and logs, the stop of all threads,
+preemption signals, checkpoints, episode statistics and the end of the run. The script keeps its
+algorithm, its actors and its learner loop; `Run` holds what the loop needs besides."""
+
+import dataclasses
+import os
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+
+import jax
+import numpy as np
+from tensorboardX import SummaryWriter
+
+from cleanba_utils import distributed, parsing, run_files, signals
+from cleanba_utils.checkpoints import save_checkpoint
+
+# XLA reports a device allocation it cannot make as RESOURCE_EXHAUSTED: the run asked for more than the
+# device holds, which the user fixes with the options that size one learner step or one actor batch.
+OUT_OF_MEMORY = (
+    "the device ran out of memory; shrink what one step holds: fewer --local-num-envs, more --num-minibatches "
+    "or more --gradient-accumulation-steps (the same result in less memory)"
+)
+
+
+@dataclasses.dataclass
+class Run:
+    args: object
+    sizes: object
+    script_path: str
+    name: str
+    dir: str
+    writer: SummaryWriter
+    counters: dict
+    """what a checkpoint saves besides the state: the update, the wall time before a resume, sizes, seed"""
+    stop_agreed: object
+    """a function of `received_signals`: True when any process of the run received a stop signal"""
+    stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+    """set when the run ends or any thread fails: every queue wait gives up"""
+    failures: list = dataclasses.field(default_factory=list)
+    """tracebacks of the threads that failed"""
+    received_signals: list = dataclasses.field(default_factory=signals.catch_stop_signals)
+    recent_returns: deque = dataclasses.field(default_factory=lambda: deque(maxlen=100))
+    """the returns of the last 100 finished episodes, for the console"""
+    start_time: float = dataclasses.field(default_factory=time.time)
+
+    @property
+    def is_main(self) -> bool:
+        return jax.process_index() == 0
+
+    def wall_time(self) -> float:
+        """Seconds of the whole run, the time before a resume included."""
+        return self.counters["wall_time_s"] + time.time() - self.start_time
+
+    def episodes(self, num_envs: int) -> "Episodes":
+        return Episodes(self.writer, self.recent_returns, np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64))
+
+    def log(self, scalars: dict, global_step: int):
+        for key, value in scalars.items():
+            self.writer.add_scalar(key, value, global_step)
+
+    def checkpoint(self, state, update: int):
+        if self.is_main:
+            save_checkpoint(self.dir, state, dict(self.counters, update=update, wall_time_s=self.wall_time()))
+
+    def after_update(self, state, update: int) -> int:
+        """Checkpoints as --checkpoint-every asks; on a stop signal received by any process, checkpoints and
+        returns the exit code (128 + the signal), else 0. A signal during the last update lets the run end."""
+        last = update == self.sizes.num_updates
+        if self.stop_agreed(self.received_signals) and not last:
+            self.checkpoint(state, update)
+            print(
+                f"stopped by a signal after update {update}; checkpoint saved, continue with --resume", file=sys.stderr
+            )
+            return signals.exit_code_of(self.received_signals)
+        if self.args.checkpoint_every and (update % self.args.checkpoint_every == 0 or last):
+            self.checkpoint(state, update)
+        return 0
+
+    def record_failure(self):
+        """Called in the learner's `except Exception`: the traceback, and in a distributed run the hint that
+        a peer may have gone (JAX's coordination service names it)."""
+        self.failures.append(traceback.format_exc() + (distributed.BROKEN_RUN + "\n" if self.args.distributed else ""))
+
+    def exit_if_stopped(self, exit_code: int, threads: list):
+        """Stops and joins the threads; ends the process with the failures (exit 1) or `exit_code` if not 0."""
+        self.stop.set()
+        for thread in threads:
+            thread.join(timeout=10)
+        if any("RESOURCE_EXHAUSTED" in failure for failure in self.failures):
+            self.writer.close()
+            parsing.fail(OUT_OF_MEMORY)
+        if self.failures:
+            print("".join(self.failures), file=sys.stderr, end="")
+            exit_code = 1
+        if exit_code:
+            self.writer.close()
+            sys.exit(exit_code)
+
+    def finish(self, params, learner_policy_version: int, evaluate):
+        """After the last update: the model file, the evaluation episodes (`evaluate(params, args, num_episodes,
+        seed)` is the script's own), summary.json and the fingerprint as the last line of stdout."""
+        args, wall_time_s = self.args, self.wall_time()
+        global_step = learner_policy_version * self.sizes.batch_size
+        fingerprint = run_files.params_fingerprint(params)
+        if args.save_model and self.is_main:
+            print(f"model saved to {run_files.save_model(args, params, self.dir, self.script_path)}")
+        if args.eval_episodes and self.is_main:
+            eval_returns = evaluate(params, args, args.eval_episodes, args.seed + 1_000_000)
+            for episode, episode_return in enumerate(eval_returns):
+                self.writer.add_scalar("eval/episodic_return", episode_return, episode)
+            print(f"eval: mean return {np.mean(eval_returns):.1f} over {len(eval_returns)} episodes")
+        if self.is_main:
+            summary = dict(
+                params_fingerprint=fingerprint,
+                global_step=global_step,
+                learner_policy_version=learner_policy_version,
+                sps=int(global_step / wall_time_s),
+                wall_time_s=wall_time_s,
+            )
+            run_files.write_json(os.path.join(self.dir, "summary.json"), summary)
+        self.writer.close()
+        if args.track and self.is_main:
+            import wandb
+
+            wandb.finish()
+        print(f"params_fingerprint={fingerprint}", flush=True)
+
+
+def open_run(args, sizes, script_path: str, counters: dict, global_learner_devices: list) -> Run:
+    """The run folder, its spec and its TensorBoard writer (and W&B with --track); process 0 alone writes.
+    `counters["update"] > 0` means a resumed run: it writes `spec_resume_<update>.json`, and TensorBoard
+    drops what the preempted run logged after its checkpoint (purge_step), so the curves read as one stream."""
+    name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join("runs", name)
+    resumed_update = counters["update"] or None
+    is_main = jax.process_index() == 0
+    if resumed_update:
+        print(f"resuming {name} from update {resumed_update}")
+    if is_main:
+        os.makedirs(run_dir, exist_ok=True)
+        spec_name = f"spec_resume_{resumed_update}.json" if resumed_update else "spec.json"
+        run_files.write_json(os.path.join(run_dir, spec_name), run_files.run_spec(args, sizes, name, script_path))
+    if args.track and is_main:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=dataclasses.asdict(args),
+            name=name,
+            group=args.group or None,
+            save_code=True,
+            id=name if args.resume else None,
+            resume="allow" if args.resume else None,
+        )
+    purge_step = resumed_update * sizes.batch_size + 1 if resumed_update else None
+    writer = SummaryWriter(run_dir, write_to_disk=is_main, purge_step=purge_step)
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()),
+    )
+    num_local = len(args.learner_device_ids)
+    stop_agreed = signals.stop_agreement(global_learner_devices, num_local, args.distributed)
+    return Run(
+        args=args,
+        sizes=sizes,
+        script_path=script_path,
+        name=name,
+        dir=run_dir,
+        writer=writer,
+        counters=counters,
+        stop_agreed=stop_agreed,
+    )
+
+
+def run_dir_of(args) -> str | None:
+    """The folder of a named run (where --resume looks for checkpoints)."""
+    return os.path.join("runs", args.run_name) if args.run_name else None
+
+
+@dataclasses.dataclass
+class Episodes:
+    """The running return and length of each of an actor's environments; a finished episode is logged."""
+
+    writer: SummaryWriter
+    recent_returns: deque
+    returns: np.ndarray
+    lengths: np.ndarray
+
+    def step(self, reward, done, is_reset, global_step: int):
+        """`reward` unclipped; a reset step (envpool's step after an episode's end) belongs to no episode."""
+        playing = ~is_reset
+        self.returns += reward * playing
+        self.lengths += playing
+        for i in np.flatnonzero(done):
+            self.writer.add_scalar("charts/episodic_return", self.returns[i], global_step)
+            self.writer.add_scalar("charts/episodic_length", self.lengths[i], global_step)
+            self.recent_returns.append(self.returns[i])
+        self.returns[done] = 0.0
+        self.lengths[done] = 0

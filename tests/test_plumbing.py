@@ -1,0 +1,240 @@
+"""The run plumbing in cleanba_utils, module by module, without a training run."""
+
+import dataclasses
+import hashlib
+import os
+import queue
+import signal
+import struct
+import threading
+import time
+
+import flax.serialization
+import jax
+import numpy as np
+import optax
+import pytest
+from flax.training.train_state import TrainState
+from tensorboardX import SummaryWriter
+
+from cleanba_utils import checkpoints, parsing, run_files, signals, threads
+from cleanba_utils.run import Episodes, Run
+
+
+@dataclasses.dataclass
+class Options:
+    rate: float = 0.5
+    """a float"""
+    count: int = 3
+    """an int"""
+
+
+# parsing
+
+
+def test_parse_error_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parsing.parse_args(Options, ["--count", "many"])
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--count" in lines[0], lines
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_floats_are_refused_even_where_any_sign_is_allowed(capsys, value):
+    with pytest.raises(SystemExit) as exit_:
+        parsing.check_signs(parsing.parse_args(Options, ["--rate", value]), positive=[], non_negative=[])
+    assert exit_.value.code == 2 and "--rate must be a finite number" in capsys.readouterr().err
+
+
+def test_signs_and_ranges(capsys):
+    parsing.check_signs(Options(), positive=["rate", "count"], non_negative=[])
+    parsing.check_in(Options(rate=1.0), "rate", 0, 1, low_open=True)
+    for check in [
+        lambda: parsing.check_signs(Options(count=0), positive=["count"], non_negative=[]),
+        lambda: parsing.check_signs(Options(rate=-0.1), positive=[], non_negative=["rate"]),
+        lambda: parsing.check_in(Options(rate=0.0), "rate", 0, 1, low_open=True),
+        lambda: parsing.check_in(Options(rate=1.5), "rate", 0, 1),
+    ]:
+        with pytest.raises(SystemExit):
+            check()
+    assert len(capsys.readouterr().err.strip().splitlines()) == 4
+
+
+# threads
+
+
+def test_a_blocked_queue_wait_ends_with_stopped_once_the_run_stops():
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    start = time.time()
+    with pytest.raises(threads.Stopped):
+        threads.queue_get(queue.Queue(), stop)
+    with pytest.raises(threads.Stopped):
+        full = queue.Queue(maxsize=1)
+        full.put(0)
+        threads.queue_put(full, 1, stop)
+    assert time.time() - start < 2
+
+
+def test_a_failing_thread_is_recorded_and_stops_the_others():
+    stop, failures = threading.Event(), []
+
+    def explode(message):
+        raise RuntimeError(message)
+
+    threads.start_thread(explode, "exploding", stop, failures, message="boom").join(timeout=5)
+    wait_forever = lambda: threads.queue_get(queue.Queue(), stop)
+    waiting = threads.start_thread(wait_forever, "waiting", stop, failures)
+    waiting.join(timeout=5)
+    assert stop.is_set() and not waiting.is_alive()
+    assert len(failures) == 1 and "RuntimeError: boom" in failures[0]
+
+
+# run files
+
+
+def test_fingerprint_is_the_sha256_of_little_endian_float32_leaves_in_tree_order():
+    # Leaves in key order: a = (1, 2), b = (0.5,); the digest of struct.pack("<3f", 1.0, 2.0, 0.5).
+    tree = {"b": np.array([0.5], np.float64), "a": np.array([1, 2], np.int32)}
+    expected = "fdd6aa4a2057d96e55c4c39c3048c44a5b8d508931201bcb4fc8b66771ae09f1"
+    assert hashlib.sha256(struct.pack("<3f", 1.0, 2.0, 0.5)).hexdigest() == expected
+    assert run_files.params_fingerprint(tree) == expected
+
+
+@dataclasses.dataclass
+class ScriptArgs:
+    exp_name: str = "thing"
+    """the name of the experiment"""
+    hiddens: tuple[int, ...] = (1, 2)
+    """a tuple, which msgpack stores as a list"""
+
+
+def test_saved_model_holds_script_args_and_params(tmp_path):
+    params = {"dense": {"kernel": np.arange(6, dtype=np.float32).reshape(2, 3)}}
+    path = run_files.save_model(ScriptArgs(), params, str(tmp_path), "/somewhere/cleanba_thing.py")
+    with open(path, "rb") as f:
+        saved = flax.serialization.msgpack_restore(f.read())
+    assert os.path.basename(path) == "thing.cleanba_model" and saved["script"] == "cleanba_thing"
+    assert saved["args"] == {"exp_name": "thing", "hiddens": [1, 2]}
+    np.testing.assert_array_equal(saved["params"]["dense"]["kernel"], np.arange(6).reshape(2, 3))
+
+
+# checkpoints
+
+
+def replicated_state(value: float):
+    """A TrainState as the learner holds it: one replica per learner device (here one)."""
+    state = TrainState.create(apply_fn=None, params={"w": np.full(3, value, np.float32)}, tx=optax.sgd(0.1))
+    return run_files.replicate(state, jax.local_devices()[:1]), state
+
+
+def test_checkpoint_round_trip_keeps_the_newest_two(tmp_path):
+    for update in (1, 2, 3):
+        checkpoints.save_checkpoint(str(tmp_path), replicated_state(float(update))[0], dict(update=update, seed=7))
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "update_000000002.ckpt",
+        "update_000000003.ckpt",
+    ]
+    state, counters = checkpoints.load_checkpoint(str(tmp_path), replicated_state(0.0)[1])
+    assert counters == {"update": 3, "seed": 7}
+    np.testing.assert_array_equal(state.params["w"], [3.0, 3.0, 3.0])
+
+
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
+    for update in (1, 2):
+        checkpoints.save_checkpoint(str(tmp_path), replicated_state(float(update))[0], dict(update=update))
+    newest = tmp_path / "checkpoints" / "update_000000002.ckpt"
+    data = bytearray(newest.read_bytes())
+    data[-5] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    state, counters = checkpoints.load_checkpoint(str(tmp_path), replicated_state(0.0)[1])
+    assert counters["update"] == 1 and state.params["w"][0] == 1.0 and "damaged" in capsys.readouterr().err
+    assert checkpoints.load_checkpoint(str(tmp_path / "elsewhere"), replicated_state(0.0)[1]) is None
+
+
+def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, capsys):
+    checkpoints.save_checkpoint(str(tmp_path), replicated_state(1.0)[0], dict(update=1, seed=1))
+    assert checkpoints.resume_from(str(tmp_path), replicated_state(0.0)[1], dict(seed=1))[1]["update"] == 1
+    with pytest.raises(SystemExit) as exit_:
+        checkpoints.resume_from(str(tmp_path), replicated_state(0.0)[1], dict(seed=2))
+    assert exit_.value.code == 2 and "of another run" in capsys.readouterr().err
+
+
+# signals
+
+
+def test_stop_signals_are_noted_not_acted_on():
+    previous = {signum: signal.getsignal(signum) for signum in signals.STOP_SIGNALS}
+    try:
+        received = signals.catch_stop_signals()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.1)
+        assert received == [signal.SIGUSR1]
+        assert signals.stop_agreement([], 1, distributed=False)(received)
+        assert not signals.stop_agreement([], 1, distributed=False)([])
+        assert signals.exit_code_of(received) == 128 + signal.SIGUSR1 and signals.exit_code_of([]) == 143
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+# run
+
+
+def test_episodes_count_rewards_and_steps_but_not_reset_steps(tmp_path):
+    # Env 0: rewards 1, 2, then done (return 3, length 2 at step 2); its next step is envpool's reset
+    # step (reward 100 ignored), then reward 4. Env 1 plays on: return 0 + 5 + 6 + 7 + 8 when done at step 4.
+    writer = SummaryWriter(str(tmp_path))
+    episodes = Episodes(writer, [], np.zeros(2), np.zeros(2, dtype=np.int64))
+    for step, (rewards, done, is_reset) in enumerate(
+        [
+            ([1, 5], [False, False], [False, False]),
+            ([2, 6], [True, False], [False, False]),
+            ([100, 7], [False, False], [True, False]),
+            ([4, 8], [False, True], [False, False]),
+        ]
+    ):
+        episodes.step(np.array(rewards, float), np.array(done), np.array(is_reset), global_step=step)
+    assert episodes.recent_returns == [3.0, 26.0]
+    np.testing.assert_array_equal(episodes.returns, [4.0, 0.0])
+    np.testing.assert_array_equal(episodes.lengths, [1, 0])
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSizes:
+    num_updates: int = 5
+    batch_size: int = 8
+
+
+@dataclasses.dataclass
+class RunArgs:
+    checkpoint_every: int = 2
+    distributed: bool = False
+
+
+def test_after_update_checkpoints_on_schedule_and_at_the_end_and_stops_on_a_signal(tmp_path):
+    writer = SummaryWriter(str(tmp_path))
+    run = Run(
+        args=RunArgs(),
+        sizes=RunSizes(),
+        script_path="x.py",
+        name="r",
+        dir=str(tmp_path),
+        writer=writer,
+        counters=dict(update=0, wall_time_s=0.0),
+        stop_agreed=bool,
+        received_signals=[],
+    )
+    state = replicated_state(1.0)[0]
+    assert [run.after_update(state, update) for update in range(1, 6)] == [0] * 5
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "update_000000004.ckpt",
+        "update_000000005.ckpt",
+    ]
+    run.received_signals.append(signal.SIGTERM)
+    run.dir = str(tmp_path / "preempted")
+    assert run.after_update(state, 3) == 128 + signal.SIGTERM
+    assert os.listdir(tmp_path / "preempted" / "checkpoints") == ["update_000000003.ckpt"]
+    # A signal during the last update lets the run finish.
+    assert run.after_update(state, 5) == 0
