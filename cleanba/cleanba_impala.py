@@ -91,7 +91,8 @@ class Args:
     channels: tuple[int, ...] = (16, 32, 32)
     """the channels of the IMPALA ResNet stacks (image observations)"""
     hiddens: tuple[int, ...] = (256,)
-    """the sizes of the dense layers after the torso"""
+    """the sizes of the dense layers after the ResNet (image observations), or of the hidden layers of each of
+    the separate actor and critic MLPs (vector observations)"""
 
     actor_device_ids: tuple[int, ...] = (0,)
     """the local device ids that run actor threads"""
@@ -198,8 +199,24 @@ class ConvSequence(nn.Module):
         return ResidualBlock(self.channels)(ResidualBlock(self.channels)(x))
 
 
+class MLP(nn.Module):
+    """tanh hidden layers and a linear output, orthogonally initialized (scale sqrt 2, then `output_scale`)."""
+
+    hiddens: tuple[int, ...]
+    outputs: int
+    output_scale: float
+
+    @nn.compact
+    def __call__(self, x):
+        for hidden in self.hiddens:
+            x = nn.tanh(nn.Dense(hidden, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+        return nn.Dense(self.outputs, kernel_init=nn.initializers.orthogonal(self.output_scale))(x)
+
+
 class Network(nn.Module):
-    """IMPALA ResNet for stacked frames (N, C, H, W); an MLP for vector observations (N, D)."""
+    """IMPALA ResNet torso shared by both heads for stacked frames (N, C, H, W); separate actor and critic
+    MLPs for vector observations (N, D), as in the classic-control PPO references: through a shared torso,
+    the critic's gradients (returns reach ~100 on CartPole) swamp the policy's."""
 
     channels: tuple[int, ...]
     hiddens: tuple[int, ...]
@@ -207,13 +224,13 @@ class Network(nn.Module):
 
     @nn.compact
     def __call__(self, obs):
-        if obs.ndim == 4:
-            x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
-            for channels in self.channels:
-                x = ConvSequence(channels)(x)
-            x = nn.relu(x).reshape(x.shape[0], -1)
-        else:
+        if obs.ndim != 4:
             x = obs.astype(jnp.float32)
+            return MLP(self.hiddens, self.num_actions, 0.01)(x), MLP(self.hiddens, 1, 1.0)(x)[:, 0]
+        x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
+        for channels in self.channels:
+            x = ConvSequence(channels)(x)
+        x = nn.relu(x).reshape(x.shape[0], -1)
         for hidden in self.hiddens:
             x = nn.relu(nn.Dense(hidden, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
         logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(x)
@@ -230,16 +247,14 @@ def sample_actions(logits, key, step, env_ids):
 
 
 class Rollout(NamedTuple):
-    """What an actor thread puts on its rollout queue."""
+    """What an actor thread puts on its rollout queue: the learner update it is for, the version of the
+    parameters that played it, env-major arrays (envs, steps, ...) with one slice of environments per learner
+    device, and the seconds the actor spent waiting for parameters, playing, stepping and inferring."""
 
     update: int
-    """the learner update this rollout is for"""
     policy_version: int
-    """the version of the parameters that played it"""
     data: dict
-    """env-major arrays (envs, steps, ...), one slice of environments per learner device"""
     timing: dict
-    """seconds the actor spent waiting for parameters, playing, stepping environments and inferring"""
 
 
 def actor(args, sizes, run, network, first_update, env_offset, devices, param_queue, rollout_queue):
@@ -553,11 +568,6 @@ def train(args: Args):
         run.record_failure()
     run.exit_if_stopped(exit_code, threads)
     run.finish(jax.device_get(first_replica(state.params)), learner_policy_version, evaluate)
-
-
-def args_from_dict(saved: dict) -> Args:
-    """Rebuilds Args from a saved model (msgpack stores tuples as lists)."""
-    return Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
 
 
 def main(argv=None):

@@ -83,6 +83,9 @@ class Args:
     """normalize advantages with the statistics of the whole minibatch"""
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
+    clip_vloss: bool = False
+    """clip the value loss as PPO's reference implementations do: per sample, the larger of the squared errors of
+    the new value and of the rollout's value moved towards it by at most --clip-coef (off in the paper's runs)"""
     ent_coef: float = 0.01
     """the entropy coefficient"""
     vf_coef: float = 0.5
@@ -92,15 +95,16 @@ class Args:
     channels: tuple[int, ...] = (16, 32, 32)
     """the channels of the IMPALA ResNet stacks (image observations)"""
     hiddens: tuple[int, ...] = (256,)
-    """the sizes of the dense layers after the torso"""
+    """the sizes of the dense layers after the ResNet (image observations), or of the hidden layers of each of
+    the separate actor and critic MLPs (vector observations)"""
 
     actor_device_ids: tuple[int, ...] = (0,)
     """the local device ids that run actor threads"""
     learner_device_ids: tuple[int, ...] = (0,)
     """the local device ids the learner update is pmap'd over"""
-    gradient_accumulation_steps: int = 1
+    gradient_accumulation_steps: int = 4
     """split each minibatch into this many microbatches whose gradients are summed before one optimizer step:
-    the same result (up to float rounding) in less learner memory"""
+    the same result (up to float rounding) in less learner memory (1 exhausts 24 GiB at the defaults on CPU)"""
     concurrency: bool = False
     """let actors collect the next rollout while the learner trains (policy lag 1 instead of 0)"""
     distributed: bool = False
@@ -197,8 +201,24 @@ class ConvSequence(nn.Module):
         return ResidualBlock(self.channels)(ResidualBlock(self.channels)(x))
 
 
+class MLP(nn.Module):
+    """tanh hidden layers and a linear output, orthogonally initialized (scale sqrt 2, then `output_scale`)."""
+
+    hiddens: tuple[int, ...]
+    outputs: int
+    output_scale: float
+
+    @nn.compact
+    def __call__(self, x):
+        for hidden in self.hiddens:
+            x = nn.tanh(nn.Dense(hidden, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+        return nn.Dense(self.outputs, kernel_init=nn.initializers.orthogonal(self.output_scale))(x)
+
+
 class Network(nn.Module):
-    """IMPALA ResNet for stacked frames (N, C, H, W); an MLP for vector observations (N, D)."""
+    """IMPALA ResNet torso shared by both heads for stacked frames (N, C, H, W); separate actor and critic
+    MLPs for vector observations (N, D), as in the classic-control PPO references: through a shared torso,
+    the critic's gradients (returns reach ~100 on CartPole) swamp the policy's."""
 
     channels: tuple[int, ...]
     hiddens: tuple[int, ...]
@@ -206,13 +226,13 @@ class Network(nn.Module):
 
     @nn.compact
     def __call__(self, obs):
-        if obs.ndim == 4:
-            x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
-            for channels in self.channels:
-                x = ConvSequence(channels)(x)
-            x = nn.relu(x).reshape(x.shape[0], -1)
-        else:
+        if obs.ndim != 4:
             x = obs.astype(jnp.float32)
+            return MLP(self.hiddens, self.num_actions, 0.01)(x), MLP(self.hiddens, 1, 1.0)(x)[:, 0]
+        x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
+        for channels in self.channels:
+            x = ConvSequence(channels)(x)
+        x = nn.relu(x).reshape(x.shape[0], -1)
         for hidden in self.hiddens:
             x = nn.relu(nn.Dense(hidden, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
         logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(x)
@@ -229,16 +249,14 @@ def sample_actions(logits, key, step, env_ids):
 
 
 class Rollout(NamedTuple):
-    """What an actor thread puts on its rollout queue."""
+    """What an actor thread puts on its rollout queue: the learner update it is for, the version of the
+    parameters that played it, env-major arrays (envs, steps, ...) with one slice of environments per learner
+    device, and the seconds the actor spent waiting for parameters, playing, stepping and inferring."""
 
     update: int
-    """the learner update this rollout is for"""
     policy_version: int
-    """the version of the parameters that played it"""
     data: dict
-    """env-major arrays (envs, steps, ...), one slice of environments per learner device"""
     timing: dict
-    """seconds the actor spent waiting for parameters, playing, stepping environments and inferring"""
 
 
 def actor(args, sizes, run, network, first_update, env_offset, devices, param_queue, rollout_queue):
@@ -319,7 +337,7 @@ def gae(rewards, values, terminations, truncations, gamma, gae_lambda):
     return advantages, advantages + values[:-1]
 
 
-def ppo_loss(params, apply_fn, mb, advantages, count, clip_coef, ent_coef, vf_coef):
+def ppo_loss(params, apply_fn, mb, advantages, count, clip_coef, ent_coef, vf_coef, clip_vloss):
     """Sums of per-sample losses over this device's valid samples, divided by the global count."""
     obs = mb["obs"].reshape(-1, *mb["obs"].shape[2:])
     logits, value = apply_fn(params, obs)
@@ -329,7 +347,11 @@ def ppo_loss(params, apply_fn, mb, advantages, count, clip_coef, ent_coef, vf_co
     logratio = logprob - mb["logprobs"]
     ratio = jnp.exp(logratio)
     pg_loss = jnp.maximum(-advantages * ratio, -advantages * jnp.clip(ratio, 1 - clip_coef, 1 + clip_coef))
-    value_loss = 0.5 * (value - mb["returns"]) ** 2
+    value_loss = (value - mb["returns"]) ** 2
+    if clip_vloss:
+        clipped_value = mb["values"] + jnp.clip(value - mb["values"], -clip_coef, clip_coef)
+        value_loss = jnp.maximum(value_loss, (clipped_value - mb["returns"]) ** 2)
+    value_loss = 0.5 * value_loss
     entropy = -(jax.nn.softmax(logits) * log_probs).sum(-1)
     mean = lambda x: (x * mb["valid"]).sum() / count
     loss = mean(pg_loss) - ent_coef * mean(entropy) + vf_coef * mean(value_loss)
@@ -367,6 +389,7 @@ def make_update(args, learner_devices, rolled: bool):
         )
         valid = 1.0 - data["is_reset"].astype(jnp.float32)
         fields = dict(obs=data["obs"], actions=data["actions"], logprobs=data["logprobs"], returns=returns)
+        fields = dict(fields, values=data["values"][:, :-1])
         return dict(fields, advantages=advantages, valid=valid, env_ids=data["env_ids"])
 
     def microbatch_step(state, fields, update_index, index):
@@ -388,10 +411,20 @@ def make_update(args, learner_devices, rolled: bool):
             mean = jax.lax.psum((advantages * valid).sum(), "devices") / count
             var = jax.lax.psum((((advantages - mean) ** 2) * valid).sum(), "devices") / count
             advantages = (advantages - mean) / (jnp.sqrt(var) + 1e-8)
-        mb = {key: take(fields[key], micro_steps) for key in ["obs", "actions", "logprobs", "returns", "valid"]}
+        mb = {
+            key: take(fields[key], micro_steps) for key in ["obs", "actions", "logprobs", "values", "returns", "valid"]
+        }
         mb_advantages = jax.lax.dynamic_slice_in_dim(advantages, micro * micro_chunk, micro_chunk, 1)
         grads, metrics = jax.grad(ppo_loss, has_aux=True)(
-            state.params, state.apply_fn, mb, mb_advantages, count, args.clip_coef, args.ent_coef, args.vf_coef
+            state.params,
+            state.apply_fn,
+            mb,
+            mb_advantages,
+            count,
+            args.clip_coef,
+            args.ent_coef,
+            args.vf_coef,
+            args.clip_vloss,
         )
         # Each device's loss is its share of the global mean, so the global gradient is their sum.
         grads, metrics = jax.lax.psum((grads, metrics), "devices")
@@ -554,11 +587,6 @@ def train(args: Args):
         run.record_failure()
     run.exit_if_stopped(exit_code, threads)
     run.finish(jax.device_get(first_replica(state.params)), learner_policy_version, evaluate)
-
-
-def args_from_dict(saved: dict) -> Args:
-    """Rebuilds Args from a saved model (msgpack stores tuples as lists)."""
-    return Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
 
 
 def main(argv=None):

@@ -4,7 +4,7 @@
 
 The file names the script that wrote it; that script's own network and environments play the
 episodes, so evaluation always matches training. The contract every script in `cleanba/` keeps:
-- `args_from_dict(saved: dict) -> Args` rebuilds its arguments from the saved ones (lists for tuples);
+- `Args`, its tyro dataclass, which `run_files.args_from_dict` rebuilds from the saved arguments;
 - `evaluate(params, args, num_episodes, seed) -> list[float]` plays one episode in each of `num_episodes`
   fresh environments (its `make_env`, seeded `seed + i`) with its `Network`, and returns the unclipped returns;
 - `Run.finish` (cleanba_utils.run) saves the model with the script's file name, which names the module here."""
@@ -18,13 +18,15 @@ import flax.serialization
 import msgpack
 import numpy as np
 
+from cleanba_utils.run_files import args_from_dict
+
 
 def load_model(path: str):
     """Returns (script module, its Args, params) of a saved model."""
     with open(path, "rb") as f:
         saved = flax.serialization.msgpack_restore(f.read())
     script = importlib.import_module(f"cleanba.{saved['script']}")
-    return script, script.args_from_dict(saved["args"]), saved["params"]
+    return script, args_from_dict(script.Args, saved["args"]), saved["params"]
 
 
 def main(argv=None):

@@ -73,6 +73,11 @@ def run_spec(args, sizes, run_name: str, script_path: str) -> dict:
     )
 
 
+def args_from_dict(args_type, saved: dict):
+    """A script's `Args` from the arguments a model file saved (msgpack stores tuples as lists)."""
+    return args_type(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
+
+
 def save_model(args, params, run_dir: str, script_path: str) -> str:
     """A flax msgpack of the script's name, its arguments and the parameters: no pickle."""
     path = os.path.join(run_dir, f"{args.exp_name}.cleanba_model")

@@ -1,6 +1,7 @@
 """Helpers shared by the script tests: run a script in a subprocess, read back what it logged, and the
 programs that make a script fail on purpose."""
 
+import json
 import os
 import subprocess
 import sys
@@ -121,6 +122,30 @@ def assert_refused(script, args: list, option: str, capsys):
     assert len(lines) == 1 and lines[0].startswith("error: ") and option in lines[0], lines
 
 
+def run_failing(script: str, failure: str, args: list, cwd):
+    """Runs `failing_program(script, failure)` with `args`."""
+    return subprocess.run(
+        [sys.executable, "-c", failing_program(script, failure), *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def evaluate_saved_model(model_path) -> dict:
+    """`python -m cleanba_utils.evaluate MODEL --episodes 2 --json`, as a user runs it."""
+    result = subprocess.run(
+        [sys.executable, "-m", "cleanba_utils.evaluate", str(model_path), "--episodes", "2", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def failing_program(script: str, failure: str) -> str:
     """A Python program that runs `cleanba.<script>` with one part made to fail on purpose:
     - "actor": the 20th environment step raises "environment exploded";
@@ -156,7 +181,7 @@ class FailingEnv:
 script.make_env = lambda *args: FailingEnv(make_env(*args))
 """,
     learner="""
-def make_failing_update(*args):
+def make_failing_update(*args, **kwargs):
     def update(*update_args):
         raise RuntimeError("learner exploded")
 

@@ -1,8 +1,6 @@
 """cleanba_impala.py: V-trace against hand-written references, then real short runs in subprocesses."""
 
 import json
-import subprocess
-import sys
 import time
 
 import jax
@@ -11,11 +9,11 @@ import numpy as np
 import pytest
 from helpers import (
     IMPALA_TINY,
-    REPO,
     assert_policy_lag,
     assert_refused,
-    failing_program,
+    evaluate_saved_model,
     fingerprint_of,
+    run_failing,
     run_script,
     scalars,
 )
@@ -181,34 +179,15 @@ def test_sync_run_has_lag_zero_and_summary(sync_run):
 
 def test_save_load_evaluate_round_trip(sync_run):
     _, run_dir = sync_run
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cleanba_utils.evaluate",
-            str(run_dir / "cleanba_impala.cleanba_model"),
-            "--episodes",
-            "2",
-            "--json",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    evaluation = json.loads(result.stdout.strip().splitlines()[-1])
+    evaluation = evaluate_saved_model(run_dir / "cleanba_impala.cleanba_model")
     assert evaluation["env_id"] == "Breakout-v5" and len(evaluation["returns"]) == 2
     assert sorted(evaluation["returns"]) == sorted(v for _, v in scalars(run_dir, "eval/episodic_return"))
 
 
 def test_a_failing_actor_ends_the_process(tmp_path):
-    program = failing_program("cleanba_impala", "actor")
     args = [*IMPALA_TINY, "--local-num-envs", 4, "--total-timesteps", 100_000]
     start = time.time()
-    result = subprocess.run(
-        [sys.executable, "-c", program, *map(str, args)], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
+    result = run_failing("cleanba_impala", "actor", args, tmp_path)
     assert result.returncode == 1 and "environment exploded" in result.stderr
     assert time.time() - start < 60
 

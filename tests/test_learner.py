@@ -43,8 +43,8 @@ def synthetic_rollout(script, seed=0):
     return {key: value[None] for key, value in data.items()}
 
 
-def params_after_update(name, rolled, gradient_accumulation_steps=1):
-    script, options = SCRIPTS[name]
+def initial_state(script, **options):
+    """The script's arguments for the synthetic rollout (a small ResNet) and its initial learner state."""
     args = script.Args(
         env_id="Breakout-v5",
         channels=(4,),
@@ -53,11 +53,16 @@ def params_after_update(name, rolled, gradient_accumulation_steps=1):
         num_actor_threads=1,
         num_steps=NUM_STEPS,
         total_timesteps=NUM_ENVS * NUM_STEPS * 2,
-        learning_rate=1e-3,
-        gradient_accumulation_steps=gradient_accumulation_steps,
         **options,
     )
-    _, state, _ = script.init_state(args, script.sizes_of(args, 1))
+    return args, script.init_state(args, script.sizes_of(args, 1))[1]
+
+
+def params_after_update(name, rolled, gradient_accumulation_steps=1):
+    script, options = SCRIPTS[name]
+    args, state = initial_state(
+        script, learning_rate=1e-3, gradient_accumulation_steps=gradient_accumulation_steps, **options
+    )
     devices = jax.local_devices()[:1]
     update = script.make_update(args, devices, rolled=rolled)
     state, metrics = update(replicate(state, devices), (synthetic_rollout(script),), np.int32(1))
@@ -71,17 +76,7 @@ def reference(request):
 
 def test_the_update_moves_the_parameters(reference):
     name, params, _ = reference
-    script = SCRIPTS[name][0]
-    args = script.Args(
-        env_id="Breakout-v5",
-        channels=(4,),
-        hiddens=(16,),
-        local_num_envs=NUM_ENVS,
-        num_actor_threads=1,
-        num_steps=NUM_STEPS,
-        total_timesteps=NUM_ENVS * NUM_STEPS * 2,
-    )
-    _, initial, _ = script.init_state(args, script.sizes_of(args, 1))
+    _, initial = initial_state(SCRIPTS[name][0])
     assert max_abs_difference(params, initial.params) > 1e-4
 
 

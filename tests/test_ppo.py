@@ -14,8 +14,9 @@ from helpers import (
     TINY,
     assert_policy_lag,
     assert_refused,
-    failing_program,
+    evaluate_saved_model,
     fingerprint_of,
+    run_failing,
     run_script,
     scalars,
     wait_for_line,
@@ -89,6 +90,7 @@ def test_ppo_loss_hand_computed():
         clip_coef=0.1,
         ent_coef=0.01,
         vf_coef=0.5,
+        clip_vloss=False,
     )
     np.testing.assert_allclose(metrics["policy_loss"], (-1.1 + 0.9) / 2, rtol=1e-6)
     np.testing.assert_allclose(metrics["value_loss"], (0.5 * 2.0**2 + 0.0) / 2, rtol=1e-6)
@@ -96,6 +98,44 @@ def test_ppo_loss_hand_computed():
     np.testing.assert_allclose(metrics["approx_kl"], ((1 - np.log(2)) + (-0.5 + np.log(2))) / 2, rtol=1e-5)
     np.testing.assert_allclose(metrics["clipfrac"], 1.0)
     np.testing.assert_allclose(loss, -0.1 - 0.01 * np.log(2) + 0.5 * 1.0, rtol=1e-5)
+
+
+def test_clipped_value_loss_hand_computed():
+    # New value V (the parameters here), rollout value V_old, return R, clip 0.2; per-sample loss is
+    # max((V - R)^2, (V_old + clip(V - V_old, -0.2, 0.2) - R)^2):
+    # Sample 0: V 1, V_old 0.5, R 3: max((1 - 3)^2, (0.7 - 3)^2) = max(4, 5.29) = 5.29, clip saturated: no gradient.
+    # Sample 1: V 0, V_old 0.5, R 0: max(0, (0.3 - 0)^2) = 0.09, clip saturated: no gradient.
+    # Sample 2: V 1, V_old 0, R -1: max((1 + 1)^2, (0.2 + 1)^2) = max(4, 1.44) = 4, gradient of
+    #   vf_coef * 0.5 * (V - R)^2 / count = 0.5 * (1 + 1) / 3 = 1/3.
+    # Sample 3 is a reset step (valid = 0). value_loss = 0.5 * (5.29 + 0.09 + 4) / 3 = 1.563333...
+    values = jnp.array([1.0, 0.0, 1.0, 50.0])
+    mb = dict(
+        obs=jnp.zeros((1, 4, 1)),
+        actions=jnp.zeros((1, 4), jnp.int32),
+        logprobs=jnp.log(jnp.full((1, 4), 0.5)),
+        returns=jnp.array([[3.0, 0.0, -1.0, -50.0]]),
+        values=jnp.array([[0.5, 0.5, 0.0, 0.0]]),
+        valid=jnp.array([[1.0, 1.0, 1.0, 0.0]]),
+    )
+
+    def loss(values, clip_vloss):
+        return ppo.ppo_loss(
+            values,
+            lambda params, obs: (jnp.zeros((4, 2)), params),
+            mb,
+            jnp.zeros((1, 4)),
+            3.0,
+            clip_coef=0.2,
+            ent_coef=0.0,
+            vf_coef=0.5,
+            clip_vloss=clip_vloss,
+        )
+
+    (_, metrics), grads = ppo.jax.value_and_grad(loss, has_aux=True)(values, True)
+    np.testing.assert_allclose(metrics["value_loss"], 0.5 * (5.29 + 0.09 + 4.0) / 3, rtol=1e-6)
+    np.testing.assert_allclose(grads, [0.0, 0.0, 1 / 3, 0.0], atol=1e-7)
+    # Unclipped: 0.5 * (4 + 0 + 4) / 3.
+    np.testing.assert_allclose(loss(values, False)[1]["value_loss"], 0.5 * 8.0 / 3, rtol=1e-6)
 
 
 def test_action_sampling_depends_on_env_index_not_batch():
@@ -149,23 +189,7 @@ def test_spec_and_summary(sync_run):
 def test_save_load_evaluate_round_trip(sync_run):
     _, run_dir, _ = sync_run
     assert len(scalars(run_dir, "eval/episodic_return")) == 2
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cleanba_utils.evaluate",
-            str(run_dir / "cleanba_ppo.cleanba_model"),
-            "--episodes",
-            "2",
-            "--json",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    evaluation = json.loads(result.stdout.strip().splitlines()[-1])
+    evaluation = evaluate_saved_model(run_dir / "cleanba_ppo.cleanba_model")
     assert evaluation["env_id"] == "Breakout-v5" and len(evaluation["returns"]) == 2
     # Same model, same default seed: the script's own evaluation and the loaded model's agree.
     assert sorted(evaluation["returns"]) == sorted(v for _, v in scalars(run_dir, "eval/episodic_return"))
@@ -181,26 +205,14 @@ def test_wandb_offline_run_is_written(sync_run):
 def test_a_failing_thread_ends_the_process(tmp_path, failure, message):
     args = [*TINY, "--local-num-envs", 4, "--total-timesteps", 100_000, "--concurrency"]
     start = time.time()
-    result = subprocess.run(
-        [sys.executable, "-c", failing_program("cleanba_ppo", failure), *map(str, args)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_failing("cleanba_ppo", failure, args, tmp_path)
     assert result.returncode == 1 and message in result.stderr
     assert time.time() - start < 60
 
 
 def test_out_of_device_memory_is_one_line_naming_the_options_and_exit_2(tmp_path):
     args = [*TINY, "--local-num-envs", 4, "--total-timesteps", 640]
-    result = subprocess.run(
-        [sys.executable, "-c", failing_program("cleanba_ppo", "oom"), *map(str, args)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_failing("cleanba_ppo", "oom", args, tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: the device ran out of memory"), lines
@@ -210,13 +222,7 @@ def test_out_of_device_memory_is_one_line_naming_the_options_and_exit_2(tmp_path
 def test_an_actor_that_skips_a_parameter_fetch_trips_the_lag_check(tmp_path):
     # Sync mode expects lag 0; the actor's second rollout comes from policy 0 while the learner is at 1.
     args = [*TINY, "--local-num-envs", 4, "--num-actor-threads", 1, "--total-timesteps", 640]
-    result = subprocess.run(
-        [sys.executable, "-c", failing_program("cleanba_ppo", "lag"), *map(str, args)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_failing("cleanba_ppo", "lag", args, tmp_path)
     assert result.returncode == 1
     assert "update 2: rollout 2 from policy 0 while the learner is at 1 (lag 1, expected 0)" in result.stderr
 
