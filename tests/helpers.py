@@ -13,6 +13,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmark"))
 
 # A network and rollout small enough for two CPU cores; 8 envs x 16 steps per update.
 TINY = [

@@ -1,0 +1,148 @@
+"""Evidence that both scripts learn Atari, on a CPU: Breakout-v5 with IMPALA (1M agent steps) and PPO (300k).
+
+    python benchmark/learning_atari_cpu.py                    # every run, then the report (about 2 h on 2 cores)
+    python benchmark/learning_atari_cpu.py --runs impala_breakout   # one run (a finished run is never rerun)
+    python benchmark/learning_atari_cpu.py --report-only      # the report from the runs in --work-dir
+
+Every hyperparameter is the script's default (the paper's) except the network, reduced for a CPU
+(`--channels 4 8 --hiddens 64`), the environments (2 actor threads x 8) and the steps. Writes
+benchmark/results/learning_atari_cpu.md (table, commands, references), learning_atari_cpu.png and
+learning_atari_cpu.csv (the curves).
+"""
+
+import argparse
+import csv
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from measure import run_measured
+
+from cleanba_utils.hns import collect
+
+REPO = Path(__file__).resolve().parents[1]
+CPU_SIZED = ["--channels", "4", "8", "--hiddens", "64", "--local-num-envs", "8", "--log-frequency", "50"]
+RUNS = {
+    "impala_breakout": ("cleanba_impala", ["--env-id", "Breakout-v5", "--total-timesteps", "1000000"]),
+    "ppo_breakout": ("cleanba_ppo", ["--env-id", "Breakout-v5", "--total-timesteps", "300000"]),
+}
+LAST_N = 100
+# Random play: the random score of cleanba_utils/atari57_random_human.csv (Breakout 1.7). Published scores near
+# our step counts, with sticky actions unless said otherwise; agent steps = frames / 4.
+REFERENCES = {
+    "Breakout-v5": [
+        ("random play", "1.7", "cleanba_utils/atari57_random_human.csv (Mnih et al. 2015)"),
+    ],
+}
+
+
+def command_of(name: str) -> list[str]:
+    script, args = RUNS[name]
+    return [f"cleanba/{script}.py", *args, *CPU_SIZED, "--seed", "1", "--run-name", name]
+
+
+def run(name: str, work_dir: Path):
+    done = work_dir / "runs" / name / "summary.json"
+    if done.exists():
+        print(f"{name}: already finished", flush=True)
+        return
+    command = command_of(name)
+    command[0] = str(REPO / command[0])
+    print(f"{name}: running", flush=True)
+    measured = run_measured(command, work_dir, work_dir / f"{name}.log")
+    (work_dir / f"{name}.measured.json").write_text(json.dumps(measured))
+    if measured["exit_code"]:
+        sys.exit(f"{name} failed (exit {measured['exit_code']}); see {work_dir / f'{name}.log'}")
+
+
+def report(names: list[str], work_dir: Path, out_dir: Path, date: str):
+    _, curve_rows = collect(work_dir / "runs", "episodic_return", LAST_N, {})
+    rows, curves = [], {}
+    for name in names:
+        script, _ = RUNS[name]
+        summary = json.loads((work_dir / "runs" / name / "summary.json").read_text())
+        measured = json.loads((work_dir / f"{name}.measured.json").read_text())
+        env_id = RUNS[name][1][1]
+        curve = [r for r in curve_rows if r["algorithm"] == script and r["env_id"] == env_id]
+        curves[name] = curve
+        rows.append(
+            dict(
+                run=name,
+                script=script,
+                env_id=env_id,
+                steps=summary["global_step"],
+                episodes=len(curve),
+                final_return=curve[-1]["score"],
+                best_return=max(r["score"] for r in curve),
+                wall_time_min=summary["wall_time_s"] / 60,
+                sps=summary["sps"],
+                peak_rss_gib=measured["peak_rss_gib"],
+            )
+        )
+    with open(out_dir / "learning_atari_cpu.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["run", "global_step", "wall_time_s", "score"])
+        writer.writeheader()
+        for name, curve in curves.items():
+            writer.writerows({"run": name, **{k: r[k] for k in ("global_step", "wall_time_s", "score")}} for r in curve)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, curve in curves.items():
+        for ax, x in zip(axes, ["global_step", "wall_time_s"]):
+            ax.plot([r[x] / (60 if x == "wall_time_s" else 1) for r in curve], [r["score"] for r in curve], label=name)
+    for ax, xlabel in zip(axes, ["agent steps", "wall time (min)"]):
+        ax.axhline(1.7, color="gray", linestyle="--", linewidth=1, label="random play (1.7)")
+        ax.set(xlabel=xlabel, ylabel=f"episodic return (mean of last {LAST_N})", title="Breakout-v5 on 2 CPU cores")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "learning_atari_cpu.png", dpi=110)
+    plt.close(fig)
+    table = [
+        f"| run | steps | episodes | final return (last {LAST_N}) | best running mean | wall time (min) | SPS "
+        "| peak RSS (GiB) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    table += [
+        f"| {r['run']} | {r['steps']:,} | {r['episodes']} | {r['final_return']:.1f} | {r['best_return']:.1f} | "
+        f"{r['wall_time_min']:.0f} | {r['sps']} | {r['peak_rss_gib']:.1f} |"
+        for r in rows
+    ]
+    references = ["| env | reference | score | source |", "|---|---|---|---|"]
+    references += [
+        f"| {env} | {what} | {score} | {source} |" for env, refs in REFERENCES.items() for what, score, source in refs
+    ]
+    commands = "\n".join("python " + " ".join(command_of(name)) for name in names)
+    (out_dir / "learning_atari_cpu.md").write_text(
+        f"# Atari learning on a CPU ({date})\n\n"
+        f"Machine: {platform.machine()}, 2 CPU cores, 24 GiB, Python {platform.python_version()}. Made by "
+        f"`python benchmark/learning_atari_cpu.py`, which ran (from the repository root):\n\n```\n{commands}\n```\n\n"
+        + "\n".join(table)
+        + "\n\n"
+        + "\n".join(references)
+        + "\n\n![Breakout](learning_atari_cpu.png)\n"
+    )
+    print((out_dir / "learning_atari_cpu.md").read_text())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--report-only", action="store_true", help="write the report from finished runs")
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/cleanba_learning_atari_cpu"))
+    parser.add_argument("--out-dir", type=Path, default=REPO / "benchmark" / "results")
+    parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
+    options = parser.parse_args()
+    options.work_dir.mkdir(parents=True, exist_ok=True)
+    if not options.report_only:
+        for name in options.runs:
+            run(name, options.work_dir)
+    finished = [name for name in RUNS if (options.work_dir / "runs" / name / "summary.json").exists()]
+    report(finished, options.work_dir, options.out_dir, options.date)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Runs a command in a child process and reports its exit code, wall time and peak resident memory.
+
+`ru_maxrss` of RUSAGE_CHILDREN covers only the processes a process waited for, so each command runs under a
+fresh Python that waits for it alone and writes the result to a file (envpool's workers are threads of the
+script's process, so they are counted)."""
+
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MEASURE = (
+    "import resource, subprocess, sys; code = subprocess.run(sys.argv[2:]).returncode; "
+    "open(sys.argv[1], 'w').write(f'{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss} {code}')"
+)
+
+
+def run_measured(command: list[str], cwd: Path, log_path: Path, env: dict | None = None) -> dict:
+    """`command` is a script and its arguments, run with this interpreter; stdout and stderr go to `log_path`."""
+    start = time.time()
+    with tempfile.NamedTemporaryFile("r", suffix=".rusage") as result, open(log_path, "w") as log:
+        subprocess.run(
+            [sys.executable, "-c", MEASURE, result.name, sys.executable, *command],
+            cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        peak_kib, exit_code = map(int, Path(result.name).read_text().split())
+    return dict(exit_code=exit_code, peak_rss_gib=peak_kib / 2**20, wall_time_s=time.time() - start)
