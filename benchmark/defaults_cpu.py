@@ -11,23 +11,17 @@ size of the run's process (envpool's workers are its threads). Writes benchmark/
 
 import argparse
 import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from measure import run_measured
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
 # The number of environment steps of one update at the defaults: 2 threads x 64 envs x num_steps.
 STEPS_PER_UPDATE = {"cleanba_ppo": 2 * 64 * 128, "cleanba_impala": 2 * 64 * 20}
-# A child that runs the command and reports its peak RSS: ru_maxrss of RUSAGE_CHILDREN covers only
-# the processes it waited for, so each measurement gets its own.
-MEASURE = (
-    "import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
-    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, code)"
-)
 
 
 def measure(script: str, updates: int, work_dir: Path) -> dict:
@@ -42,14 +36,8 @@ def measure(script: str, updates: int, work_dir: Path) -> dict:
         "--run-name",
         run_name,
     ]
-    start = time.time()
-    result = subprocess.run(
-        [sys.executable, "-c", MEASURE, sys.executable, str(REPO / command[1]), *command[2:]],
-        cwd=work_dir,
-        capture_output=True,
-        text=True,
-    )
-    peak_kib, exit_code = map(int, result.stdout.split()[-2:])
+    measured = run_measured([str(REPO / command[1]), *command[2:]], work_dir, work_dir / f"{run_name}.log")
+    exit_code = measured["exit_code"]
     events = EventAccumulator(str(work_dir / "runs" / run_name), size_guidance={"scalars": 0})
     events.Reload()
     updates_logged = events.Scalars("stats/learner_policy_version") if exit_code == 0 else []
@@ -60,9 +48,9 @@ def measure(script: str, updates: int, work_dir: Path) -> dict:
     return dict(
         command=" ".join(command),
         exit_code=exit_code,
-        peak_rss_gib=peak_kib / 2**20,
+        peak_rss_gib=measured["peak_rss_gib"],
         steady_sps=steady_sps,
-        wall_time_min=(time.time() - start) / 60,
+        wall_time_min=measured["wall_time_s"] / 60,
     )
 
 
