@@ -37,7 +37,7 @@ from cleanba_utils.hns import collect
 
 REPO = Path(__file__).resolve().parents[1]
 CLEANRL = "--env-id CartPole-v1 --hiddens 64 64 --local-num-envs 4 --num-actor-threads 1 --num-steps 128"
-CLEANRL += " --total-timesteps 500000 --clip-coef 0.2 --gradient-accumulation-steps 1 --log-frequency 1000"
+CLEANRL += " --clip-coef 0.2 --gradient-accumulation-steps 1 --log-frequency 1000"
 # CleanRL's published ppo.py result on CartPole-v1: 490.04 ± 6.12 (docs.cleanrl.dev, PPO page, "ppo.py" experiment
 # results; the mean episodic return at the end of 500k steps, over seeds).
 CLEANRL_REFERENCE = 490.04
@@ -94,10 +94,12 @@ def script_of(variant: str, work_dir: Path) -> Path:
     return path
 
 
-def command_of(variant: str, seed: int) -> list[str]:
+def command_of(variant: str, seed: int, timesteps: int) -> list[str]:
     flags, _ = VARIANTS[variant]
     return [
         *CLEANRL.split(),
+        "--total-timesteps",
+        str(timesteps),
         *flags.split(),
         "--exp-name",
         variant,
@@ -112,12 +114,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    parser.add_argument("--timesteps", type=int, default=500_000, help="steps of each run (CleanRL's: 500k)")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/cleanba_parity_cartpole"))
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmark" / "results")
     parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
     options = parser.parse_args()
     (options.work_dir / "runs").mkdir(parents=True, exist_ok=True)
+    options.out_dir.mkdir(parents=True, exist_ok=True)
     for variant in [] if options.report_only else options.variants:
         script = script_of(variant, options.work_dir)
         for seed in options.seeds:
@@ -125,7 +129,9 @@ def main():
                 continue
             print(f"{variant} seed {seed}", flush=True)
             log = options.work_dir / f"{variant}_{seed}.log"
-            if run_measured([str(script), *command_of(variant, seed)], options.work_dir, log)["exit_code"]:
+            if run_measured([str(script), *command_of(variant, seed, options.timesteps)], options.work_dir, log)[
+                "exit_code"
+            ]:
                 sys.exit(f"{variant} seed {seed} failed; see {log}")
     report(options)
 
@@ -161,7 +167,7 @@ def report(options):
             f"| `{variant}` | {' '.join(map(str, seeds))} | {' / '.join(f'{x:.1f}' for x in finals)} | "
             f"{np.mean(finals):.1f} | {min(finals):.1f} | {np.mean(sps):.0f} |"
         )
-        grid = np.linspace(0, 500_000, 201)
+        grid = np.linspace(0, options.timesteps, 201)
         on_grid = np.array(
             [
                 np.interp(
@@ -187,10 +193,9 @@ def report(options):
     fig.tight_layout()
     fig.savefig(options.out_dir / "parity_cartpole.png", dpi=110)
     plt.close(fig)
+    script_name = lambda v: f"<{VARIANTS[v][1]}>" if VARIANTS[v][1] else "cleanba/cleanba_ppo.py"
     commands = "\n".join(
-        f"python {(VARIANTS[v][1] and f'<{VARIANTS[v][1]}>') or 'cleanba/cleanba_ppo.py'} {' '.join(command_of(v, 1))}"
-        for v in VARIANTS
-        if v in curves
+        f"python {script_name(v)} {' '.join(command_of(v, 1, options.timesteps))}" for v in VARIANTS if v in curves
     )
     (options.out_dir / "parity_cartpole.md").write_text(
         f"# PPO parity with CleanRL on CartPole-v1 ({options.date})\n\n"
