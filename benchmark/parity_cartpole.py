@@ -139,7 +139,8 @@ def main():
 def report(options):
     _, curve_rows = collect(options.work_dir / "runs", "episodic_return", LAST_N, {})
     curves = {}
-    for row in curve_rows:
+    finished = lambda row: (options.work_dir / "runs" / f"{row['algorithm']}_{row['seed']}" / "summary.json").exists()
+    for row in filter(finished, curve_rows):
         curves.setdefault(row["algorithm"], {}).setdefault(row["seed"], []).append(row)
     with open(options.out_dir / "parity_cartpole.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["variant", "seed", "global_step", "score"])
