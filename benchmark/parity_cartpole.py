@@ -201,12 +201,14 @@ def report(options):
     (options.out_dir / "parity_cartpole.md").write_text(
         f"# PPO parity with CleanRL on CartPole-v1 ({options.date})\n\n"
         f"Machine: {platform.machine()}, 2 CPU cores, Python {platform.python_version()}. Made by "
-        f"`python benchmark/parity_cartpole.py {' '.join(sys.argv[1:])}`; the seed-1 command of each variant "
-        "(`<name>`: the script with that ablation or at that revision, see the benchmark's docstring):\n\n"
+        "`python benchmark/parity_cartpole.py --variants VARIANT --seeds SEEDS` with the seeds of the table; "
+        "the seed-1 command of each variant (`<name>`: the script with that ablation or at that revision, see "
+        "the benchmark's docstring):\n\n"
         f"```\n{commands}\n```\n\n"
         f"Reference: CleanRL's `ppo.py` on CartPole-v1 reaches {CLEANRL_REFERENCE} ± 6.12 (docs.cleanrl.dev, "
         "PPO page, `ppo.py` experiment results, 500k steps). Target: a mean of the last 100 episodes of at least 450 "
-        "over 5 seeds, and no seed below 300.\n\n" + "\n".join(table) + "\n\n![CartPole parity](parity_cartpole.png)\n"
+        "over 5 seeds, and no seed below 300. SPS: other benchmark runs shared the 2 cores, so compare learning, "
+        "not speed.\n\n" + "\n".join(table) + "\n\n![CartPole parity](parity_cartpole.png)\n"
     )
     print((options.out_dir / "parity_cartpole.md").read_text())
 
