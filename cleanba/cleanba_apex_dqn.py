@@ -1,12 +1,8 @@
-"""Cleanba Ape-X DQN: actor threads play with per-environment exploration rates and compute n-step transitions
-with their initial priorities; the learner keeps one prioritized replay, inserts every rollout in global
-environment order, makes exactly --updates-per-rollout sampled double-Q updates (pmap'd), and publishes the
-parameters (Horgan et al., 2018, "Distributed Prioritized Experience Replay").
-
-Each actor thread owns one `param_queue` and one `rollout_queue` (both maxsize 1). With `--concurrency` (the
-default) the actor skips `param_queue.get()` on its second iteration, so it plays with parameters exactly one
-version behind the learner's. The replay is filled and sampled in a fixed order with a seeded sampler, so the
-same seed gives the same run.
+"""Cleanba Ape-X DQN (Horgan et al., 2018, "Distributed Prioritized Experience Replay"): actor threads play with
+per-environment exploration rates and compute n-step transitions with their initial priorities; the learner keeps
+one prioritized replay, inserts each rollout in global environment order, makes exactly --updates-per-rollout
+sampled double-Q updates (pmap'd) and publishes the parameters. With `--concurrency` (the default) actors play
+with parameters exactly one version behind, as in Cleanba; with a seeded sampler, the same seed gives the same run.
 """
 
 import dataclasses
@@ -125,10 +121,8 @@ class Args:
 @dataclasses.dataclass(frozen=True)
 class Sizes:
     num_envs: int
-    batch_size: int
-    """environment steps per iteration, num_envs x num_steps (--batch-size is the learner's)"""
-    num_updates: int
-    """iterations: rollouts per actor thread, each followed by --updates-per-rollout learner updates"""
+    batch_size: int  # environment steps per iteration, num_envs x num_steps (--batch-size is the learner's)
+    num_updates: int  # iterations: rollouts per actor thread, each followed by --updates-per-rollout updates
 
 
 def sizes_of(args: Args, num_processes: int) -> Sizes:
@@ -154,17 +148,16 @@ def validate(args: Args):
     parsing.check_in(args, "importance_sampling_exponent", 0, 1)
     parsing.check_run_options(args)
     if args.learning_starts > args.buffer_size:
-        fail(
-            f"--learning-starts {args.learning_starts} exceeds --buffer-size {args.buffer_size}: learning would "
-            "never start"
-        )
+        fail(f"--learning-starts {args.learning_starts} exceeds --buffer-size {args.buffer_size}: it would never start")
 
 
-# A slot of the replay: its frame, the frame's step in its episode (uint8), the action (int32), the n-step
-# return and discount (float32), the bootstrap offset (uint8), the validity flag, and the sum tree (2 float64
-# nodes per leaf, leaves a power of two); 3 GiB are left for the rest of the process (networks, envs, batches).
+# A replay slot: its frame, the frame's step in its episode (uint8), the action (int32), the n-step return and
+# discount (float32), the bootstrap offset (uint8), the validity flag; plus the sum tree (2 float64 nodes per leaf,
+# leaves a power of two). 3 GiB are kept for the rest of the process (networks, environments, batches).
 SLOT_BYTES = 1 + 4 + 4 + 4 + 1 + 1
 MEMORY_RESERVE_BYTES = 3 * 2**30
+PRIORITY_EPSILON = 1e-6  # keeps a transition with zero TD error sampleable
+EVAL_EPSILON = 0.01
 
 
 def frame_spec(env_id: str):
@@ -179,14 +172,6 @@ def replay_bytes(args: Args) -> int:
     return args.buffer_size * (int(np.prod(frame_shape)) * np.dtype(dtype).itemsize + SLOT_BYTES) + tree_bytes
 
 
-def available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        return None
-
-
 def validate_layout(args: Args):
     """The checks that need the devices (and, with --distributed, the number of processes) or the machine."""
     sizes = sizes_of(args, jax.process_count())
@@ -194,26 +179,10 @@ def validate_layout(args: Args):
     num_learner_devices = len(args.learner_device_ids) * jax.process_count()
     if args.batch_size % num_learner_devices:
         fail(f"--batch-size {args.batch_size} must be divisible by the {num_learner_devices} learner device(s)")
-    stack = frame_spec(args.env_id)[0]
-    ring = args.buffer_size // sizes.num_envs
-    if ring < args.num_steps + args.n_step + stack:
-        fail(
-            f"--buffer-size {args.buffer_size} holds {ring} steps per environment ({sizes.num_envs} envs), fewer "
-            f"than a rollout and its n-step tail ({args.num_steps + args.n_step + stack}); raise --buffer-size"
-        )
-    needed, available = replay_bytes(args), available_memory()
-    if available is not None and needed + MEMORY_RESERVE_BYTES > available:
-        per_transition = needed / args.buffer_size
-        fits = max(0, int((available - MEMORY_RESERVE_BYTES) / per_transition))
-        fail(
-            f"--buffer-size {args.buffer_size} needs {needed / 2**30:.1f} GiB of replay ({per_transition:.0f} bytes "
-            f"per transition) but {available / 2**30:.1f} GiB is available with 3 GiB kept for the rest of the "
-            f"run; lower --buffer-size to at most {fits}"
-        )
-
-
-def is_atari(env_id: str) -> bool:
-    return "repeat_action_probability" in envpool.make_spec(env_id).config._fields
+    ring, needed = args.buffer_size // sizes.num_envs, args.num_steps + args.n_step + frame_spec(args.env_id)[0]
+    if ring < needed:
+        fail(f"--buffer-size {args.buffer_size} holds {ring} steps per env, fewer than a rollout's {needed}; raise it")
+    parsing.check_memory(args, "buffer_size", replay_bytes(args), MEMORY_RESERVE_BYTES)
 
 
 def make_env(args: Args, seed: int, num_envs: int):
@@ -222,30 +191,10 @@ def make_env(args: Args, seed: int, num_envs: int):
     cpus_per_thread = len(os.sched_getaffinity(0)) // (args.num_actor_threads * len(args.actor_device_ids))
     num_threads = args.envpool_num_threads or max(1, min(num_envs, cpus_per_thread))
     atari = dict(repeat_action_probability=0.25, full_action_space=True, episodic_life=False, noop_max=1)
-    options = dict(atari, max_episode_steps=27_000, reward_clip=True) if is_atari(args.env_id) else {}
+    options = dict(atari, max_episode_steps=27_000, reward_clip=True) if frame_spec(args.env_id)[0] > 1 else {}
     return envpool.make(
         args.env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads, **options
     )
-
-
-class ResidualBlock(nn.Module):
-    channels: int
-
-    @nn.compact
-    def __call__(self, x):
-        y = nn.Conv(self.channels, (3, 3))(nn.relu(x))
-        y = nn.Conv(self.channels, (3, 3))(nn.relu(y))
-        return x + y
-
-
-class ConvSequence(nn.Module):
-    channels: int
-
-    @nn.compact
-    def __call__(self, x):
-        x = nn.Conv(self.channels, (3, 3))(x)
-        x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
-        return ResidualBlock(self.channels)(ResidualBlock(self.channels)(x))
 
 
 class Network(nn.Module):
@@ -260,8 +209,10 @@ class Network(nn.Module):
     def __call__(self, obs):
         if obs.ndim == 4:
             x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
-            for channels in self.channels:
-                x = ConvSequence(channels)(x)
+            for channels in self.channels:  # an IMPALA stack: conv, max pool, two residual blocks
+                x = nn.max_pool(nn.Conv(channels, (3, 3))(x), (3, 3), strides=(2, 2), padding="SAME")
+                for _ in range(2):
+                    x = x + nn.Conv(channels, (3, 3))(nn.relu(nn.Conv(channels, (3, 3))(nn.relu(x))))
             x = nn.relu(x).reshape(x.shape[0], -1)
         else:
             x = obs.astype(jnp.float32)
@@ -283,18 +234,16 @@ def epsilon_greedy(q_values, epsilons, key, step, env_ids):
     step_key = jax.random.fold_in(key, step)
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_key, env_ids)
     explore = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, 0)))(keys) < epsilons
-    random_actions = jax.vmap(lambda k: jax.random.randint(jax.random.fold_in(k, 1), (), 0, q_values.shape[1]))(keys)
-    return jnp.where(explore, random_actions, jnp.argmax(q_values, axis=1))
+    random = jax.vmap(lambda k: jax.random.randint(jax.random.fold_in(k, 1), (), 0, q_values.shape[1]))(keys)
+    return jnp.where(explore, random, jnp.argmax(q_values, axis=1))
 
 
 def n_step_transitions(rewards, terminations, truncations, is_reset, gamma: float, n: int):
-    """The transitions of steps 0 .. L - 1 of env-major windows (envs, L + n): the return of up to n rewards, the
-    discount of the bootstrap (0 after a termination, gamma ** offset otherwise, a truncation included) and the
-    offset of the bootstrap observation. A transition stops at its episode's last step, so none spans two
-    episodes; envpool's reset steps (the step after an episode's end, whose action is ignored) are not valid."""
+    """Transitions of steps 0 .. L - 1 of env-major windows (envs, L + n): the return of up to n rewards, the
+    bootstrap's discount (0 after a termination, gamma ** offset otherwise, truncations included) and offset. None
+    spans two episodes; envpool's reset steps (after an episode's end; the action is ignored) are not valid."""
     length = rewards.shape[1] - n
-    returns = np.zeros((rewards.shape[0], length), np.float32)
-    offsets = np.full(returns.shape, n, np.uint8)
+    returns, offsets = np.zeros((len(rewards), length), np.float32), np.full((len(rewards), length), n, np.uint8)
     open_, terminated = np.ones(returns.shape, bool), np.zeros(returns.shape, bool)
     for k in range(n):
         returns += open_ * np.float32(gamma**k) * rewards[:, k : k + length]
@@ -307,10 +256,7 @@ def n_step_transitions(rewards, terminations, truncations, is_reset, gamma: floa
 
 
 class Rollout(NamedTuple):
-    """What an actor thread puts on its rollout queue: the iteration it is for, the version of the parameters
-    that played it, env-major NumPy arrays (envs, steps, ...) and the seconds the actor spent waiting for
-    parameters, playing, stepping and inferring. `data` holds the frames of steps s .. s + L - 1 and the
-    transitions (with initial priorities) of steps s - n .. s + L - n - 1."""
+    """An actor's iteration, parameter version, `rollout_data` (env-major NumPy arrays) and timings (seconds)."""
 
     update: int
     policy_version: int
@@ -323,9 +269,8 @@ def actor(args, sizes, run, network, first_update, env_offset, device, param_que
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
     epsilons = jax.device_put(epsilons_of(env_ids, sizes.num_envs, args.epsilon_base, args.epsilon_alpha), device)
-    env_ids_on_device = jax.device_put(env_ids, device)
+    env_ids_on_device, image = jax.device_put(env_ids, device), len(envs.observation_space.shape) == 3
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
-    image = len(envs.observation_space.shape) == 3
 
     @jax.jit
     def act(params, obs, step):
@@ -334,14 +279,8 @@ def actor(args, sizes, run, network, first_update, env_offset, device, param_que
         return action, q_values[jnp.arange(action.shape[0]), action], q_values.max(axis=1)
 
     episodes = run.episodes(args.local_num_envs)
-    next_obs, _ = envs.reset()
-    next_is_reset = np.zeros(args.local_num_envs, dtype=bool)
-    episode_step = np.zeros(args.local_num_envs, dtype=np.uint8)
-    # The last n steps of the previous rollout: their transitions need this rollout's rewards. Before the first
-    # rollout they are padding, marked as reset steps so that they make no transition.
-    tail = dict(rewards=np.float32, terminations=bool, truncations=bool, actions=np.int32, q_taken=np.float32)
-    tail = {key: np.zeros((args.local_num_envs, args.n_step), dtype) for key, dtype in tail.items()}
-    tail = dict(tail, is_reset=np.ones((args.local_num_envs, args.n_step), bool), q_max=tail["q_taken"])
+    (next_obs, _), tail = envs.reset(), None
+    next_is_reset, episode_step = np.zeros(args.local_num_envs, bool), np.zeros(args.local_num_envs, np.uint8)
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
         if not (args.concurrency and update == first_update + 1):
@@ -359,67 +298,51 @@ def actor(args, sizes, run, network, first_update, env_offset, device, param_que
             tic = time.time()
             obs, reward, terminated, truncated, info = envs.step(action)
             env_step_time += time.time() - tic
-            frame = next_obs[:, -1] if image else next_obs
-            played = dict(frames=frame, episode_step=episode_step, actions=action, q_taken=q_taken, q_max=q_max)
-            steps.append(dict(played, rewards=reward, terminations=terminated, truncations=truncated))
-            steps[-1]["is_reset"] = next_is_reset
+            played = dict(frames=next_obs[:, -1] if image else next_obs, episode_step=episode_step, actions=action)
+            played.update(q_taken=q_taken, q_max=q_max, rewards=reward, is_reset=next_is_reset)
+            steps.append(dict(played, terminations=terminated, truncations=truncated))
             done = terminated | truncated
             episodes.step(info.get("reward", reward), done, next_is_reset, policy_step * sizes.num_envs)
-            # The observation after a reset step is the first of an episode; saturating at 255 is enough to
-            # tell how many of the stacked frames belong to the episode.
-            episode_step = np.where(next_is_reset, 0, np.minimum(episode_step.astype(np.int32) + 1, 255)).astype(
-                np.uint8
-            )
+            # The observation after a reset step is its episode's first; a count to 255 tells the stack enough.
+            episode_step = np.where(next_is_reset, 0, np.minimum(episode_step, 254) + 1).astype(np.uint8)
             next_obs, next_is_reset = obs, done
 
         played = {key: np.stack([s[key] for s in steps], axis=1) for key in steps[0]}
-        window = {key: np.concatenate([tail[key], played[key]], axis=1) for key in tail}
-        tail = {key: value[:, -args.n_step :] for key, value in window.items()}
-        returns, discounts, offsets, valid = n_step_transitions(
-            window["rewards"],
-            window["terminations"],
-            window["truncations"],
-            window["is_reset"],
-            args.gamma,
-            args.n_step,
-        )
-        # Initial priority: |n-step double-Q TD error| under this actor's parameters, which are both the online
-        # and the target network here, so the bootstrap is the max of the bootstrap observation's Q-values.
-        positions = np.arange(args.num_steps) + offsets.astype(np.int64)
-        bootstrap = np.take_along_axis(window["q_max"], positions, axis=1)
-        priorities = np.abs(returns + discounts * bootstrap - window["q_taken"][:, : args.num_steps])
-        data = dict(frames=played["frames"], episode_step=played["episode_step"], env_ids=env_ids)
-        transitions = dict(actions=window["actions"][:, : args.num_steps], returns=returns, discounts=discounts)
-        data.update(transitions, offsets=offsets, valid=valid, priorities=priorities.astype(np.float32))
-        timing = dict(
-            param_queue_get_time=param_queue_get_time,
-            rollout_time=time.time() - rollout_start,
-            inference_time=inference_time,
-            env_step_time=env_step_time,
-        )
-        queue_put(rollout_queue, Rollout(update, policy_version, data, timing), run.stop)
+        data, tail = rollout_data(played, tail, args.gamma, args.n_step)
+        timing = dict(param_queue_get_time=param_queue_get_time, rollout_time=time.time() - rollout_start)
+        timing.update(inference_time=inference_time, env_step_time=env_step_time)
+        queue_put(rollout_queue, Rollout(update, policy_version, dict(data, env_ids=env_ids), timing), run.stop)
+
+
+def rollout_data(played: dict, tail: dict | None, gamma: float, n: int):
+    """The frames of a rollout's L steps, the transitions (with initial priorities) of the n steps before them and
+    of all but its last n, and the new tail: its last n steps. The first rollout's tail is padding: reset steps."""
+    num_envs, length = played["rewards"].shape
+    if tail is None:
+        keys = ["rewards", "terminations", "truncations", "is_reset", "actions", "q_taken", "q_max"]
+        tail = {key: np.zeros((num_envs, n), played[key].dtype) for key in keys}
+        tail["is_reset"][:] = True
+    window = {key: np.concatenate([tail[key], played[key]], axis=1) for key in tail}
+    keys = ["rewards", "terminations", "truncations", "is_reset"]
+    returns, discounts, offsets, valid = n_step_transitions(*[window[key] for key in keys], gamma, n)
+    # Initial priority: |n-step TD error| under the actor's parameters, which are its online and its target
+    # network, so the double-Q bootstrap is the max of the bootstrap observation's Q-values.
+    bootstrap = np.take_along_axis(window["q_max"], np.arange(length) + offsets.astype(np.int64), axis=1)
+    priorities = np.abs(returns + discounts * bootstrap - window["q_taken"][:, :length]).astype(np.float32)
+    data = dict(frames=played["frames"], episode_step=played["episode_step"], actions=window["actions"][:, :length])
+    data.update(returns=returns, discounts=discounts, offsets=offsets, valid=valid, priorities=priorities)
+    return data, {key: value[:, -n:] for key, value in window.items()}
 
 
 def make_replay(args: Args, num_envs: int) -> dict:
-    """One FIFO ring of `buffer_size // num_envs` steps per environment, all advancing together, so that the
-    oldest steps of every environment are evicted first. Slot g * T + t % T holds environment g's step t: the
-    newest frame of its observation (stacks are rebuilt from the frames on sampling) and its transition."""
+    """One FIFO ring of T = buffer_size // num_envs steps per environment, all advancing together. Slot g T + t % T
+    holds env g's step t: the newest frame of its observation (stacks are rebuilt on sampling) and its transition."""
     stack, frame_shape, dtype = frame_spec(args.env_id)
     capacity = (args.buffer_size // num_envs) * num_envs
-    return dict(
-        frames=np.zeros((capacity, *frame_shape), dtype),
-        episode_step=np.zeros(capacity, np.uint8),
-        actions=np.zeros(capacity, np.int32),
-        returns=np.zeros(capacity, np.float32),
-        discounts=np.zeros(capacity, np.float32),
-        offsets=np.zeros(capacity, np.uint8),
-        valid=np.zeros(capacity, bool),
-        tree=sum_tree.empty(capacity),
-        ring=capacity // num_envs,
-        stack=stack,
-        image=len(frame_shape) == 2,
-        steps=0,
-    )
+    fields = dict(episode_step=np.uint8, actions=np.int32, returns=np.float32, discounts=np.float32)
+    replay = {key: np.zeros(capacity, dtype) for key, dtype in dict(fields, offsets=np.uint8, valid=bool).items()}
+    replay.update(frames=np.zeros((capacity, *frame_shape), dtype), tree=sum_tree.empty(capacity))
+    return dict(replay, ring=capacity // num_envs, stack=stack, image=len(frame_shape) == 2, steps=0)
 
 
 def replay_insert(replay: dict, data: dict, n: int, alpha: float) -> int:
@@ -432,8 +355,7 @@ def replay_insert(replay: dict, data: dict, n: int, alpha: float) -> int:
     slots = env_base + (steps - n + np.arange(length)) % ring
     for key in ["actions", "returns", "discounts", "offsets", "valid"]:
         replay[key][slots] = data[key]
-    # Slots whose frames are new but whose transitions are not known yet, and the stack - 1 slots after them,
-    # whose stacks reach into the frames just overwritten: no transition there any more.
+    # No transition in the slots with new frames but no transition yet, nor in the stack - 1 slots after them.
     dead = env_base + (steps + length - n + np.arange(n + replay["stack"] - 1)) % ring
     replay["valid"][dead] = False
     weights = np.where(data["valid"], (data["priorities"] + PRIORITY_EPSILON) ** alpha, 0.0)
@@ -442,34 +364,23 @@ def replay_insert(replay: dict, data: dict, n: int, alpha: float) -> int:
     return int(data["valid"].sum())
 
 
-PRIORITY_EPSILON = 1e-6  # keeps a transition with zero TD error sampleable
-
-
 def stacked(replay: dict, slots):
     """The observations of `slots`, stacks rebuilt from single frames: a frame before the episode's first is
     its first, as envpool fills the stack at a reset."""
     ring, stack = replay["ring"], replay["stack"]
-    env_base, t = slots - slots % ring, slots % ring
     back = np.minimum(np.arange(stack)[::-1], replay["episode_step"][slots][:, None])
-    frames = replay["frames"][env_base[:, None] + (t[:, None] - back) % ring]
+    frames = replay["frames"][(slots - slots % ring)[:, None] + (slots[:, None] % ring - back) % ring]
     return frames if replay["image"] else frames[:, 0]
 
 
 def replay_sample(replay: dict, batch_size: int, rng, beta: float):
     """A prioritized batch (host NumPy) and its slots; importance weights are normalized by the batch maximum."""
-    slots = sum_tree.sample_stratified(replay["tree"], batch_size, rng)
+    slots, ring = sum_tree.sample_stratified(replay["tree"], batch_size, rng), replay["ring"]
     weights = sum_tree.weights(replay["tree"], slots)
-    ring = replay["ring"]
     next_slots = slots - slots % ring + (slots % ring + replay["offsets"][slots]) % ring
-    batch = dict(
-        obs=stacked(replay, slots),
-        actions=replay["actions"][slots],
-        returns=replay["returns"][slots],
-        discounts=replay["discounts"][slots],
-        next_obs=stacked(replay, next_slots),
-        weights=((weights.min() / weights) ** beta).astype(np.float32),
-    )
-    return batch, slots
+    batch = {key: replay[key][slots] for key in ["actions", "returns", "discounts"]}
+    batch.update(obs=stacked(replay, slots), next_obs=stacked(replay, next_slots))
+    return dict(batch, weights=((weights.min() / weights) ** beta).astype(np.float32)), slots
 
 
 def dqn_loss(params, apply_fn, batch, q_next_target, q_next_online, batch_size: int):
@@ -478,8 +389,7 @@ def dqn_loss(params, apply_fn, batch, q_next_target, q_next_online, batch_size: 
     td = jax.vmap(rlax.double_q_learning)(
         q_values, batch["actions"], batch["returns"], batch["discounts"], q_next_target, q_next_online
     )
-    loss = (batch["weights"] * 0.5 * td**2).sum() / batch_size
-    return loss, (td, q_values)
+    return (batch["weights"] * 0.5 * td**2).sum() / batch_size, (td, q_values)
 
 
 class QState(TrainState):
@@ -487,16 +397,13 @@ class QState(TrainState):
 
 
 def make_update(args: Args, learner_devices):
-    """The learner update, pmap'd over the learner devices, each with its slice of the batch: gradients and
-    losses are summed across devices (each device's loss is its share of the global mean), the target network
-    is copied every --target-update-period updates, and every device returns the TD errors of the whole batch
-    for the priority update on the host."""
+    """The learner update, pmap'd over the learner devices, each with its slice of the batch (gradients summed);
+    the target is copied every --target-update-period updates; all devices return the whole batch's TD errors."""
 
     def update(state, batch):
         q_next_target = state.apply_fn(state.target_params, batch["next_obs"])
         q_next_online = state.apply_fn(state.params, batch["next_obs"])
-        grad_fn = jax.value_and_grad(dqn_loss, has_aux=True)
-        (loss, (td, q_values)), grads = grad_fn(
+        (loss, (td, q_values)), grads = jax.value_and_grad(dqn_loss, has_aux=True)(
             state.params, state.apply_fn, batch, q_next_target, q_next_online, args.batch_size
         )
         grads, loss = jax.lax.psum((grads, loss), "devices")
@@ -510,22 +417,23 @@ def make_update(args: Args, learner_devices):
 
 
 def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
-    """Plays one episode in each of `num_episodes` fresh environments with the greedy policy."""
+    """Plays one episode in each of `num_episodes` fresh environments, epsilon-greedy with EVAL_EPSILON (a greedy
+    Atari policy that never fires would play the whole 27,000 steps)."""
     envs = make_env(args, seed, num_episodes)
     network = Network(args.channels, args.hiddens, envs.action_space.n)
-    act = jax.jit(lambda p, o: jnp.argmax(network.apply(p, o), axis=1))
-    obs, _ = envs.reset()
-    returns, finished = np.zeros(num_episodes), np.zeros(num_episodes, dtype=bool)
+    env_ids, key = jnp.arange(num_episodes), jax.random.PRNGKey(seed)
+    act = jax.jit(lambda p, o, step: epsilon_greedy(network.apply(p, o), EVAL_EPSILON, key, step, env_ids))
+    (obs, _), returns, finished, step = envs.reset(), np.zeros(num_episodes), np.zeros(num_episodes, bool), 0
     while not finished.all():
-        obs, reward, terminated, truncated, info = envs.step(np.asarray(act(params, obs)))
+        obs, reward, terminated, truncated, info = envs.step(np.asarray(act(params, obs, step)))
         returns += info.get("reward", reward) * ~finished
         finished |= terminated | truncated
+        step += 1
     return returns.tolist()
 
 
 def init_state(args: Args, sizes: Sizes):
-    """The network, and the learner state with its counters: fresh from the seed, or with --resume from the
-    newest checkpoint of the run (counters["update"] > 0 then)."""
+    """The network, and the learner state and counters: fresh, or with --resume from the newest checkpoint."""
     probe_env = make_env(args, args.seed, 1)
     network = Network(args.channels, args.hiddens, probe_env.action_space.n)
     params = network.init(jax.random.fold_in(jax.random.PRNGKey(args.seed), 0), probe_env.reset()[0])
@@ -543,24 +451,14 @@ def init_state(args: Args, sizes: Sizes):
 def start_actors(args, sizes, run, network, first_update, actor_devices):
     """One param queue, one rollout queue and one thread per actor thread of every local actor device."""
     param_queues, rollout_queues, threads = [], [], []
-    for device_index, actor_device in enumerate(actor_devices):
-        for thread_id in range(args.num_actor_threads):
-            thread_index = (jax.process_index() * len(actor_devices) + device_index) * args.num_actor_threads
-            thread_index += thread_id
-            param_queues.append(queue.Queue(maxsize=1))
-            rollout_queues.append(queue.Queue(maxsize=1))
-            kwargs = dict(
-                args=args,
-                sizes=sizes,
-                run=run,
-                network=network,
-                first_update=first_update,
-                env_offset=thread_index * args.local_num_envs,
-                device=actor_device,
-                param_queue=param_queues[-1],
-                rollout_queue=rollout_queues[-1],
-            )
-            threads.append(start_thread(actor, f"actor-{thread_index}", run.stop, run.failures, **kwargs))
+    first_thread = jax.process_index() * len(actor_devices) * args.num_actor_threads
+    for index in range(len(actor_devices) * args.num_actor_threads):
+        param_queues.append(queue.Queue(maxsize=1))
+        rollout_queues.append(queue.Queue(maxsize=1))
+        kwargs = dict(args=args, sizes=sizes, run=run, network=network, first_update=first_update)
+        kwargs.update(env_offset=(first_thread + index) * args.local_num_envs, param_queue=param_queues[-1])
+        kwargs.update(device=actor_devices[index // args.num_actor_threads], rollout_queue=rollout_queues[-1])
+        threads.append(start_thread(actor, f"actor-{first_thread + index}", run.stop, run.failures, **kwargs))
     return param_queues, rollout_queues, threads
 
 
@@ -573,75 +471,65 @@ def send_params(state, policy_version, actor_devices, param_queues, stop):
             queue_put(q, (policy_version, on_device), stop)
 
 
-def gather_rollouts(rollouts, distributed_run: bool) -> dict:
-    """Every process's rollouts, env-major in global env order: each process holds the whole replay."""
+def insert_rollouts(args, replay, rollouts, tally):
+    """Every process's rollouts, env-major in global env order (each process holds the whole replay)."""
     data = {key: np.concatenate([r.data[key] for r in rollouts]) for key in rollouts[0].data}
-    if not distributed_run:
-        return data
-    gathered = multihost_utils.process_allgather(data)
-    return {key: np.asarray(value).reshape(-1, *value.shape[2:]) for key, value in gathered.items()}
+    if args.distributed:
+        data = {k: np.asarray(v).reshape(-1, *v.shape[2:]) for k, v in multihost_utils.process_allgather(data).items()}
+    tally["inserted"] += replay_insert(replay, data, args.n_step, args.priority_exponent)
+    tally["replay_size"] = int(np.count_nonzero(replay["valid"]))
 
 
-def learn(args, replay, state, update, learner_devices, counters):
+def learn(args, replay, state, update, tally):
     """--updates-per-rollout updates, each on a batch sampled on the host from the one global sum tree with a
     generator seeded by (seed, learner update): the same batches on every layout. Returns the state and stats."""
     num_local = len(args.learner_device_ids)
-    num_global, local = num_local * jax.process_count(), slice(jax.process_index() * num_local, None)
-    metrics, replay_time = None, 0.0
+    local = slice(jax.process_index() * num_local, (jax.process_index() + 1) * num_local)
+    replay_time, learn_start = 0.0, time.time()
     for _ in range(args.updates_per_rollout):
         tic = time.time()
-        rng = np.random.default_rng([args.seed, 3, counters["learner_updates"]])
+        rng = np.random.default_rng([args.seed, 3, tally["learner_updates"]])
         batch, slots = replay_sample(replay, args.batch_size, rng, args.importance_sampling_exponent)
-        per_device = {
-            key: value.reshape(num_global, -1, *value.shape[1:])[local][:num_local] for key, value in batch.items()
-        }
+        shards = {k: v.reshape(num_local * jax.process_count(), -1, *v.shape[1:])[local] for k, v in batch.items()}
         replay_time += time.time() - tic
-        state, metrics, td = update(state, per_device)
+        state, metrics, td = update(state, shards)
         td = np.asarray(jax.device_get(first_replica(td)))
         tic = time.time()
         sum_tree.set_weights(replay["tree"], slots, (np.abs(td) + PRIORITY_EPSILON) ** args.priority_exponent)
         replay_time += time.time() - tic
-        counters["learner_updates"] += 1
-    stats = dict(is_weight_min=float(batch["weights"].min()), is_weight_max=float(batch["weights"].max()))
-    return state, metrics, dict(stats, replay_time=replay_time)
+        tally["learner_updates"] += 1
+        tally["sampled"] += args.batch_size
+    stats = dict(is_weight_min=batch["weights"].min(), is_weight_max=batch["weights"].max(), replay_time=replay_time)
+    return (
+        state,
+        metrics,
+        dict(stats, learner_updates_per_second=args.updates_per_rollout / (time.time() - learn_start)),
+    )
 
 
-def log_update(args, sizes, run, update, rollouts, metrics, stats):
-    """TensorBoard every iteration; the losses and a console line every --log-frequency iterations."""
+def log_update(args, sizes, run, update, rollouts, replay, metrics, stats):
+    """TensorBoard every iteration; priorities (an O(N) pass), losses and a console line every --log-frequency."""
     global_step, elapsed = update * sizes.batch_size, time.time() - run.start_time
     timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
     sps = int((update - run.counters["update"]) * sizes.batch_size / elapsed)
-    actor_sps = args.local_num_envs * args.num_steps / timing["rollout_time"]
-    run.log({f"stats/{key}": value for key, value in dict(timing, **stats).items()}, global_step)
-    run.log({"charts/SPS": sps, "stats/actor_sps": actor_sps}, global_step)
+    stats.update(actor_sps=args.local_num_envs * args.num_steps / timing["rollout_time"])
+    stats.update(
+        replay_insert_per_second=stats["inserted"] / elapsed, replay_sample_per_second=stats["sampled"] / elapsed
+    )
+    run.log({f"stats/{key}": value for key, value in dict(timing, **stats).items()} | {"charts/SPS": sps}, global_step)
     if update % args.log_frequency and update != sizes.num_updates:
         return
+    priorities = sum_tree.weights(replay["tree"], np.flatnonzero(replay["valid"])) ** (
+        1 / max(args.priority_exponent, 1e-9)
+    )
+    if priorities.size and args.priority_exponent:
+        run.log({"stats/priority_mean": priorities.mean(), "stats/priority_max": priorities.max()}, global_step)
     if metrics is not None:
         run.log({f"losses/{key}": value for key, value in jax.device_get(first_replica(metrics)).items()}, global_step)
     mean_return = f"{np.mean(run.recent_returns):.1f}" if run.recent_returns else "n/a"
-    print(
-        f"update {update}/{sizes.num_updates} step={global_step} SPS={sps} return={mean_return} "
-        f"learner updates={stats['learner_updates']} ({stats['learner_updates_per_second']:.1f}/s) "
-        f"replay={stats['replay_size']} policy actor={stats['actor_policy_version']} "
-        f"learner={stats['learner_policy_version']} wait rollout={stats['rollout_queue_get_time']:.2f}s "
-        f"param={timing['param_queue_get_time']:.2f}s",
-        flush=True,
-    )
-
-
-def replay_stats(args, replay, counters, elapsed, update, log_frequency_due) -> dict:
-    """The replay's size, insert and sample rates since the start; priorities (an O(N) pass) when logging."""
-    stats = dict(
-        replay_size=counters["replay_size"],
-        replay_insert_per_second=counters["inserted"] / elapsed,
-        replay_sample_per_second=counters["sampled"] / elapsed,
-    )
-    if log_frequency_due:
-        leaves = sum_tree.weights(replay["tree"], np.flatnonzero(replay["valid"]))
-        priorities = leaves ** (1 / args.priority_exponent) if args.priority_exponent else leaves
-        stats.update(priority_mean=float(priorities.mean()) if leaves.size else 0.0)
-        stats.update(priority_max=float(priorities.max()) if leaves.size else 0.0)
-    return stats
+    line = f"update {update}/{sizes.num_updates} step={global_step} SPS={sps} return={mean_return} learner updates="
+    line += f"{stats['learner_updates']} replay={stats['replay_size']} policy lag={stats['param_lag']} wait rollout="
+    print(f"{line}{stats['rollout_queue_get_time']:.2f}s param={timing['param_queue_get_time']:.2f}s", flush=True)
 
 
 def train(args: Args):
@@ -651,15 +539,13 @@ def train(args: Args):
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
     network, state, counters = init_state(args, sizes)
     run = open_run(args, sizes, __file__, counters, global_learner_devices)
-    learner_updates = int(state.step)
+    tally = dict(learner_updates=int(state.step), replay_size=0, inserted=0, sampled=0)
     state = replicate(state, learner_devices)
-    update = make_update(args, global_learner_devices)
-    replay = make_replay(args, sizes.num_envs)
-    start_update = learner_policy_version = counters["update"]
-    tally = dict(learner_updates=learner_updates, replay_size=0, inserted=0, sampled=0)
+    update, replay = make_update(args, global_learner_devices), make_replay(args, sizes.num_envs)
     epsilons = epsilons_of(np.arange(sizes.num_envs), sizes.num_envs, args.epsilon_base, args.epsilon_alpha)
+    start_update = learner_policy_version = counters["update"]
     param_queues, rollout_queues, threads = start_actors(args, sizes, run, network, start_update + 1, actor_devices)
-    exit_code, metrics, learn_stats, learning_time = 0, None, {}, 0.0
+    exit_code, metrics, learn_stats = 0, None, {}
     try:
         send_params(state, learner_policy_version, actor_devices, param_queues, run.stop)
         for update_index in range(start_update + 1, sizes.num_updates + 1):
@@ -673,36 +559,19 @@ def train(args: Args):
                 if r.update != update_index or lag != expected_lag:
                     raise RuntimeError(
                         f"update {update_index}: rollout {r.update} from policy {r.policy_version}"
-                        f" while the learner is at {learner_policy_version} (lag {lag}, expected "
-                        f"{expected_lag})"
+                        f" while the learner is at {learner_policy_version} (lag {lag}, expected {expected_lag})"
                     )
             learn_start = time.time()
-            data = gather_rollouts(rollouts, args.distributed)
-            tally["inserted"] += replay_insert(replay, data, args.n_step, args.priority_exponent)
-            tally["replay_size"] = int(np.count_nonzero(replay["valid"]))
+            insert_rollouts(args, replay, rollouts, tally)
             insert_time = time.time() - learn_start
             if tally["replay_size"] >= max(args.learning_starts, 1):
-                state, metrics, learn_stats = learn(args, replay, state, update, learner_devices, tally)
-                tally["sampled"] += args.updates_per_rollout * args.batch_size
-                learning_time += time.time() - learn_start
+                state, metrics, learn_stats = learn(args, replay, state, update, tally)
             learner_policy_version += 1
-            learned = tally["learner_updates"] - learner_updates
-            stats = dict(
-                learn_stats,
-                rollout_queue_get_time=rollout_queue_get_time,
-                learn_time=time.time() - learn_start,
-                replay_insert_time=insert_time,
-                learner_updates=tally["learner_updates"],
-                learner_updates_per_second=learned / learning_time if learning_time else 0.0,
-                actor_policy_version=rollouts[0].policy_version,
-                learner_policy_version=learner_policy_version,
-                param_lag=learner_policy_version - 1 - rollouts[0].policy_version,
-                epsilon_min=epsilons.min(),
-                epsilon_max=epsilons.max(),
-            )
-            due = update_index % args.log_frequency == 0 or update_index == sizes.num_updates
-            stats.update(replay_stats(args, replay, tally, time.time() - run.start_time, update_index, due))
-            log_update(args, sizes, run, update_index, rollouts, metrics, stats)
+            stats = dict(learn_stats, **tally, rollout_queue_get_time=rollout_queue_get_time, insert_time=insert_time)
+            stats.update(learn_time=time.time() - learn_start, epsilon_min=epsilons.min(), epsilon_max=epsilons.max())
+            stats.update(actor_policy_version=rollouts[0].policy_version, learner_policy_version=learner_policy_version)
+            stats.update(param_lag=learner_policy_version - 1 - rollouts[0].policy_version)
+            log_update(args, sizes, run, update_index, rollouts, replay, metrics, stats)
             exit_code = run.after_update(state, update_index)
             if exit_code:
                 break
