@@ -304,6 +304,19 @@ def test_same_command_twice_gives_the_same_fingerprint(tmp_path):
     assert updates[-1][1] == 2 * 28
 
 
+def test_resume_restores_parameters_target_and_counters_and_refills_the_replay(tmp_path):
+    args = [*CARTPOLE_TINY, "--checkpoint-every", 8]
+    assert run_script("cleanba_apex_dqn.py", args, tmp_path).returncode == 0
+    checkpoints = tmp_path / "runs" / "tiny" / "checkpoints"
+    (checkpoints / "update_000000032.ckpt").unlink()
+    result = run_script("cleanba_apex_dqn.py", [*args, "--resume"], tmp_path)
+    assert result.returncode == 0 and "resuming tiny from update 24" in result.stdout, result.stderr[-3000:]
+    # 2 x (24 - 4) = 40 updates before the checkpoint; the replay restarts empty and holds 40 + 64 k transitions
+    # after k + 1 iterations, so updates resume at iteration 29: 40 + 2 x 4.
+    updates = dict(scalars(tmp_path / "runs" / "tiny", "stats/learner_updates"))
+    assert updates[24 * 64] == 40 and updates[28 * 64] == 40 and updates[32 * 64] == 48
+
+
 def test_short_atari_run_logs_the_diagnostics(tmp_path):
     args = ["--env-id", "Breakout-v5", "--channels", 4, "--hiddens", 16, "--local-num-envs", 4]
     args += ["--num-actor-threads", 2, "--num-steps", 8, "--total-timesteps", 384, "--learning-starts", 100]
@@ -373,3 +386,23 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, option):
 @pytest.mark.parametrize("args,option", BAD_INPUTS)
 def test_bad_input_is_refused_with_one_line(capsys, args, option):
     assert_refused(apex, args, option, capsys)
+
+
+# A random policy averages about 22 on CartPole-v1. With these settings (30k steps; the first 30k steps of the
+# runs of benchmark/learning_apex_cpu.py, which differ only in --total-timesteps) the last 20 episodes average
+# MEASURED, so THRESHOLD leaves a wide margin, while a learner that stopped learning stays near the start.
+CARTPOLE_LEARNING = [
+    *"--env-id CartPole-v1 --hiddens 64 64 --local-num-envs 4 --num-steps 8 --learning-starts 1000".split(),
+    *"--buffer-size 20000 --batch-size 32 --updates-per-rollout 4 --learning-rate 1e-3".split(),
+    *"--target-update-period 200 --log-frequency 1000 --total-timesteps 30000 --seed 2 --run-name learning".split(),
+]
+RANDOM_POLICY_RETURN = 22
+THRESHOLD = 100
+
+
+def test_learns_cartpole(tmp_path):
+    result = run_script("cleanba_apex_dqn.py", CARTPOLE_LEARNING, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    returns = [value for _, value in sorted(scalars(tmp_path / "runs" / "learning", "charts/episodic_return"))]
+    assert np.mean(returns[:20]) < 2 * RANDOM_POLICY_RETURN
+    assert np.mean(returns[-20:]) > THRESHOLD, np.mean(returns[-20:])
