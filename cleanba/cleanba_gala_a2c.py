@@ -34,7 +34,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import rlax
 from flax.training.train_state import TrainState
 from jax.experimental import multihost_utils
 from jax.flatten_util import ravel_pytree
@@ -322,8 +321,16 @@ def actor(args, sizes, run, network, first_update, agent, device, param_queue, r
 def nstep_returns(rewards, next_values, terminations, truncations, gamma):
     """Bootstrapped returns of one environment's rollout: R_t = r_t + γ R_{t+1}, from the value after the last
     step; a termination stops bootstrapping, a truncation bootstraps from the value of its last observation.
-    `next_values[t]` is the value of the observation after step t."""
-    return rlax.lambda_returns(rewards, gamma * (1.0 - terminations), next_values, 1.0 - truncations)
+    `next_values[t]` is the value of the observation after step t. (rlax.lambda_returns computes the same, but
+    importing rlax costs seconds at every start.)"""
+
+    def step(following, t):
+        reward, next_value, terminated, truncated = t
+        following = reward + gamma * (1.0 - terminated) * jnp.where(truncated > 0, next_value, following)
+        return following, following
+
+    inputs = (rewards, next_values, terminations, truncations)
+    return jax.lax.scan(step, next_values[-1], inputs, reverse=True)[1]
 
 
 def a2c_loss(params, apply_fn, data, gamma, ent_coef, vf_coef):
