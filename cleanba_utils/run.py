@@ -16,6 +16,7 @@ from tensorboardX import SummaryWriter
 
 from cleanba_utils import distributed, parsing, run_files, signals
 from cleanba_utils.checkpoints import save_checkpoint
+from cleanba_utils.threads import Stopped
 
 # XLA reports a device allocation it cannot make as RESOURCE_EXHAUSTED: the run asked for more than the
 # device holds, which the user fixes with the options that size one learner step or one actor batch.
@@ -83,6 +84,20 @@ class Run:
         if self.args.checkpoint_every and (update % self.args.checkpoint_every == 0 or last):
             self.checkpoint(state, update)
         return 0
+
+    def run_learner(self, loop) -> int:
+        """Runs the learner's `loop` (which returns an exit code): Ctrl-C is exit 130, a queue wait given up
+        because another thread failed is exit 1, and an exception of its own is recorded as a failure."""
+        try:
+            return loop()
+        except KeyboardInterrupt:
+            print("interrupted: stopping threads and flushing logs", file=sys.stderr)
+            return 130
+        except Stopped:
+            return 1
+        except Exception:
+            self.record_failure()
+            return 0
 
     def record_failure(self):
         """Called in the learner's `except Exception`: the traceback, and in a distributed run the hint that
