@@ -139,7 +139,7 @@ def validate(args: Args):
     one_process_without_checkpoints = args.distributed or args.checkpoint_every or args.resume
     if args.gossip == "async" and (args.topology != "gossip" or one_process_without_checkpoints):
         parsing.fail(
-            "--gossip async: gossiping threads in one process, not with --distributed/--checkpoint-every/--resume"
+            "--gossip async needs --topology gossip, in one process: not with --distributed/--checkpoint-every/--resume"
         )
     if args.staleness_bound and args.gossip != "async":
         parsing.fail("--staleness-bound bounds asynchronous messages; use it with --gossip async")
@@ -329,7 +329,7 @@ def make_sync_update(args, agent_devices):
             metrics["gradient_similarity"] = jax.lax.pmean(cosine(grads, ring_shift(grads, 1)), "agents")
         if args.topology == "allreduce":
             grads = jax.lax.pmean(grads, "agents")
-        peers = [ring_shift(state.params, d) for d in range(1, args.num_peers + 1)]
+        peers = [ring_shift(state.params, d) for d in range(1, args.num_peers + 1) if args.topology == "gossip"]
         state = state.apply_gradients(grads=grads)
         if args.topology == "gossip":
             state = state.replace(params=mix(state.params, peers))
@@ -351,8 +351,7 @@ class Mailbox:
     sent to it; the GALA authors' code drops the new message instead, leaving older ones to mix with."""
 
     def __init__(self):
-        self.slots, self.finished, self.overwritten = {}, set(), 0
-        self.condition = threading.Condition()
+        self.slots, self.finished, self.overwritten, self.condition = {}, set(), 0, threading.Condition()
 
     def post(self, message: Message):
         with self.condition:
@@ -464,7 +463,8 @@ def train_sync(args: Args, sizes: Sizes, network, state, run, agent_devices, glo
     """All agents in lock step, one pmap'd update over their devices. Returns the consensus average, the version."""
     sharding = NamedSharding(Mesh(np.array(global_devices), ("agents",)), PartitionSpec("agents"))
     state = jax.tree.map(lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), state)
-    update_fn, run.host_copy = make_sync_update(args, global_devices), multihost_utils.process_allgather
+    gather = lambda tree: multihost_utils.process_allgather(tree, tiled=True)  # all agents', from every process
+    update_fn, run.host_copy = make_sync_update(args, global_devices), gather
     start = version = run.counters["update"]
     param_queues, rollout_queues, threads = start_actors(args, sizes, run, network, agent_devices, start + 1)
     # An actor's parameters: the slice of the pmap'd ones on its agent's device, without a copy.
@@ -499,7 +499,7 @@ def train_sync(args: Args, sizes: Sizes, network, state, run, agent_devices, glo
         return 0
 
     run.exit_if_stopped(run.run_learner(loop), threads)
-    return jax.tree.map(lambda x: x.mean(0), multihost_utils.process_allgather(state.params)), version
+    return jax.tree.map(lambda x: x.mean(0), gather(state.params)), version
 
 
 def agent_learner(args, sizes, run, agent, device, state, shared, mailboxes, param_queue, rollout_queue):

@@ -171,7 +171,8 @@ def test_with_learning_the_distance_to_consensus_stays_in_the_bound_of_the_ring(
         bound = second * bound + step
         assert distance <= bound * (1 + 1e-4), (distance, bound)
     assert distances[-1] > 0  # the agents learn different things: they do not collapse onto one point
-    assert np.all(logged(run_dir, "stats/consensus_share") < 1)
+    share = logged(run_dir, "stats/consensus_share")  # the ε-ball relative to ‖x̄‖ contracts from the start
+    assert share[-1] < share[0] / 10, share
     similarities = logged(run_dir, "stats/gradient_similarity")
     assert len(similarities) == 6 and np.all(np.abs(similarities) <= 1)
     assert logged(run_dir, "charts/agent_3/SPS").size == 30
@@ -251,3 +252,22 @@ BAD_INPUTS = [
 @pytest.mark.parametrize("args,option", BAD_INPUTS)
 def test_bad_input_is_refused_with_one_line(capsys, args, option):
     assert_refused(gala, args, option, capsys)
+
+
+# CartPole-v1 with the default 4 agents x 16 environments, 100k steps, seed 1. A uniformly random policy averages
+# about 22 (the first 20 episodes to end, the short ones, average 12-13). Sync gossip is reproducible and nothing
+# depends on the run's length, so the first 100k steps of the benchmark's 200k-step runs are this run (checked:
+# the same 3252 episodes for seed 1). Measured 2026-11-21: the last 20 episodes average 68.1, 59.4 and 58.7 for
+# seeds 1-3, and the runs reach 188-219 at 200k (benchmark/results/learning_gala_cpu.md). 40 leaves a margin for
+# float differences between machines, while a learner that stopped learning stays near 22.
+RANDOM_POLICY_RETURN = 22
+THRESHOLD = 40
+
+
+def test_sync_gossip_learns_cartpole(tmp_path):
+    args = ["--env-id", "CartPole-v1", "--hiddens", 64, 64, "--total-timesteps", 100_000, "--log-frequency", 1000]
+    result = run_script("cleanba_gala_a2c.py", [*args, "--run-name", "learning"], tmp_path, devices=4)
+    assert result.returncode == 0, result.stderr[-3000:]
+    returns = [value for _, value in sorted(scalars(tmp_path / "runs" / "learning", "charts/episodic_return"))]
+    assert np.mean(returns[:20]) < 2 * RANDOM_POLICY_RETURN
+    assert np.mean(returns[-20:]) > THRESHOLD, np.mean(returns[-20:])
