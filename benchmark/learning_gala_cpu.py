@@ -64,6 +64,8 @@ def plot_curves(curves, x: str, path):
         runs = [
             rows for (algorithm, env_id, _), rows in curves.items() if algorithm == mode and env_id == "CartPole-v1"
         ]
+        if not runs:
+            continue
         grid = np.linspace(0, min(rows[-1][x] for rows in runs), 200)
         on_grid = np.array([np.interp(grid, [r[x] for r in rows], [r["score"] for r in rows]) for rows in runs])
         (line,) = ax.plot(grid, on_grid.mean(0), label=f"{mode} ({len(runs)} seeds)")
@@ -102,6 +104,7 @@ def main():
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/cleanba_learning_gala_cpu"))
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmark" / "results")
     parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
+    parser.add_argument("--analyze-only", action="store_true", help="report the finished runs, run nothing")
     options = parser.parse_args()
     runs_dir, log_dir = options.work_dir / "runs", options.work_dir / "logs"
     for folder in [runs_dir, log_dir, options.out_dir]:
@@ -130,11 +133,17 @@ def main():
     commands += [
         command(BREAKOUT, mode, options.breakout_timesteps, 1, "breakout") for mode in ["gala_sync", "gala_async"]
     ]
+    finished = lambda args: (runs_dir / args[args.index("--run-name") + 1] / "summary.json").exists()
     for args in commands:
-        if not (runs_dir / args[args.index("--run-name") + 1] / "summary.json").exists():
+        if not finished(args) and not options.analyze_only:
             run(args, runs_dir, log_dir)
+    missing = [args[args.index("--run-name") + 1] for args in commands if not finished(args)]
 
     scores, curve_rows = collect(runs_dir, "episodic_return", LAST_N, {})
+    done = lambda row: (
+        runs_dir / f"{row['algorithm']}_{row['env_id'].split('-')[0].lower()}_{row['seed']}" / "summary.json"
+    ).exists()
+    scores, curve_rows = [row for row in scores if done(row)], [row for row in curve_rows if done(row)]
     curves = {}
     for row in curve_rows:
         curves.setdefault((row["algorithm"], row["env_id"], row["seed"]), []).append(row)
@@ -189,6 +198,7 @@ def main():
         f"SPS are lower bounds), Python {platform.python_version()}. Made by "
         f"`python benchmark/learning_gala_cpu.py {' '.join(sys.argv[1:])}`, which ran:\n\n"
         f"```\n{command_lines}\n```\n\n"
+        + (f"Not run (out of time): {', '.join(missing)}.\n\n" if missing else "")
         + "\n".join(table)
         + "\n\nBreakout-v5 (reduced network), steps per second:\n\n"
         + "\n".join(sps_table)

@@ -557,7 +557,7 @@ def train_async(args: Args, sizes: Sizes, network, state, run, agent_devices, gl
         measured, per_line = 0, args.num_agents * args.log_frequency
         while not run.stop.is_set() and not run.received_signals:
             running, updates = any(t.is_alive() for t in threads[args.num_agents :]), sum(shared["updates"])
-            if updates >= measured + args.num_agents or (updates > measured and not running):
+            if updates >= measured + args.num_agents or not running:
                 stacked = jax.tree.map(lambda *xs: np.stack(xs), *jax.device_get(shared["params"]))
                 stats = jax.device_get(consensus_stats(stacked))
                 steps = [u * sizes.batch_size // args.num_agents for u in shared["updates"]]

@@ -241,7 +241,7 @@ BAD_INPUTS = [
     (["--learning-rate", "-1"], "--learning-rate"),
     (["--learning-rate", "nan"], "--learning-rate"),
     (["--gamma", "0"], "--gamma"),
-    (["--rmsprop-decay", "1.5"], "--rmsprop-decay"),
+    (["--local-num-envs", "0"], "--local-num-envs"),
     (["--similarity-every", "0"], "--similarity-every"),
     (["--num-steps", "0"], "--num-steps"),
     (["--env-id", "NoSuchGame-v5"], "--env-id"),
