@@ -16,12 +16,11 @@ from cleanba_utils.run_files import first_replica
 CHECKSUM_BYTES = 64  # a hex sha256
 
 
-def save_checkpoint(run_dir: str, state, counters: dict, keep: int = 2):
-    """Saves the first replica of the pmap'd `state` with `counters` (which hold "update"); keeps the
-    newest `keep` files."""
-    payload = flax.serialization.msgpack_serialize(
-        {"state": flax.serialization.to_state_dict(jax.device_get(first_replica(state))), "counters": counters}
-    )
+def save_checkpoint(run_dir: str, state, counters: dict, keep: int = 2, host_copy=first_replica):
+    """Saves `host_copy(state)` (by default the first replica of the pmap'd `state`) with `counters` (which hold
+    "update"); keeps the newest `keep` files."""
+    saved_state = flax.serialization.to_state_dict(jax.device_get(host_copy(state)))
+    payload = flax.serialization.msgpack_serialize({"state": saved_state, "counters": counters})
     directory = os.path.join(run_dir, "checkpoints")
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"update_{counters['update']:09d}.ckpt")

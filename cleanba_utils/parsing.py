@@ -98,3 +98,25 @@ def check_devices(args, num_updates: int, batch_size: int):
             f"--total-timesteps {args.total_timesteps} is less than one rollout ({batch_size} steps = "
             "num envs x num steps); raise it or shrink --local-num-envs / --num-steps"
         )
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the kernel can give without swapping (MemAvailable), or None where it does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def check_memory(args, name: str, needed_bytes: int, reserve_bytes: int):
+    """Refuses a buffer of `needed_bytes`, sized by the option `name`, that would not fit in the available memory
+    with `reserve_bytes` left for the rest of the process: one line now rather than a crash when it fills."""
+    available, value = available_memory(), getattr(args, name)
+    if available is not None and needed_bytes + reserve_bytes > available:
+        fits = max(0, int((available - reserve_bytes) / (needed_bytes / value)))
+        fail(
+            f"{flag(name)} {value} needs {needed_bytes / 2**30:.1f} GiB ({needed_bytes / value:.0f} bytes each) but "
+            f"{available / 2**30:.1f} GiB of memory is available, {reserve_bytes / 2**30:.0f} GiB of which is kept "
+            f"for the rest of the run; lower {flag(name)} to at most {fits}"
+        )

@@ -16,6 +16,7 @@ from tensorboardX import SummaryWriter
 
 from cleanba_utils import distributed, parsing, run_files, signals
 from cleanba_utils.checkpoints import save_checkpoint
+from cleanba_utils.threads import Stopped
 
 # XLA reports a device allocation it cannot make as RESOURCE_EXHAUSTED: the run asked for more than the
 # device holds, which the user fixes with the options that size one learner step or one actor batch.
@@ -45,6 +46,9 @@ class Run:
     recent_returns: deque = dataclasses.field(default_factory=lambda: deque(maxlen=100))
     """the returns of the last 100 finished episodes, for the console"""
     start_time: float = dataclasses.field(default_factory=time.time)
+    host_copy: object = run_files.first_replica
+    """what a checkpoint saves of the learner state: its first replica where the learner devices hold copies of
+    one state; a script whose devices hold different states gathers them (on every process: a collective)"""
 
     @property
     def is_main(self) -> bool:
@@ -62,8 +66,10 @@ class Run:
             self.writer.add_scalar(key, value, global_step)
 
     def checkpoint(self, state, update: int):
+        state = self.host_copy(state)
         if self.is_main:
-            save_checkpoint(self.dir, state, dict(self.counters, update=update, wall_time_s=self.wall_time()))
+            counters = dict(self.counters, update=update, wall_time_s=self.wall_time())
+            save_checkpoint(self.dir, state, counters, host_copy=lambda host_state: host_state)
 
     def after_update(self, state, update: int) -> int:
         """Checkpoints as --checkpoint-every asks; on a stop signal received by any process, checkpoints and
@@ -78,6 +84,20 @@ class Run:
         if self.args.checkpoint_every and (update % self.args.checkpoint_every == 0 or last):
             self.checkpoint(state, update)
         return 0
+
+    def run_learner(self, loop) -> int:
+        """Runs the learner's `loop` (which returns an exit code): Ctrl-C is exit 130, a queue wait given up
+        because another thread failed is exit 1, and an exception of its own is recorded as a failure."""
+        try:
+            return loop()
+        except KeyboardInterrupt:
+            print("interrupted: stopping threads and flushing logs", file=sys.stderr)
+            return 130
+        except Stopped:
+            return 1
+        except Exception:
+            self.record_failure()
+            return 0
 
     def record_failure(self):
         """Called in the learner's `except Exception`: the traceback, and in a distributed run the hint that
@@ -163,7 +183,7 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
         "hyperparameters",
         "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()),
     )
-    num_local = len(args.learner_device_ids)
+    num_local = sum(device.process_index == jax.process_index() for device in global_learner_devices)
     stop_agreed = signals.stop_agreement(global_learner_devices, num_local, args.distributed)
     return Run(
         args=args,
@@ -191,8 +211,9 @@ class Episodes:
     returns: np.ndarray
     lengths: np.ndarray
 
-    def step(self, reward, done, is_reset, global_step: int):
-        """`reward` unclipped; a reset step (envpool's step after an episode's end) belongs to no episode."""
+    def step(self, reward, done, is_reset, global_step: int) -> list[float]:
+        """`reward` unclipped; a reset step (envpool's step after an episode's end) belongs to no episode.
+        Returns the returns of the episodes that finished."""
         playing = ~is_reset
         self.returns += reward * playing
         self.lengths += playing
@@ -200,5 +221,7 @@ class Episodes:
             self.writer.add_scalar("charts/episodic_return", self.returns[i], global_step)
             self.writer.add_scalar("charts/episodic_length", self.lengths[i], global_step)
             self.recent_returns.append(self.returns[i])
+        finished = self.returns[done].tolist()
         self.returns[done] = 0.0
         self.lengths[done] = 0
+        return finished
