@@ -7,9 +7,10 @@ PPO had before (revision ca8dbf1, no value clipping) gave 254, 171 and 242. A th
 with 66 or more to spare on either side.
 
 IMPALA runs the paper's settings with a small MLP and 2 x 4 environments for 200k steps, seed 1: its last 20
-episodes averaged 142-201 over seeds 1-3 (measured 2026-11-21); 60 leaves a margin for float differences
-between machines, while a learner that stopped learning (or learns from the wrong data) stays near random play,
-about 22."""
+episodes averaged 142-201 over seeds 1-3 with the shared torso it had before, and its separate MLPs learn faster
+(benchmark/results/learning_cpu.md: a running mean of 195 by 45k steps on seeds 1-3); 60 leaves a wide margin
+for float differences between machines, while a learner that stopped learning (or learns from the wrong data)
+stays near random play, about 22."""
 
 import numpy as np
 import pytest
