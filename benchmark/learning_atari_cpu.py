@@ -71,7 +71,7 @@ def run(name: str, work_dir: Path):
         sys.exit(f"{name} failed (exit {measured['exit_code']}); see {work_dir / f'{name}.log'}")
 
 
-def report(names: list[str], work_dir: Path, out_dir: Path, date: str):
+def report(names: list[str], work_dir: Path, out_dir: Path, date: str, note: str):
     _, curve_rows = collect(work_dir / "runs", "episodic_return", LAST_N, {})
     rows, curves = [], {}
     for name in names:
@@ -133,6 +133,7 @@ def report(names: list[str], work_dir: Path, out_dir: Path, date: str):
         f"Machine: {platform.machine()}, 2 CPU cores, 24 GiB, Python {platform.python_version()}. Made by "
         f"`python benchmark/learning_atari_cpu.py`, which ran (from the repository root):\n\n```\n{commands}\n```\n\n"
         + "\n".join(table)
+        + (f"\n\n{note}" if note else "")
         + "\n\n"
         + "\n".join(references)
         + "\n\n![Breakout](learning_atari_cpu.png)\n"
@@ -147,13 +148,14 @@ def main():
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/cleanba_learning_atari_cpu"))
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmark" / "results")
     parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
+    parser.add_argument("--note", default="", help="a paragraph under the table: how the machine was shared")
     options = parser.parse_args()
     options.work_dir.mkdir(parents=True, exist_ok=True)
     if not options.report_only:
         for name in options.runs:
             run(name, options.work_dir)
     played = [name for name in RUNS if (options.work_dir / f"{name}.measured.json").exists()]
-    report(played, options.work_dir, options.out_dir, options.date)
+    report(played, options.work_dir, options.out_dir, options.date, options.note)
 
 
 if __name__ == "__main__":
