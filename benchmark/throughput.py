@@ -85,7 +85,7 @@ def stage_times(script, argv: list[str], repeats: int) -> dict:
         action = script.sample_actions(logits, jax.random.PRNGKey(0), step, env_ids)
         return action, jax.nn.log_softmax(logits)[jnp.arange(action.shape[0]), action], value
 
-    params = jax.device_put(jax.tree.map(lambda x: x, state.params), actor_devices[0])
+    params = jax.device_put(state.params, actor_devices[0])
     obs = jax.device_put(first_obs[0], actor_devices[0])
     jax.device_get(policy(params, obs, 0))
     calls = repeats * args.num_steps
@@ -103,7 +103,7 @@ def stage_times(script, argv: list[str], repeats: int) -> dict:
         episodes=lambda n: Episodes(NoWriter(), deque(maxlen=100), np.zeros(n), np.zeros(n, dtype=np.int64)),
     )
     replicated = replicate(state, learner_devices)
-    param_queues, rollout_queues, threads = script.start_actors(
+    param_queues, rollout_queues, _ = script.start_actors(
         args, sizes_one, run, network, 1, actor_devices, learner_devices
     )
     script.send_params(replicated, 0, actor_devices, param_queues, stop)
