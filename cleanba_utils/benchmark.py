@@ -15,6 +15,7 @@ See cleanba_utils/LAUNCHER.md for the device layouts of the paper.
 
 import argparse
 import itertools
+import json
 import math
 import os
 import random
@@ -25,15 +26,23 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from cleanba_utils import cli
+from cleanba_utils import cli, search, spec
 
 # Flags the launcher sets on every run; a command or sweep that also set them would clash silently.
 LAUNCHER_FLAGS = ("--env-id", "--seed", "--group", "--run-name", "--resume")
 DISTRIBUTIONS = {
     "uniform": lambda rng, low, high: rng.uniform(low, high),
     "loguniform": lambda rng, low, high: math.exp(rng.uniform(math.log(low), math.log(high))),
+    "int": lambda rng, low, high: rng.randint(int(low), int(high)),
 }
+METRICS = ("final_return", "auc")
+PRUNERS = ("median", "successive_halving", "none")
+DEFAULTS = {"num_seeds": 1, "start_seed": 1, "workers": 1, "search": "grid", "sweep_seed": 0}
+DEFAULTS |= {"metric": "final_return", "pruner": "median", "startup_trials": 5}
+# The options a spec can set (see cleanba_utils/spec.py).
+SPEC_OPTIONS = {*spec.TOP.values(), *spec.TABLES["search"].values(), *spec.TABLES["resources"].values()}
 SLURM_DEFAULTS = {"slurm_gpus_per_task": 1, "slurm_ntasks": 1, "slurm_nodes": 1, "slurm_total_cpus": 8}
 STOP_GRACE_SECONDS = 60  # time a run gets to save its checkpoint after SIGTERM before it is killed
 
@@ -47,11 +56,12 @@ def parse_args(argv):
         prog="python -m cleanba_utils.benchmark", description=__doc__.split("\n")[0], allow_abbrev=False
     )
     add = parser.add_argument
-    add("--env-ids", nargs="+", required=True, metavar="ENV_ID", help="games, e.g. Breakout-v5 Pong-v5")
-    add("--command", required=True, metavar="CMD", help='e.g. "python cleanba/cleanba_ppo.py --track"')
-    add("--num-seeds", type=cli.positive_int, default=1, metavar="N", help="seeds per game and setting (default 1)")
-    add("--start-seed", type=int, default=1, metavar="SEED", help="first of the consecutive seeds (default 1)")
-    add("--workers", type=cli.positive_int, default=1, metavar="N", help="runs at a time (default 1)")
+    add("--spec", metavar="PATH", help="an experiment spec file (TOML; see cleanba_utils/spec.py); options add to it")
+    add("--env-ids", nargs="+", metavar="ENV_ID", help="games, e.g. Breakout-v5 Pong-v5")
+    add("--command", metavar="CMD", help='e.g. "python cleanba/cleanba_ppo.py --track"')
+    add("--num-seeds", type=cli.positive_int, metavar="N", help="seeds per game and setting (default 1)")
+    add("--start-seed", type=int, metavar="SEED", help="first of the consecutive seeds (default 1)")
+    add("--workers", type=cli.positive_int, metavar="N", help="runs (SLURM: array tasks) at a time (default 1)")
     add("--experiment", metavar="NAME", help="experiment name (default: the script name)")
     add("--log-dir", metavar="DIR", help="for logs and the sbatch script (default: runs/_launcher/<experiment>)")
     add(
@@ -61,11 +71,20 @@ def parse_args(argv):
         metavar='"--FLAG=V1,V2"',
         help="values of one script flag "
         "(spaces split a value into several arguments); repeat for a grid; "
-        "with --search random also uniform(LOW,HIGH) or loguniform(LOW,HIGH)",
+        "with --search random or tpe also uniform(LOW,HIGH), loguniform(LOW,HIGH) or int(LOW,HIGH)",
     )
-    add("--search", choices=["grid", "random"], default="grid", help="run the whole grid or --budget random settings")
-    add("--budget", type=cli.positive_int, metavar="K", help="number of settings drawn by --search random")
-    add("--sweep-seed", type=int, default=0, metavar="SEED", help="seed of --search random (default 0)")
+    add(
+        "--search",
+        choices=["grid", "random", "tpe"],
+        help="the whole grid (default), --budget random settings, or --budget settings from Optuna's TPE with pruning",
+    )
+    add("--budget", type=cli.positive_int, metavar="K", help="number of settings drawn by --search random or tpe")
+    add("--sweep-seed", type=int, metavar="SEED", help="seed of --search random or tpe (default 0)")
+    add("--metric", choices=list(METRICS), help="tpe: what to maximize (default final_return)")
+    add("--pruner", choices=list(PRUNERS), help="tpe: how to stop bad trials early (default median)")
+    add("--report-every", type=cli.positive_int, metavar="STEPS", help="tpe: agent steps between pruning checks")
+    add("--startup-trials", type=cli.positive_int, metavar="N", help="tpe: trials before modelling and pruning (5)")
+    add("--search-worker", action="store_true", help=argparse.SUPPRESS)
     add("--resume", action="store_true", help="continue each run from its checkpoint (SLURM runs always do)")
     add("--dry-run", action="store_true", help="print the commands (or the sbatch script) and exit")
     add("--slurm-template-path", metavar="PATH", help="e.g. cleanba.slurm_template: submit a SLURM job array")
@@ -98,10 +117,11 @@ def parse_sweep(text):
         low, high = (float(bound) for bound in bounds.split(","))
     except ValueError:
         low = high = math.nan
-    if name not in DISTRIBUTIONS or not low < high or (name == "loguniform" and low <= 0):
+    integers = name != "int" or (low.is_integer() and high.is_integer())
+    if name not in DISTRIBUTIONS or not low < high or (name == "loguniform" and low <= 0) or not integers:
         raise ValueError(
-            f"bad range in --sweep {text!r}; use uniform(LOW,HIGH) or loguniform(LOW,HIGH) "
-            "with LOW < HIGH (and LOW > 0 for loguniform)"
+            f"bad range in --sweep {text!r}; use uniform(LOW,HIGH), loguniform(LOW,HIGH) or int(LOW,HIGH) "
+            "with LOW < HIGH (and LOW > 0 for loguniform, integers for int)"
         )
     return flag, (name, low, high)
 
@@ -125,7 +145,8 @@ def random_settings(sweeps, budget, seed):
         if isinstance(values, list):
             return rng.choice(values)
         name, low, high = values
-        return f"{DISTRIBUTIONS[name](rng, low, high):.4g}"
+        value = DISTRIBUTIONS[name](rng, low, high)
+        return str(value) if name == "int" else f"{value:.4g}"
 
     return [[(flag, draw(values)) for flag, values in sweeps] for _ in range(budget)]
 
@@ -140,21 +161,35 @@ def default_experiment(command):
     return "experiment"
 
 
-def build_runs(command, env_ids, seeds, settings, experiment, resume):
-    """One (run name, argv) per setting x game x seed, in that nesting order."""
+def trial_runs(command, env_ids, seeds, index, setting, experiment, resume):
+    """One (run name, argv) per game x seed of the setting numbered `index`."""
+    setting_args = [token for flag, value in setting for token in [flag, *value.split()]]
     runs = []
-    for index, setting in enumerate(settings):
-        setting_args = [token for flag, value in setting for token in [flag, *value.split()]]
-        for env_id, seed in itertools.product(env_ids, seeds):
-            run_name = f"{env_id}__{experiment}__{index}__{seed}"
-            launcher_args = ["--env-id", env_id, "--seed", str(seed), "--group", f"{experiment}/{index}"]
-            launcher_args += ["--run-name", run_name] + (["--resume"] if resume else [])
-            runs.append((run_name, command + setting_args + launcher_args))
+    for env_id, seed in itertools.product(env_ids, seeds):
+        run_name = f"{env_id}__{experiment}__{index}__{seed}"
+        launcher_args = ["--env-id", env_id, "--seed", str(seed), "--group", f"{experiment}/{index}"]
+        launcher_args += ["--run-name", run_name] + (["--resume"] if resume else [])
+        runs.append((run_name, command + setting_args + launcher_args))
     return runs
 
 
+def resolve(args):
+    """The options of the spec (if any) and the command line merged, with defaults filled in, and the spec's
+    analysis tables; a ValueError says what is wrong with them."""
+    sweeps = [parse_sweep(text) for text in args.sweep]
+    given = {dest: value for dest, value in vars(args).items() if dest in SPEC_OPTIONS and value is not None}
+    given["sweep"] = sweeps
+    options, analysis = spec.load(args.spec) if args.spec else ({}, {})
+    merged = DEFAULTS | spec.merge(options, given)
+    for dest, example in [("command", '"python cleanba/cleanba_ppo.py"'), ("env_ids", "Breakout-v5 Pong-v5")]:
+        if merged.get(dest) is None:
+            raise ValueError(f"{spec.option_name(dest)} is missing; give it (e.g. {example}) or a --spec that sets it")
+    return argparse.Namespace(**{**vars(args), **merged}), analysis
+
+
 def plan(args):
-    """(experiment, runs) for the parsed arguments; a ValueError says what is wrong with them."""
+    """(experiment, command, seeds, runs) for the resolved arguments; `runs` is None for a tpe search, which draws
+    its settings as it goes. A ValueError says what is wrong with the arguments."""
     command = shlex.split(args.command)
     if not command:
         raise ValueError('--command is empty; give the training command, e.g. "python cleanba/cleanba_ppo.py"')
@@ -166,21 +201,33 @@ def plan(args):
         raise ValueError(f"--experiment {experiment!r} is not a folder name; use letters, digits, '_', '-' and '.'")
     if args.start_seed < 0:
         raise ValueError(f"--start-seed must be >= 0, got {args.start_seed}")
-    sweeps = [parse_sweep(text) for text in args.sweep]
+    sweeps = args.sweep
     if len({flag for flag, _ in sweeps}) < len(sweeps):
         raise ValueError('a flag appears in more than one --sweep; give all its values in one --sweep "--flag=v1,v2"')
-    if (args.search == "random") != (args.budget is not None):
-        raise ValueError("--search random and --budget K go together; give both or neither")
+    if (args.search in ("random", "tpe")) != (args.budget is not None):
+        raise ValueError(f"--search {args.search} and --budget K go together; give both or neither")
+    seeds = range(args.start_seed, args.start_seed + args.num_seeds)
+    if args.search == "tpe":
+        if not sweeps:
+            raise ValueError("--search tpe needs a search space: --sweep or a spec's [space]")
+        if args.pruner != "none" and args.report_every is None:
+            raise ValueError("--pruner needs --report-every STEPS, the agent steps between intermediate results")
+        return experiment, command, seeds, None
+    tpe_only = [name for name in ("report_every",) if getattr(args, name) is not None]
+    if tpe_only:
+        raise ValueError(f"{spec.option_name(tpe_only[0])} is for --search tpe only")
     if args.search == "random":
         settings = random_settings(sweeps, args.budget, args.sweep_seed)
     elif all(isinstance(values, list) for _, values in sweeps):
         settings = grid_settings(sweeps)
     else:
-        raise ValueError("ranges like loguniform(LOW,HIGH) need --search random --budget K; or list the values instead")
-    seeds = range(args.start_seed, args.start_seed + args.num_seeds)
+        raise ValueError("ranges like loguniform(LOW,HIGH) need --search random or tpe with --budget K")
     # A requeued SLURM task must continue its run; a first start finds no checkpoint and starts fresh.
     resume = args.resume or args.slurm_template_path is not None
-    return experiment, build_runs(command, args.env_ids, seeds, settings, experiment, resume)
+    runs = [
+        trial_runs(command, args.env_ids, seeds, i, setting, experiment, resume) for i, setting in enumerate(settings)
+    ]
+    return experiment, command, seeds, list(zip(settings, runs))
 
 
 def slurm_options(args):
@@ -297,17 +344,88 @@ def summary(exit_codes, log_dir):
     return "\n".join(lines)
 
 
+def grid_records(trials, exit_codes, metric):
+    """experiment.json's trials of a grid or random launch; states and values once its runs ended."""
+    records = []
+    for number, (setting, runs) in enumerate(trials):
+        codes = [exit_codes.get(run_name) for run_name, _ in runs]
+        state = "waiting" if None in codes else "failed" if any(codes) else "complete"
+        curves = search.logged_curves(Path("runs"), [run_name for run_name, _ in runs]) if state == "complete" else None
+        records.append(
+            dict(
+                number=number,
+                params=dict(setting),
+                state=state,
+                value=None if curves is None else search.objective(curves, metric),
+                runs=[search.run_record(run_name, exit_codes.get(run_name)) for run_name, _ in runs],
+            )
+        )
+    return records
+
+
+def search_placeholders(args, command, seeds):
+    """--dry-run of a tpe search: each session's command, with the searched flags' spaces in place of values."""
+    space = [token for flag, values in args.sweep for token in [flag, f"<{spec.space_text(values)}>"]]
+    runs = trial_runs(command + space, args.env_ids, seeds, "N", [], args.experiment, True)
+    lines = [f"# --search tpe: up to {args.budget} trials (N = 0, 1, ...) of these runs each"]
+    return "\n".join(lines + [shlex.join(argv) for _, argv in runs])
+
+
+def run_search(args, command, seeds, experiment_dir, log_dir, workers):
+    """Run a worker of the experiment's tpe study here; returns the exit code."""
+    # Array tasks of one SLURM search draw apart; a local search is one worker.
+    study = search.open_study(
+        experiment_dir, args.experiment, vars(args), args.sweep_seed + int(os.environ.get("SLURM_ARRAY_TASK_ID", 0))
+    )
+    recorded = Path(args.spec).parent / "experiment.json" if args.spec else None
+    if not study.trials and recorded and recorded.is_file() and recorded.parent.resolve() != experiment_dir.resolve():
+        kept = [trial for trial in json.loads(recorded.read_text())["trials"] if trial["state"] != "failed"]
+        search.replay(study, kept, args.sweep)
+        print(f"rerunning the {len(kept)} trials recorded in {recorded}", flush=True)
+    search.write_record(study, experiment_dir)
+    plan = dict(sweeps=args.sweep, budget=args.budget, report_every=args.report_every, metric=args.metric)
+    runs_of = lambda index, setting: trial_runs(command, args.env_ids, seeds, index, setting, args.experiment, True)
+    os.makedirs(log_dir, exist_ok=True)
+    search.Worker(study, plan, runs_of, experiment_dir, Path(log_dir), workers).run()
+    states = [trial.state for trial in study.trials]
+    print(", ".join(f"{states.count(state)} {state.name.lower()}" for state in sorted(set(states), key=str)))
+    return 1 if search.TrialState.FAIL in states else 0
+
+
 def main():
     args = parse_args(sys.argv[1:])
     try:
-        experiment, runs = plan(args)
+        args, analysis = resolve(args)
+        experiment, command, seeds, trials = plan(args)
+        args.experiment = experiment
         options = slurm_options(args)
+        if args.search_worker:
+            options = None
         log_dir = args.log_dir or os.path.join("runs", "_launcher", experiment)
+        experiment_dir = Path("runs", "_experiments", experiment)
+        text = spec.dumps({dest: getattr(args, dest) for dest in [*SPEC_OPTIONS, "sweep"]}, analysis)
         if options is not None:
+            if trials is None:
+                if options["slurm_ntasks"] > 1:
+                    raise ValueError("--search tpe starts one process per run under SLURM; give --slurm-ntasks 1")
+                worker = [
+                    "python",
+                    "-m",
+                    "cleanba_utils.benchmark",
+                    "--spec",
+                    str(experiment_dir.resolve() / "spec.toml"),
+                ]
+                runs = [(f"worker{i}", [*worker, "--search-worker"]) for i in range(args.workers)]
+            else:
+                runs = [run for _, setting_runs in trials for run in setting_runs]
             with open(args.slurm_template_path) as file:
                 template = file.read()
             script = slurm_script(
                 template, runs, args.workers, log_dir, args.slurm_job_name or experiment, args.slurm_partition, options
+            )
+        if not args.dry_run:
+            spec.prepare_folder(
+                experiment_dir, text, dict(experiment=experiment, method=args.search, metric=args.metric)
             )
     except ValueError as error:
         fail(str(error))
@@ -316,18 +434,33 @@ def main():
         if args.dry_run:
             print(script, end="")
             return
+        if trials is not None:
+            spec.write_trials(experiment_dir, grid_records(trials, {}, args.metric))
         sys.exit(submit(script, log_dir, experiment))
     if args.dry_run:
-        print("\n".join(shlex.join(argv) for _, argv in runs))
+        if trials is None:
+            print(search_placeholders(args, command, seeds))
+        else:
+            print("\n".join(shlex.join(argv) for _, runs in trials for _, argv in runs))
         return
-    # Ctrl-C and SIGTERM (e.g. from a job scheduler) stop the runs alike; a launcher started in the
-    # background inherits an ignored SIGINT, hence both are set here.
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    # Ctrl-C, SIGTERM (e.g. from a job scheduler) and SLURM's USR1 near the time limit stop the runs alike; a
+    # launcher started in the background inherits an ignored SIGINT, hence all are set here.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(signum, signal.default_int_handler)
+    if trials is None:
+        try:
+            sys.exit(
+                run_search(args, command, seeds, experiment_dir, log_dir, 1 if args.search_worker else args.workers)
+            )
+        except KeyboardInterrupt:
+            sys.exit(130)
+    exit_codes = {}
     try:
-        exit_codes = run_local(runs, args.workers, log_dir)
+        exit_codes = run_local([run for _, runs in trials for run in runs], args.workers, log_dir)
     except KeyboardInterrupt:
         sys.exit(130)
+    finally:
+        spec.write_trials(experiment_dir, grid_records(trials, exit_codes, args.metric))
     print(summary(exit_codes, log_dir))
     sys.exit(1 if any(exit_codes.values()) else 0)
 

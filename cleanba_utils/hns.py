@@ -29,9 +29,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import scipy.stats
 from rliable import metrics
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanba_utils import cli
+from cleanba_utils.events import read_scalars, running_mean
 
 TAGS = {"episodic_return": "charts/episodic_return", "eval": "eval/episodic_return"}
 SCORE_COLUMNS = {"algorithm": str, "env_id": str, "seed": int, "score": float}
@@ -112,13 +112,6 @@ def aggregate(by_algorithm, reps, seed):
     return results
 
 
-def running_mean(values, n):
-    """Mean of the last `n` values (fewer at the start) at every position."""
-    sums = np.concatenate([[0.0], np.cumsum(values)])
-    end = np.arange(1, len(values) + 1)
-    return (sums[end] - sums[np.maximum(end - n, 0)]) / np.minimum(end, n)
-
-
 def read_spec(run_dir):
     """(exp_name, env_id, seed) from the spec.json a training script wrote into its run folder."""
     try:
@@ -146,23 +139,17 @@ def collect(runs_dir, metric, last_n, labels):
             )
         seen[key] = run_dir
         run = dict(zip(("algorithm", "env_id", "seed"), key))
-        # Purging (the default) drops what a preempted run logged after the checkpoint it resumed from;
-        # out-of-order steps from several actor threads are kept, since the event files are of version 2.
-        events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-        events.Reload()
-        tags = events.Tags()["scalars"]
-        logged = {name: sorted(events.Scalars(tag), key=lambda e: e.step) for name, tag in TAGS.items() if tag in tags}
+        logged = {name: read_scalars(run_dir, tag) for name, tag in TAGS.items()}
+        logged = {name: scalars for name, scalars in logged.items() if len(scalars.steps)}
         if "episodic_return" in logged:
             train = logged["episodic_return"]
-            start = events.FirstEventTimestamp()
-            for event, score in zip(train, running_mean([e.value for e in train], last_n)):
-                point = {"global_step": event.step, "wall_time_s": event.wall_time - start, "score": score}
-                curves.append({**run, **point})
+            for step, wall_time, score in zip(train.steps, train.wall_times, running_mean(train.values, last_n)):
+                curves.append({**run, "global_step": int(step), "wall_time_s": float(wall_time), "score": score})
         if metric not in logged:
             warn(f"skipping {run_dir}: it logged no {TAGS[metric]}")
             continue
-        finals = logged[metric][-last_n:] if metric == "episodic_return" else logged[metric]
-        scores.append({**run, "score": float(np.mean([e.value for e in finals]))})
+        finals = logged[metric].values[-last_n:] if metric == "episodic_return" else logged[metric].values
+        scores.append({**run, "score": float(np.mean(finals))})
     if not seen:
         raise ValueError(f"{runs_dir} has no run folders with a spec.json; point --runs-dir at the training runs")
     if not scores:

@@ -178,7 +178,9 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
             resume="allow" if args.resume else None,
         )
     purge_step = resumed_update * sizes.batch_size + 1 if resumed_update else None
-    writer = SummaryWriter(run_dir, write_to_disk=is_main, purge_step=purge_step)
+    # Flushed every few seconds (tensorboardX's default is 2 minutes): a search's pruner reads the events while the
+    # run goes on.
+    writer = SummaryWriter(run_dir, write_to_disk=is_main, purge_step=purge_step, flush_secs=5)
     writer.add_text(
         "hyperparameters",
         "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()),
