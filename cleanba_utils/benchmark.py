@@ -8,6 +8,11 @@ Runs locally with a pool of worker processes, or as one SLURM job array (one arr
         --experiment lr_sweep --sweep "--learning-rate=2.5e-4,1e-3" --sweep "--num-minibatches=4,8" \\
         --slurm-template-path cleanba.slurm_template --workers 16
 
+or from a spec file, with Optuna's TPE search and pruning (`--search tpe`; see cleanba_utils/spec.py and
+cleanba_utils/search.py):
+
+    python -m cleanba_utils.benchmark --spec benchmark/specs/ppo_cartpole_search.toml
+
 Every run gets `--env-id`, `--seed`, `--group <experiment>/<setting index>` and a deterministic
 `--run-name`, so a rerun or a requeued SLURM task writes to the same `runs/<run name>` folder.
 See cleanba_utils/LAUNCHER.md for the device layouts of the paper.

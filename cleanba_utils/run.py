@@ -19,11 +19,19 @@ from cleanba_utils.checkpoints import save_checkpoint
 from cleanba_utils.threads import Stopped
 
 # XLA reports a device allocation it cannot make as RESOURCE_EXHAUSTED: the run asked for more than the
-# device holds, which the user fixes with the options that size one learner step or one actor batch.
-OUT_OF_MEMORY = (
-    "the device ran out of memory; shrink what one step holds: fewer --local-num-envs, more --num-minibatches "
-    "or more --gradient-accumulation-steps (the same result in less memory)"
-)
+# device holds, which the user fixes with the options that size one learner step or one actor batch; each
+# script names those it has.
+MEMORY_OPTIONS = {
+    "local_num_envs": "fewer --local-num-envs",
+    "batch_size": "a smaller --batch-size",
+    "num_minibatches": "more --num-minibatches",
+    "gradient_accumulation_steps": "more --gradient-accumulation-steps (the same result in less memory)",
+}
+
+
+def out_of_memory(args) -> str:
+    options = [hint for name, hint in MEMORY_OPTIONS.items() if hasattr(args, name)]
+    return "the device ran out of memory; shrink what one step holds: " + ", ".join(options)
 
 
 @dataclasses.dataclass
@@ -111,7 +119,7 @@ class Run:
             thread.join(timeout=10)
         if any("RESOURCE_EXHAUSTED" in failure for failure in self.failures):
             self.writer.close()
-            parsing.fail(OUT_OF_MEMORY)
+            parsing.fail(out_of_memory(self.args))
         if self.failures:
             print("".join(self.failures), file=sys.stderr, end="")
             exit_code = 1

@@ -164,9 +164,18 @@ class Worker:
         trial.set_user_attr("runs_of", index)
         trial.set_user_attr("flags", dict(setting))
         trial.set_user_attr("runs", [run_name for run_name, _ in runs])
+        flags = shlex.join(token for pair in setting for token in pair)
+        # The same flags and seeds give the same runs, so a setting that completed is not run again.
+        done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        same = next((earlier for earlier in done if earlier.user_attrs.get("flags") == dict(setting)), None)
+        if same is not None:
+            trial.set_user_attr("runs", same.user_attrs["runs"])
+            self.study.tell(trial, same.value)
+            print(f"trial {trial.number}: {flags}: as trial {same.number}, {same.value:.4g}", flush=True)
+            return
         trial.set_user_attr("heartbeat", time.time())
         self.active.append(ActiveTrial(trial, runs, list(runs)))
-        print(f"trial {trial.number}: {shlex.join(token for pair in setting for token in pair)}", flush=True)
+        print(f"trial {trial.number}: {flags}", flush=True)
 
     def launch(self, active: ActiveTrial):
         run_name, argv = active.pending.pop(0)

@@ -104,7 +104,12 @@ def test_bad_spec_is_refused_with_one_line(tmp_path, text, message):
 
 def launch(cwd, *args, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "cleanba_utils.benchmark", *args], cwd=cwd, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "cleanba_utils.benchmark", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -194,6 +199,17 @@ startup_trials = 1
 [resources]
 workers = 2
 """
+
+
+def test_search_under_slurm_is_an_array_of_workers(tmp_path):
+    template = ["--slurm-template-path", str(REPO / "cleanba.slurm_template"), "--dry-run"]
+    result = launch(tmp_path, "--spec", str(write(tmp_path, SEARCH, "tiny.toml")), *template)
+    workers = [line for line in result.stdout.splitlines() if "--search-worker" in line]
+    assert result.returncode == 0 and "#SBATCH --array=0-1%2" in result.stdout and len(workers) == 2
+    assert str(tmp_path / "runs" / "_experiments" / "tiny" / "spec.toml") in workers[0]
+    assert not (tmp_path / "runs").exists()  # a dry run writes nothing
+    ntasks = launch(tmp_path, "--spec", str(tmp_path / "tiny.toml"), *template, "--slurm-ntasks", "2")
+    assert ntasks.returncode == 2 and "give --slurm-ntasks 1" in ntasks.stderr
 
 
 def test_search_prunes_and_the_report_ranks_the_trials(tmp_path):
