@@ -10,8 +10,9 @@ returns, against global step (or wall time since the run's first event). A trial
 
 - Curves of a trial on an env: each session's curve on 100 grid points from 0 to the largest step (wall time) of
   any of the trial's sessions, as a step function: the last value at or before a grid point, NaN before the
-  session's first episode and after its last. The mean ignores NaN; its band is the 2.5-97.5 percentile interval
-  of --reps bootstrap resamples of the sessions (numpy generator seeded by --seed).
+  session's first episode (after its last, the last value holds: sessions end a few steps apart). The mean
+  ignores NaN; its band is the 2.5-97.5 percentile interval of --reps bootstrap resamples of the sessions
+  (numpy generator seeded by --seed).
 - random: spec["random_scores"][env] if given, else the published random score of the 57 Atari games, else the
   mean of the first 10 episodic returns of every session on the env (an untrained policy plays about randomly).
 - final_return: the mean of a session's last --last-n episodic returns.
@@ -53,12 +54,12 @@ X_AXES = {"steps": ("steps", "global step"), "wall_time": ("wall_times", "wall t
 
 
 def on_grid(x, curve, grid):
-    """`curve`, logged at `x`, as a step function on `grid`: NaN before its first and after its last point."""
+    """`curve`, logged at `x`, as a step function on `grid`: NaN before its first point."""
     order = np.argsort(x, kind="stable")  # actor threads log wall times slightly out of step order
     x, curve = np.asarray(x)[order], np.asarray(curve, float)[order]
     index = np.searchsorted(x, grid, side="right") - 1
     values = curve[np.maximum(index, 0)]
-    values[(index < 0) | (grid > x[-1])] = np.nan
+    values[index < 0] = np.nan
     return values
 
 
@@ -316,7 +317,7 @@ def ranking_lines(header, trials, ranked, sessions, several):
     rows = []
     for place, (trial, (score, low, high)) in enumerate(ranked, start=1):
         last_step = max(s.steps[-1] for (n, _), ss in sessions.items() if n == trial.number for s in ss)
-        state = f"pruned (pruned at step {last_step:,})" if trial.state == "pruned" else trial.state
+        state = f"pruned, ran to step {last_step:,}" if trial.state == "pruned" else trial.state
         interval = f"{fmt(score)} [{fmt(low)}, {fmt(high)}]"
         rows.append([str(place), f"#{trial.number}", describe(trial.params), interval, state])
     unranked = [t for t in trials if t.number not in {trial.number for trial, _ in ranked}]

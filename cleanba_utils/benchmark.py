@@ -393,7 +393,7 @@ def run_search(args, command, seeds, experiment_dir, log_dir, workers):
     os.makedirs(log_dir, exist_ok=True)
     search.Worker(study, plan, runs_of, experiment_dir, Path(log_dir), workers).run()
     states = [trial.state for trial in study.trials]
-    print(", ".join(f"{states.count(state)} {state.name.lower()}" for state in sorted(set(states), key=str)))
+    print(", ".join(f"{states.count(state)} {search.state_name(state)}" for state in sorted(set(states), key=str)))
     return 1 if search.TrialState.FAIL in states else 0
 
 

@@ -225,7 +225,7 @@ class Worker:
         if active.stopping_since is not None:
             self.study.tell(active.trial, state=TrialState.PRUNED)
         elif any(active.exit_codes.values()):
-            print(f"trial {number}: failed, exit codes {active.exit_codes}", flush=True)
+            print(f"trial {number}: failed, exit codes {active.exit_codes} (logs in {self.log_dir})", flush=True)
             self.study.tell(active.trial, state=TrialState.FAIL)
         elif (curves := logged_curves(self.runs_dir, [run_name for run_name, _ in active.runs])) is None:
             print(f"trial {number}: failed, a run logged no episode", flush=True)
@@ -296,6 +296,10 @@ def hand_back(study: optuna.Study, number: int, params: dict, runs_of: int):
     study.enqueue_trial(params, user_attrs={"runs_of": runs_of, "retry_of": number})
 
 
+def state_name(state: TrialState) -> str:
+    return "failed" if state == TrialState.FAIL else state.name.lower()
+
+
 def run_record(run_name: str, exit_code: int | None) -> dict:
     # Run names are ENV_ID__EXPERIMENT__TRIAL__SEED; environment ids hold no "__".
     parts = run_name.split("__")
@@ -311,7 +315,7 @@ def trial_records(study: optuna.Study) -> list[dict]:
             dict(
                 number=trial.number,
                 params=trial.user_attrs.get("flags", {}),
-                state={"FAIL": "failed"}.get(trial.state.name, trial.state.name.lower()),
+                state=state_name(trial.state),
                 value=trial.value,
                 runs=[run_record(run_name, exit_codes.get(run_name)) for run_name in runs],
             )

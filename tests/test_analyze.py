@@ -34,14 +34,14 @@ CURVE = np.array([0.0, 5.0, 15.0])  # running means of the last 2 of the returns
 def test_curve_is_a_step_function_on_the_grid():
     np.testing.assert_allclose(running_mean([0.0, 10.0, 20.0], 2), CURVE)
     np.testing.assert_array_equal(
-        on_grid(STEPS, CURVE, np.array([0, 9, 10, 15, 20, 29, 30, 31])), [np.nan, np.nan, 0, 0, 5, 5, 15, np.nan]
+        on_grid(STEPS, CURVE, np.array([0, 9, 10, 15, 20, 29, 30, 31])), [np.nan, np.nan, 0, 0, 5, 5, 15, 15]
     )
     # Wall times out of order are sorted together with their values.
     np.testing.assert_array_equal(on_grid([3.0, 1.0, 2.0], [30.0, 10.0, 20.0], np.array([1.5, 2.5, 3.0])), [10, 20, 30])
 
 
 def test_auc_is_the_mean_of_the_curve_over_the_grid_points():
-    assert auc(STEPS, CURVE, np.array([0, 10, 20, 25, 30, 35])) == pytest.approx((0 + 5 + 5 + 15) / 4)
+    assert auc(STEPS, CURVE, np.array([0, 10, 20, 25, 30, 35])) == pytest.approx((0 + 5 + 5 + 15 + 15) / 5)
     # Grid point i is 30 i / 99: points 0-32 lie before the first episode, 33-65 see 0, 66-98 see 5, 99 sees 15.
     assert auc(STEPS, CURVE, np.linspace(0, 30, 100)) == pytest.approx((33 * 0 + 33 * 5 + 15) / 67)
 
@@ -181,7 +181,7 @@ def test_grid_experiment_report(tmp_path, capsys):
     # Trial 1: the last 5 of 30 evenly spaced returns average 2 steps below the top: 200 - 2 * 190 / 29 = 186.897
     # and 210 - 2 * 200 / 29 = 196.207, mean 191.55.
     assert "| #1 | learning-rate=0.01 | 191.6 [" in report
-    assert "pruned (pruned at step 1,200)" in report  # its longer session logged 12 episodes, 100 steps apart
+    assert "pruned, ran to step 1,200" in report  # its longer session logged 12 episodes, 100 steps apart
     assert "| – | #3 | learning-rate=1.0 | – | failed, not ranked |" in report
     assert "threshold = 150 (spec thresholds)" in report
     assert "mean of the first 10 episodic returns" in report
@@ -225,7 +225,7 @@ def test_tpe_experiment_on_atari_games(tmp_path, capsys):
     main([str(experiment_dir), "--out-dir", str(out_dir), "--reps", "100"])
     report = (out_dir / "report.md").read_text()
     assert ranking(report) == [1, 2, 0, 3]
-    assert "| – | #4 | learning-rate=10.0 | – | fail, not ranked |" in report
+    assert "| – | #4 | learning-rate=10.0 | – | failed, not ranked |" in report
     # Every curve rises linearly from random by a fraction `top` of the way to `high`, so its auc above random is
     # proportional to top: trial 2 scores 0.5 / 0.9 of the best on both games.
     assert "| 2 | #2 | learning-rate=0.01 | 0.5556 [0.5556, 0.5556] | complete |" in report

@@ -98,8 +98,13 @@ def test_bad_spec_is_refused_with_one_line(tmp_path, text, message):
     with pytest.raises(ValueError) as error:
         spec.load(write(tmp_path, text))
     assert message in str(error.value) and "\n" not in str(error.value)
-    result = launch(tmp_path, "--spec", str(tmp_path / "exp.toml"))
-    assert result.returncode == 2 and result.stderr.count("\n") == 1 and message in result.stderr
+
+
+def test_bad_spec_at_the_command_line_is_one_line_and_exit_2(tmp_path):
+    result = launch(tmp_path, "--spec", str(write(tmp_path, '[space]\n"--lr" = {uniform = [2, 1]}\n')))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "LOW < HIGH" in result.stderr
+    missing = launch(tmp_path, "--spec", str(tmp_path / "missing.toml"))
+    assert missing.returncode == 2 and "cannot read the spec" in missing.stderr
 
 
 def launch(cwd, *args, env=None):
