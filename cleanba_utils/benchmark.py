@@ -49,7 +49,6 @@ DEFAULTS |= {"metric": "final_return", "pruner": "median", "startup_trials": 5}
 # The options a spec can set (see cleanba_utils/spec.py).
 SPEC_OPTIONS = {*spec.TOP.values(), *spec.TABLES["search"].values(), *spec.TABLES["resources"].values()}
 SLURM_DEFAULTS = {"slurm_gpus_per_task": 1, "slurm_ntasks": 1, "slurm_nodes": 1, "slurm_total_cpus": 8}
-STOP_GRACE_SECONDS = 60  # time a run gets to save its checkpoint after SIGTERM before it is killed
 
 
 def fail(message):
@@ -291,25 +290,17 @@ def submit(script, log_dir, experiment):
     return subprocess.run(["sbatch", path]).returncode
 
 
-def signal_group(process, signum):
-    # Each run leads its own process group, so this also reaches the processes the run started.
-    try:
-        os.killpg(process.pid, signum)
-    except ProcessLookupError:
-        pass
-
-
 def stop(processes):
     """Ask runs to save a checkpoint and exit (SIGTERM); kill what is left after the grace time or a second Ctrl-C."""
     for process in processes:
-        signal_group(process, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_SECONDS
+        search.signal_group(process, signal.SIGTERM)
+    deadline = time.monotonic() + search.STOP_GRACE_SECONDS
     try:
         for process in processes:
             process.wait(timeout=max(0.0, deadline - time.monotonic()))
     except (subprocess.TimeoutExpired, KeyboardInterrupt):
         for process in processes:
-            signal_group(process, signal.SIGKILL)
+            search.signal_group(process, signal.SIGKILL)
             process.wait()
 
 

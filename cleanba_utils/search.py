@@ -38,7 +38,7 @@ POLL_SECONDS = 1.0
 EVENTS_SECONDS = 5.0  # how often the runs' event files are read
 HEARTBEAT_SECONDS = 30.0
 STALE_SECONDS = 300.0  # a running trial whose worker was silent this long is handed back
-STOP_GRACE_SECONDS = 60.0  # time a pruned run gets to save its checkpoint before it is killed
+STOP_GRACE_SECONDS = 60.0  # time a stopped run gets to save its checkpoint before it is killed
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -169,6 +169,7 @@ class Worker:
         done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         same = next((earlier for earlier in done if earlier.user_attrs.get("flags") == dict(setting)), None)
         if same is not None:
+            trial.set_user_attr("runs_of", same.user_attrs["runs_of"])
             trial.set_user_attr("runs", same.user_attrs["runs"])
             self.study.tell(trial, same.value)
             print(f"trial {trial.number}: {flags}: as trial {same.number}, {same.value:.4g}", flush=True)
