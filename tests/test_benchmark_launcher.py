@@ -291,7 +291,10 @@ VALID = ["--env-ids", "Pong-v5", "--command", "python train.py"]
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--command", "python train.py"], "the following arguments are required: --env-ids"),
+        (["--command", "python train.py"], "--env-ids is missing"),
+        ([*VALID, "--search", "tpe", "--budget", "2"], "--search tpe needs a search space"),
+        ([*VALID, "--search", "tpe", "--budget", "2", "--sweep", "--lr=1,2"], "--pruner needs --report-every"),
+        ([*VALID, "--report-every", "100"], "--report-every is for --search tpe only"),
         ([*VALID, "--sweep", "--learning-rate"], "bad --sweep"),
         ([*VALID, "--sweep", "--lr=uniform(1)"], "bad range"),
         ([*VALID, "--sweep", "--lr=uniform(1,2)"], "need --search random"),
