@@ -182,8 +182,9 @@ def test_replay_enqueues_the_recorded_flags_in_order(tmp_path):
 
 
 # PPO on CartPole with CleanRL's settings, short: learning rate 1e-6 stays near random play (about 22 at every
-# step) while 2.5e-3 passes 100 by 20k steps (measured: 230 at 30k). The seeded TPE draws 2.5e-3 first, then 1e-6,
-# which the median pruner (1 complete trial needed) stops at its first report.
+# step) while 2.5e-3 learns (measured, mean of the last 100 returns: 194 at 25k steps, 282 at 40k). The seeded TPE
+# draws 2.5e-3 first (later draws of it reuse that trial's runs), then 1e-6, which the median pruner (1 complete trial
+# needed) stops at its first report.
 SEARCH = f"""
 command = "{sys.executable} {REPO}/cleanba/cleanba_ppo.py --hiddens 64 64 --local-num-envs 4 --num-actor-threads 1 \
 --num-steps 128 --clip-vloss --total-timesteps 40000 --log-frequency 1000"
