@@ -218,3 +218,15 @@ def skipping_queue_get(q, stop):
 script.queue_get = skipping_queue_get
 """,
 )
+
+
+def launch(cwd, *args, env=None, timeout=600):
+    """`python -m cleanba_utils.benchmark ARGS` in `cwd`."""
+    return subprocess.run(
+        [sys.executable, "-m", "cleanba_utils.benchmark", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from helpers import launch
 
 from cleanba_utils.benchmark import grid_settings, parse_sweep, random_settings
 
@@ -43,17 +44,6 @@ def fake_train(tmp_path):
     path = tmp_path / "fake_train.py"
     path.write_text(FAKE_TRAIN)
     return f"{shlex.quote(sys.executable)} {shlex.quote(str(path))}"
-
-
-def launch(tmp_path, *args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "cleanba_utils.benchmark", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def calls(tmp_path):

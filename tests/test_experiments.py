@@ -10,6 +10,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from helpers import launch
 from optuna.trial import TrialState
 
 from cleanba_utils import search, spec
@@ -105,17 +106,6 @@ def test_bad_spec_at_the_command_line_is_one_line_and_exit_2(tmp_path):
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "LOW < HIGH" in result.stderr
     missing = launch(tmp_path, "--spec", str(tmp_path / "missing.toml"))
     assert missing.returncode == 2 and "cannot read the spec" in missing.stderr
-
-
-def launch(cwd, *args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "cleanba_utils.benchmark", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def test_spec_and_flags_clash_at_the_command_line(tmp_path):
