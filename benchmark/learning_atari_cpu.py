@@ -1,7 +1,8 @@
 """Evidence that both scripts learn Atari, on a CPU: Breakout-v5 with IMPALA (1M agent steps) and PPO (300k).
 
     python benchmark/learning_atari_cpu.py                    # every run, then the report (about 2 h on 2 cores)
-    python benchmark/learning_atari_cpu.py --runs impala_breakout   # one run (a finished run is never rerun)
+    python benchmark/learning_atari_cpu.py --runs impala_breakout   # one run (a finished run is never rerun;
+                                                              # one stopped by SIGTERM continues from its checkpoint)
     python benchmark/learning_atari_cpu.py --report-only      # the report from the runs in --work-dir
 
 Every hyperparameter is the script's default (the paper's) except the network, reduced for a CPU
@@ -59,16 +60,24 @@ def command_of(name: str) -> list[str]:
 
 
 def run(name: str, work_dir: Path):
-    if (work_dir / f"{name}.measured.json").exists():
+    """Runs `name`; a run stopped by SIGTERM (exit 143, checkpoint saved) continues from its checkpoint."""
+    measured_path = work_dir / f"{name}.measured.json"
+    stopped = json.loads(measured_path.read_text()) if measured_path.exists() else None
+    if stopped is not None and stopped["exit_code"] == 0:
         print(f"{name}: already run", flush=True)
         return
     command = command_of(name)
     command[0] = str(REPO / command[0])
-    print(f"{name}: running", flush=True)
-    measured = run_measured(command, work_dir, work_dir / f"{name}.log")
-    (work_dir / f"{name}.measured.json").write_text(json.dumps(measured))
+    command += ["--resume"] if stopped else []
+    print(f"{name}: {'resuming' if stopped else 'running'}", flush=True)
+    log_path = work_dir / f"{name}{'.resumed' if stopped else ''}.log"
+    measured = run_measured(command, work_dir, log_path)
+    if stopped:
+        measured["peak_rss_gib"] = max(measured["peak_rss_gib"], stopped["peak_rss_gib"])
+        measured["wall_time_s"] += stopped["wall_time_s"]
+    measured_path.write_text(json.dumps(measured))
     if measured["exit_code"] not in (0, 128 + signal.SIGTERM):
-        sys.exit(f"{name} failed (exit {measured['exit_code']}); see {work_dir / f'{name}.log'}")
+        sys.exit(f"{name} failed (exit {measured['exit_code']}); see {log_path}")
 
 
 def report(names: list[str], work_dir: Path, out_dir: Path, date: str, note: str):
