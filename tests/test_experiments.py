@@ -130,9 +130,10 @@ def test_atari57_specs_match_the_shell_script(algorithm):
             assert len(expected.splitlines()) >= 57 * 3
     slurm = subprocess.run([*script[:-1], "base"], cwd=REPO, env={**env, "SLURM": "1"}, capture_output=True, text=True)
     options = ["--slurm-template-path", "cleanba.slurm_template", "--slurm-gpus-per-task", "1"]
-    with_flags = launch(REPO, "--spec", f"benchmark/specs/{name.replace('workstation', 'base')}.toml", "--dry-run")
-    assert with_flags.stdout != slurm.stdout  # the spec alone runs locally; SLURM comes from the flags
-    with_flags = launch(REPO, "--spec", with_flags.args[4], *options, "--slurm-total-cpus", "10", "--dry-run")
+    base_spec = f"benchmark/specs/{name.replace('workstation', 'base')}.toml"
+    alone = launch(REPO, "--spec", base_spec, "--dry-run")
+    assert alone.stdout != slurm.stdout  # the spec alone runs locally; SLURM comes from the flags
+    with_flags = launch(REPO, "--spec", base_spec, *options, "--slurm-total-cpus", "10", "--dry-run")
     assert with_flags.stdout == slurm.stdout and "#SBATCH --array=0-170%1" in slurm.stdout
 
 
