@@ -30,7 +30,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from cleanba_utils import analyze, spec
+from cleanba_utils import spec
 from cleanba_utils.events import read_scalars, running_mean
 
 LAST_N = 100
@@ -104,6 +104,10 @@ def logged_curves(runs_dir: Path, run_names) -> dict | None:
 
 def objective(curves_by_env: dict, metric: str) -> float:
     """The trial's metric as cleanba_utils.analyze defines it, averaged over its sessions, then environments."""
+    # Imported here: analyze's plotting and statistics libraries take seconds to import, which every launch
+    # (a dry run, a one-line error) would pay.
+    from cleanba_utils import analyze
+
     per_env = []
     for curves in curves_by_env.values():
         if metric == "final_return":

@@ -1,5 +1,5 @@
 """Preemption: SIGTERM and SIGUSR1 (SLURM's signals) are noted when they arrive and acted on after the
-current update, by every process of a distributed run at the same update."""
+current update, by every process of a distributed run at the same update. Ctrl-C (SIGINT) stops at once."""
 
 import signal
 
@@ -11,6 +11,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 def catch_stop_signals() -> list[int]:
     """Installs the handlers; the returned list receives the numbers of the signals that arrived."""
+    # A process started in the background by a shell script, or by a test runner's worker, inherits an ignored
+    # SIGINT, and Python then leaves Ctrl-C ignored: `kill -INT` would not stop the run.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     received: list[int] = []
     for signum in STOP_SIGNALS:
         signal.signal(signum, lambda signum, frame: received.append(signum))

@@ -165,9 +165,11 @@ def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, capsys):
 
 
 def test_stop_signals_are_noted_not_acted_on():
-    previous = {signum: signal.getsignal(signum) for signum in signals.STOP_SIGNALS}
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, *signals.STOP_SIGNALS)}
     try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a process started in the background inherits it
         received = signals.catch_stop_signals()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         os.kill(os.getpid(), signal.SIGUSR1)
         time.sleep(0.1)
         assert received == [signal.SIGUSR1]

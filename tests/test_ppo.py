@@ -235,10 +235,12 @@ def test_ctrl_c_exits_cleanly_with_logs_flushed(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Started with SIGINT ignored, as a shell script's background job (or a test runner's worker) starts it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     wait_for_line(proc, "update 1/")
     proc.send_signal(signal.SIGINT)
-    # 20 s when measured alone; a clean-clone suite run timed out at 30 s once.
+    # 1-2 s from the signal to the exit, alone or beside two busy processes.
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in stderr and "Traceback" not in stderr
     assert scalars(tmp_path / "runs" / "interrupted", "stats/learner_policy_version")
