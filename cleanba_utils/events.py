@@ -10,7 +10,8 @@ EPISODIC_RETURN = "charts/episodic_return"
 
 
 class Scalars(NamedTuple):
-    """One tag's values in step order; wall times are seconds since the run's first event."""
+    """One tag's values in step order; wall times are seconds of the run's own sessions since its first event,
+    without the time between a stop and the --resume that continued it."""
 
     steps: np.ndarray
     wall_times: np.ndarray
@@ -18,20 +19,34 @@ class Scalars(NamedTuple):
 
 
 def read_scalars(run_dir: Path, tag: str = EPISODIC_RETURN) -> Scalars:
-    """The values of `tag` in `run_dir` (none yet: empty arrays). Purging (the default) drops what a preempted
-    run logged after the checkpoint it resumed from; several actor threads log out of step order, hence the sort."""
-    if not Path(run_dir).is_dir():
-        return Scalars(np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    events.Reload()
-    if tag not in events.Tags()["scalars"]:
-        return Scalars(np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
-    logged = sorted(events.Scalars(tag), key=lambda event: event.step)
-    start = events.FirstEventTimestamp()
+    """The values of `tag` in `run_dir` (none yet: empty arrays). Every session of a run (the first, then each
+    --resume) writes its own event file. A resumed session repeats the steps after its checkpoint, so what an
+    earlier session logged from the first step the resumed one logged on is dropped. Several actor threads log
+    out of step order, hence the sort."""
+    sessions = []
+    for path in Path(run_dir).glob("events.out.tfevents.*"):
+        events = EventAccumulator(str(path), size_guidance={"scalars": 0})
+        events.Reload()
+        if events.Tags()["scalars"]:
+            sessions.append(events)
+    steps, wall_times, values = [], [], []
+    sessions_time = 0.0  # the run time of the earlier sessions
+    for events in sorted(sessions, key=lambda events: events.FirstEventTimestamp()):
+        tags, start = events.Tags()["scalars"], events.FirstEventTimestamp()
+        logged = [event for name in tags for event in events.Scalars(name)]
+        first_step = min(event.step for event in logged)
+        kept = [i for i, step in enumerate(steps) if step < first_step]
+        steps, wall_times, values = [steps[i] for i in kept], [wall_times[i] for i in kept], [values[i] for i in kept]
+        for event in events.Scalars(tag) if tag in tags else []:
+            steps.append(event.step)
+            wall_times.append(sessions_time + event.wall_time - start)
+            values.append(event.value)
+        sessions_time += max(event.wall_time for event in logged) - start
+    order = np.argsort(steps, kind="stable")
     return Scalars(
-        steps=np.array([event.step for event in logged], np.int64),
-        wall_times=np.array([event.wall_time - start for event in logged]),
-        values=np.array([event.value for event in logged], np.float64),
+        steps=np.array(steps, np.int64)[order],
+        wall_times=np.array(wall_times, np.float64)[order],
+        values=np.array(values, np.float64)[order],
     )
 
 

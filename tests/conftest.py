@@ -6,5 +6,7 @@ imports JAX, so that the in-process tests and every subprocess (they inherit the
 import os
 import tempfile
 
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "cleanba-tests-jax-cache"))
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"cleanba-tests-jax-cache-{os.getuid()}")
+)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")

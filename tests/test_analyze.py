@@ -25,7 +25,7 @@ from cleanba_utils.analyze import (
     stability,
     steps_to_threshold,
 )
-from cleanba_utils.events import running_mean
+from cleanba_utils.events import read_scalars, running_mean
 
 STEPS = np.array([10, 20, 30])
 CURVE = np.array([0.0, 5.0, 15.0])  # running means of the last 2 of the returns 0, 10, 20
@@ -110,6 +110,28 @@ def test_random_reference():
     assert random_reference("Breakout-v5", {}, np.array([9.0]))[0] == 1.7
     value, source = random_reference("CartPole-v1", {}, np.array([8.0, 10.0, 12.0]))
     assert value == 10.0 and "first 10 episodic returns" in source
+
+
+def test_a_resumed_run_is_read_without_its_downtime_and_repeated_steps(tmp_path):
+    # Session 1 logs returns at steps 100..800, one every 10 s, and is stopped; its checkpoint was at step 500.
+    # Session 2 resumes from it: the SPS at step 600 after 4 s, then returns at steps 600..900, one every 5 s.
+    # Its events carry the times of its own clock, which starts when it opens its file: the time between the two
+    # sessions (here the fake 80 s of session 1 overlap it) is no part of the run's wall time.
+    first = tensorboardX.SummaryWriter(str(tmp_path), filename_suffix=".first")
+    opened = time.time()
+    for i in range(1, 9):
+        first.add_scalar("charts/episodic_return", float(i), 100 * i, walltime=opened + 10 * i)
+    first.close()
+    second = tensorboardX.SummaryWriter(str(tmp_path), filename_suffix=".second")
+    opened = time.time()
+    second.add_scalar("charts/SPS", 50.0, 600, walltime=opened + 4)
+    for i in range(6, 10):
+        second.add_scalar("charts/episodic_return", 100.0 + i, 100 * i, walltime=opened + 5 * (i - 5))
+    second.close()
+    scalars = read_scalars(tmp_path)
+    np.testing.assert_array_equal(scalars.steps, [100, 200, 300, 400, 500, 600, 700, 800, 900])
+    np.testing.assert_array_equal(scalars.values, [1, 2, 3, 4, 5, 106, 107, 108, 109])
+    np.testing.assert_allclose(scalars.wall_times, [10, 20, 30, 40, 50, 85, 90, 95, 100], atol=0.5)
 
 
 def write_run(runs_dir, run_name, returns):
