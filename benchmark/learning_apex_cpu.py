@@ -18,8 +18,14 @@ import time
 from pathlib import Path
 
 import flax.serialization
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from cleanba_utils.events import running_mean
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "cleanba" / "cleanba_apex_dqn.py"
@@ -66,6 +72,18 @@ def summary_row(run_dir: Path, label: str) -> str:
     )
 
 
+def plot_cartpole(run_dirs: dict, path: Path):
+    fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
+    for label, run_dir in run_dirs.items():
+        steps, returns = zip(*scalar(run_dir, "charts/episodic_return"))
+        ax.plot(steps, running_mean(np.array(returns), 100), label=label)
+    ax.axhline(490, color="grey", linestyle="--", label="CleanRL DQN at 500k steps (about 490)")
+    ax.set(xlabel="environment steps", ylabel="return, mean of the last 100 episodes", title="Ape-X DQN, CartPole-v1")
+    ax.legend()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def load_params(model: Path) -> dict:
     def flatten(tree, prefix=""):
         if isinstance(tree, dict):
@@ -83,15 +101,18 @@ def main():
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/cleanba_learning_apex_cpu"))
     parser.add_argument("--out", type=Path, default=REPO / "benchmark" / "results" / "learning_apex_cpu.md")
     parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
+    parser.add_argument("--note", default="", help="a paragraph under the table: how the machine was shared")
     options = parser.parse_args()
     options.work_dir.mkdir(parents=True, exist_ok=True)
 
-    commands, rows = [], []
+    commands, rows, cartpole_runs = [], [], {}
     for seed in options.seeds:
         commands.append(
             f"{CARTPOLE} --total-timesteps {options.cartpole_timesteps} --seed {seed} --run-name cartpole_{seed}"
         )
-        rows.append(summary_row(run(commands[-1], options.work_dir), f"CartPole-v1, seed {seed}"))
+        cartpole_runs[f"seed {seed}"] = run(commands[-1], options.work_dir)
+        rows.append(summary_row(cartpole_runs[f"seed {seed}"], f"CartPole-v1, seed {seed}"))
+    plot_cartpole(cartpole_runs, options.out.with_suffix(".png"))
     commands.append(f"{BREAKOUT} --total-timesteps {options.breakout_timesteps} --seed 1 --run-name breakout_1")
     rows.append(summary_row(run(commands[-1], options.work_dir), "Breakout-v5, seed 1"))
 
@@ -109,9 +130,9 @@ def main():
     command_lines = "\n".join(f"python cleanba/cleanba_apex_dqn.py {c}" for c in commands)
     text = f"""# Ape-X DQN learning on a CPU ({options.date})
 
-Machine: {platform.machine()}, 2 CPU cores shared with other jobs (steps per second vary with their load),
-Python {platform.python_version()}. Made by `python benchmark/learning_apex_cpu.py {" ".join(sys.argv[1:])}`,
-which ran (the device runs with `XLA_FLAGS=--xla_force_host_platform_device_count=2`):
+Machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}.
+Made by `python benchmark/learning_apex_cpu.py {" ".join(sys.argv[1:])}`, which ran (the device runs with
+`XLA_FLAGS=--xla_force_host_platform_device_count=2`):
 
 ```
 {command_lines}
@@ -121,8 +142,12 @@ which ran (the device runs with `XLA_FLAGS=--xla_force_host_platform_device_coun
 |---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
+![CartPole-v1](learning_apex_cpu.png)
+
 Returns are those of all environments, each with its own exploration rate (0.4 down to 0.4^8). CleanRL's DQN
 reaches about 490 on CartPole-v1 after 500k steps; these runs stop at {options.cartpole_timesteps:,} steps.
+
+{options.note}
 
 **1 vs 2 learner devices.** The same Breakout run (batch 32, 2 updates per iteration, {device_updates} learner updates)
 with the batch on one device or split over two: the largest parameter difference is {difference:.2e}

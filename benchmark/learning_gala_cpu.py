@@ -71,7 +71,7 @@ def plot_curves(curves, x: str, path):
         (line,) = ax.plot(grid, on_grid.mean(0), label=f"{mode} ({len(runs)} seeds)")
         ax.fill_between(grid, on_grid.min(0), on_grid.max(0), color=line.get_color(), alpha=0.2)
     ax.axhline(THRESHOLD, color="gray", linestyle="--", linewidth=1, label="195")
-    xlabel = "environment steps (all agents)" if x == "global_step" else "wall time (s) on 2 shared CPU cores"
+    xlabel = "environment steps (all agents)" if x == "global_step" else f"wall time (s) on {os.cpu_count()} CPU cores"
     ax.set(title=f"CartPole-v1, 4 agents x 16 envs (mean of last {LAST_N} episodes; band: min-max over seeds)")
     ax.set(xlabel=xlabel, ylabel="episodic return")
     ax.title.set_fontsize(9)
@@ -90,6 +90,8 @@ def plot_epsilon_ball(balls, path):
             ax.plot(steps, values, color=color, alpha=0.7, label=f"{mode}" if seed == 1 else None)
     axes[0].set(title="ε = max_i ‖x_i − x̄‖", xlabel="environment steps", yscale="log")
     axes[1].set(title="ε / ‖x̄‖", xlabel="environment steps", yscale="log")
+    for ax in axes:
+        ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
     axes[0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -105,6 +107,7 @@ def main():
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmark" / "results")
     parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
     parser.add_argument("--analyze-only", action="store_true", help="report the finished runs, run nothing")
+    parser.add_argument("--note", default="", help="a paragraph under the tables: how the machine was shared")
     options = parser.parse_args()
     runs_dir, log_dir = options.work_dir / "runs", options.work_dir / "logs"
     for folder in [runs_dir, log_dir, options.out_dir]:
@@ -194,14 +197,15 @@ def main():
     )
     (options.out_dir / "learning_gala_cpu.md").write_text(
         f"# GALA-A2C CPU benchmark ({options.date})\n\n"
-        f"Machine: {platform.processor() or platform.machine()}, 2 CPU cores shared with other jobs (wall times and "
-        f"SPS are lower bounds), Python {platform.python_version()}. Made by "
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, "
+        f"Python {platform.python_version()}. Made by "
         f"`python benchmark/learning_gala_cpu.py {' '.join(sys.argv[1:])}`, which ran:\n\n"
         f"```\n{command_lines}\n```\n\n"
         + (f"Not run (out of time): {', '.join(missing)}.\n\n" if missing else "")
         + "\n".join(table)
         + "\n\nBreakout-v5 (reduced network), steps per second:\n\n"
         + "\n".join(sps_table)
+        + (f"\n\n{options.note}" if options.note else "")
         + "\n\n![return vs steps](learning_gala_cpu_steps.png)\n\n"
         + "![return vs wall time](learning_gala_cpu_wall_time.png)\n\n"
         + "![epsilon ball](learning_gala_cpu_epsilon_ball.png)\n"

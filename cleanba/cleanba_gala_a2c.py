@@ -558,9 +558,9 @@ def train_async(args: Args, sizes: Sizes, network, state, run, agent_devices, gl
         while not run.stop.is_set() and not run.received_signals:
             running, updates = any(t.is_alive() for t in threads[args.num_agents :]), sum(shared["updates"])
             if updates >= measured + args.num_agents or not running:
-                stacked = jax.tree.map(lambda *xs: np.stack(xs), *jax.device_get(shared["params"]))
-                stats = jax.device_get(consensus_stats(stacked))
-                steps = [u * sizes.batch_size // args.num_agents for u in shared["updates"]]
+                params, counts = list(shared["params"]), list(shared["updates"])  # together: the agents go on
+                stats = jax.device_get(consensus_stats(jax.tree.map(lambda *xs: np.stack(xs), *jax.device_get(params))))
+                steps = [u * sizes.batch_size // args.num_agents for u in counts]
                 distances = enumerate(zip(stats.pop("consensus_distances"), steps))
                 agent_scalars = {a: dict(consensus_distance=d, steps=s) for a, (d, s) in distances}
                 console = updates // per_line > measured // per_line or not running
