@@ -23,6 +23,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from measure import command_line
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanba_utils.events import running_mean
@@ -131,7 +132,7 @@ def main():
     text = f"""# Ape-X DQN learning on a CPU ({options.date})
 
 Machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}.
-Made by `python benchmark/learning_apex_cpu.py {" ".join(sys.argv[1:])}`, which ran (the device runs with
+Made by `{command_line(sys.argv)}`, which ran (the device runs with
 `XLA_FLAGS=--xla_force_host_platform_device_count=2`):
 
 ```

@@ -26,6 +26,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from measure import command_line
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanba_utils.hns import collect
@@ -199,7 +200,7 @@ def main():
         f"# GALA-A2C CPU benchmark ({options.date})\n\n"
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, "
         f"Python {platform.python_version()}. Made by "
-        f"`python benchmark/learning_gala_cpu.py {' '.join(sys.argv[1:])}`, which ran:\n\n"
+        f"`{command_line(sys.argv)}`, which ran:\n\n"
         f"```\n{command_lines}\n```\n\n"
         + (f"Not run (out of time): {', '.join(missing)}.\n\n" if missing else "")
         + "\n".join(table)

@@ -4,6 +4,7 @@
 fresh Python that waits for it alone and writes the result to a file (envpool's workers are threads of the
 script's process, so they are counted)."""
 
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -29,3 +30,13 @@ def run_measured(command: list[str], cwd: Path, log_path: Path, env: dict | None
         )
         peak_kib, exit_code = map(int, Path(result.name).read_text().split())
     return dict(exit_code=exit_code, peak_rss_gib=peak_kib / 2**20, wall_time_s=time.time() - start)
+
+
+def command_line(argv: list[str]) -> str:
+    """The benchmark command a report quotes: `python SCRIPT ARGS` without the report's own prose (--note)."""
+    shown, skip = [], False
+    for arg in argv[1:]:
+        if not skip and arg != "--note":
+            shown.append(arg)
+        skip = arg == "--note"
+    return shlex.join(["python", f"benchmark/{Path(argv[0]).name}", *shown])
