@@ -1,9 +1,9 @@
 """Evidence that cleanba_apex_dqn.py learns, on a CPU: CartPole-v1 x 3 seeds, one short Breakout run, and the
 agreement of the parameters of one run on 1 and on 2 learner devices.
 
-    python benchmark/learning_apex_cpu.py --date 2026-11-21
+    python benchmark/learning_apex_cpu.py    # one run after another; see the report for each run's time
 
-Writes benchmark/results/learning_apex_cpu.md. The CartPole and Breakout runs change the script's defaults only
+Writes benchmark/results/learning_apex_cpu.md and .png. The CartPole and Breakout runs change the script's defaults only
 where a CPU needs it: a small network, few environments, a small replay and batch, an early start of learning,
 and (CartPole) a higher learning rate and target period counted in fewer updates.
 """
@@ -96,8 +96,8 @@ def load_params(model: Path) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cartpole-timesteps", type=int, default=50_000)
-    parser.add_argument("--breakout-timesteps", type=int, default=10_240)
+    parser.add_argument("--cartpole-timesteps", type=int, default=500_000)
+    parser.add_argument("--breakout-timesteps", type=int, default=51_200)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/cleanba_learning_apex_cpu"))
     parser.add_argument("--out", type=Path, default=REPO / "benchmark" / "results" / "learning_apex_cpu.md")
