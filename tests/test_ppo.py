@@ -229,14 +229,24 @@ def test_an_actor_that_skips_a_parameter_fetch_trips_the_lag_check(tmp_path):
 
 def test_ctrl_c_exits_cleanly_with_logs_flushed(tmp_path):
     args = [*TINY, "--local-num-envs", 4, "--total-timesteps", 100_000, "--run-name", "interrupted"]
+    # Started with SIGINT ignored (kept across exec), as a shell script's background job or a test runner's
+    # worker starts it.
+    ignoring_sigint = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); os.execv(sys.argv[1], sys.argv[1:])"
+    )
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "cleanba" / "cleanba_ppo.py"), *map(str, args)],
+        [
+            sys.executable,
+            "-c",
+            ignoring_sigint,
+            sys.executable,
+            str(REPO / "cleanba" / "cleanba_ppo.py"),
+            *map(str, args),
+        ],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # Started with SIGINT ignored, as a shell script's background job (or a test runner's worker) starts it.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     wait_for_line(proc, "update 1/")
     proc.send_signal(signal.SIGINT)
