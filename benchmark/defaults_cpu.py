@@ -1,12 +1,14 @@
-"""The README's training commands as they stand, on this machine: steady steps per second and peak memory.
+"""The README's training commands as they stand, on this machine: steady steps per second and peak
+memory.
 
-    python benchmark/defaults_cpu.py                       # both scripts, 2 updates each
-    python benchmark/defaults_cpu.py --scripts cleanba_impala --updates 4
+python benchmark/defaults_cpu.py                       # both scripts, 2 updates each
+python benchmark/defaults_cpu.py --scripts cleanba_impala --updates 4
 
 Each script runs with every default (the paper's settings: Breakout-v5, the IMPALA ResNet, 2 actor
-threads x 64 environments) and `--total-timesteps` cut to a few updates. Steady SPS is measured between the
-ends of the first and the last update (the first one compiles); peak memory is the maximum resident set
-size of the run's process (envpool's workers are its threads). Writes benchmark/results/defaults_cpu.md.
+threads x 64 environments) and `--total-timesteps` cut to a few updates. Steady SPS is measured
+between the ends of the first and the last update (the first one compiles); peak memory is the
+maximum resident set size of the run's process (envpool's workers are its threads). Writes
+benchmark/results/defaults_cpu.md.
 """
 
 import argparse
@@ -36,7 +38,9 @@ def measure(script: str, updates: int, work_dir: Path) -> dict:
         "--run-name",
         run_name,
     ]
-    measured = run_measured([str(REPO / command[1]), *command[2:]], work_dir, work_dir / f"{run_name}.log")
+    measured = run_measured(
+        [str(REPO / command[1]), *command[2:]], work_dir, work_dir / f"{run_name}.log"
+    )
     exit_code = measured["exit_code"]
     events = EventAccumulator(str(work_dir / "runs" / run_name), size_guidance={"scalars": 0})
     events.Reload()
@@ -56,9 +60,15 @@ def measure(script: str, updates: int, work_dir: Path) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scripts", nargs="+", default=list(STEPS_PER_UPDATE), choices=list(STEPS_PER_UPDATE))
-    parser.add_argument("--updates", type=int, default=2, help="updates per run (the first one compiles)")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmark" / "results" / "defaults_cpu.md")
+    parser.add_argument(
+        "--scripts", nargs="+", default=list(STEPS_PER_UPDATE), choices=list(STEPS_PER_UPDATE)
+    )
+    parser.add_argument(
+        "--updates", type=int, default=2, help="updates per run (the first one compiles)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "benchmark" / "results" / "defaults_cpu.md"
+    )
     options = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as work_dir:

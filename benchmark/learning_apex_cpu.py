@@ -1,11 +1,12 @@
-"""Evidence that cleanba_apex_dqn.py learns, on a CPU: CartPole-v1 x 3 seeds, one short Breakout run, and the
-agreement of the parameters of one run on 1 and on 2 learner devices.
+"""Evidence that cleanba_apex_dqn.py learns, on a CPU: CartPole-v1 x 3 seeds, one short Breakout run,
+and the agreement of the parameters of one run on 1 and on 2 learner devices.
 
-    python benchmark/learning_apex_cpu.py    # one run after another; see the report for each run's time
+python benchmark/learning_apex_cpu.py    # one run after another; see the report for each run's time
 
-Writes benchmark/results/learning_apex_cpu.md and .png. The CartPole and Breakout runs change the script's defaults only
-where a CPU needs it: a small network, few environments, a small replay and batch, an early start of learning,
-and (CartPole) a higher learning rate and target period counted in fewer updates.
+Writes benchmark/results/learning_apex_cpu.md and .png. The CartPole and Breakout runs change the
+script's defaults only where a CPU needs it: a small network, few environments, a small replay and
+batch, an early start of learning, and (CartPole) a higher learning rate and target period counted
+in fewer updates.
 """
 
 import argparse
@@ -30,13 +31,13 @@ from cleanba_utils.events import running_mean
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "cleanba" / "cleanba_apex_dqn.py"
-CARTPOLE = "--env-id CartPole-v1 --hiddens 64 64 --local-num-envs 4 --num-steps 8 --learning-starts 1000"
+CARTPOLE = (
+    "--env-id CartPole-v1 --hiddens 64 64 --local-num-envs 4 --num-steps 8 --learning-starts 1000"
+)
 CARTPOLE += " --buffer-size 20000 --batch-size 32 --updates-per-rollout 4 --learning-rate 1e-3"
 CARTPOLE += " --target-update-period 200 --log-frequency 500"
 BREAKOUT = "--env-id Breakout-v5 --channels 4 8 --hiddens 64 --local-num-envs 8 --num-steps 16 --learning-starts 2000"
-BREAKOUT += (
-    " --buffer-size 100000 --batch-size 64 --updates-per-rollout 2 --target-update-period 500 --log-frequency 10"
-)
+BREAKOUT += " --buffer-size 100000 --batch-size 64 --updates-per-rollout 2 --target-update-period 500 --log-frequency 10"
 DEVICES = "--env-id Breakout-v5 --channels 4 --hiddens 32 --local-num-envs 4 --num-actor-threads 1 --num-steps 8"
 DEVICES += " --total-timesteps 320 --learning-starts 64 --batch-size 32 --updates-per-rollout 2 --buffer-size 2048"
 DEVICES += " --save-model --seed 1"
@@ -50,14 +51,20 @@ def run(args: str, work_dir: Path, devices: int = 1) -> Path:
         print(" ".join(command[1:]), flush=True)
         env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
         with open(work_dir / f"{run_name}.log", "w") as log:
-            subprocess.run(command, cwd=work_dir, stdout=log, stderr=subprocess.STDOUT, check=True, env=env)
+            subprocess.run(
+                command, cwd=work_dir, stdout=log, stderr=subprocess.STDOUT, check=True, env=env
+            )
     return run_dir
 
 
 def scalar(run_dir: Path, tag: str) -> list[tuple[int, float]]:
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     events.Reload()
-    return sorted((e.step, e.value) for e in events.Scalars(tag)) if tag in events.Tags()["scalars"] else []
+    return (
+        sorted((e.step, e.value) for e in events.Scalars(tag))
+        if tag in events.Tags()["scalars"]
+        else []
+    )
 
 
 def summary_row(run_dir: Path, label: str) -> str:
@@ -79,7 +86,11 @@ def plot_cartpole(run_dirs: dict, path: Path):
         steps, returns = zip(*scalar(run_dir, "charts/episodic_return"))
         ax.plot(steps, running_mean(np.array(returns), 100), label=label)
     ax.axhline(490, color="grey", linestyle="--", label="CleanRL DQN at 500k steps (about 490)")
-    ax.set(xlabel="environment steps", ylabel="return, mean of the last 100 episodes", title="Ape-X DQN, CartPole-v1")
+    ax.set(
+        xlabel="environment steps",
+        ylabel="return, mean of the last 100 episodes",
+        title="Ape-X DQN, CartPole-v1",
+    )
     ax.legend()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -100,9 +111,13 @@ def main():
     parser.add_argument("--breakout-timesteps", type=int, default=51_200)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/cleanba_learning_apex_cpu"))
-    parser.add_argument("--out", type=Path, default=REPO / "benchmark" / "results" / "learning_apex_cpu.md")
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "benchmark" / "results" / "learning_apex_cpu.md"
+    )
     parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
-    parser.add_argument("--note", default="", help="a paragraph under the table: how the machine was shared")
+    parser.add_argument(
+        "--note", default="", help="a paragraph under the table: how the machine was shared"
+    )
     options = parser.parse_args()
     options.work_dir.mkdir(parents=True, exist_ok=True)
 
@@ -114,10 +129,15 @@ def main():
         cartpole_runs[f"seed {seed}"] = run(commands[-1], options.work_dir)
         rows.append(summary_row(cartpole_runs[f"seed {seed}"], f"CartPole-v1, seed {seed}"))
     plot_cartpole(cartpole_runs, options.out.with_suffix(".png"))
-    commands.append(f"{BREAKOUT} --total-timesteps {options.breakout_timesteps} --seed 1 --run-name breakout_1")
+    commands.append(
+        f"{BREAKOUT} --total-timesteps {options.breakout_timesteps} --seed 1 --run-name breakout_1"
+    )
     rows.append(summary_row(run(commands[-1], options.work_dir), "Breakout-v5, seed 1"))
 
-    layouts = {"1 learner device": "--learner-device-ids 0", "2 learner devices": "--learner-device-ids 0 1"}
+    layouts = {
+        "1 learner device": "--learner-device-ids 0",
+        "2 learner devices": "--learner-device-ids 0 1",
+    }
     params = {}
     for name, flags in layouts.items():
         commands.append(f"{DEVICES} {flags} --run-name devices_{flags.count(' ')}")

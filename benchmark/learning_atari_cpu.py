@@ -1,9 +1,13 @@
-"""Evidence that both scripts learn Atari, on a CPU: Breakout-v5 with IMPALA (1M agent steps) and PPO (300k).
+"""Evidence that both scripts learn Atari, on a CPU: Breakout-v5 with IMPALA (1M agent steps) and PPO
+(300k).
 
-    python benchmark/learning_atari_cpu.py                    # every run, then the report (about 2 h on 2 cores)
-    python benchmark/learning_atari_cpu.py --runs impala_breakout   # one run (a finished run is never rerun;
-                                                              # one stopped by SIGTERM continues from its checkpoint)
-    python benchmark/learning_atari_cpu.py --report-only      # the report from the runs in --work-dir
+python benchmark/learning_atari_cpu.py                    # every run, then the report (about 2 h on
+2 cores)
+python benchmark/learning_atari_cpu.py --runs impala_breakout   # one run (a finished run is never
+rerun;
+# one stopped by SIGTERM continues
+# from its checkpoint)
+python benchmark/learning_atari_cpu.py --report-only      # the report from the runs in --work-dir
 
 Every hyperparameter is the script's default (the paper's) except the network, reduced for a CPU
 (`--channels 4 8 --hiddens 64`), the environments (2 actor threads x 8) and the steps. Writes
@@ -29,19 +33,38 @@ from measure import run_measured
 from cleanba_utils.hns import collect
 
 REPO = Path(__file__).resolve().parents[1]
-CPU_SIZED = ["--channels", "4", "8", "--hiddens", "64", "--local-num-envs", "8", "--log-frequency", "50"]
+CPU_SIZED = [
+    "--channels",
+    "4",
+    "8",
+    "--hiddens",
+    "64",
+    "--local-num-envs",
+    "8",
+    "--log-frequency",
+    "50",
+]
 RUNS = {
-    "impala_breakout": ("cleanba_impala", ["--env-id", "Breakout-v5", "--total-timesteps", "1000000"]),
+    "impala_breakout": (
+        "cleanba_impala",
+        ["--env-id", "Breakout-v5", "--total-timesteps", "1000000"],
+    ),
     "ppo_breakout": ("cleanba_ppo", ["--env-id", "Breakout-v5", "--total-timesteps", "300000"]),
 }
 LAST_N = 100
-# Published Breakout scores near our step counts (agent steps = frames / 4). No PPO or IMPALA curve at these budgets
-# was found published; Dopamine's baseline runs use the same sticky-action protocol (repeat_action_probability
-# 0.25) and publish per-iteration training returns (iteration k: agent steps 250k k .. 250k (k + 1)); the values
-# are the means over its 5 seeds of google/dopamine baselines/atari/data/breakout.json (commit 8842298).
+# Published Breakout scores near our step counts (agent steps = frames / 4). No PPO or IMPALA curve
+# at these budgets was found published; Dopamine's baseline runs use the same sticky-action protocol
+# (repeat_action_probability 0.25) and publish per-iteration training returns (iteration k: agent
+# steps 250k k .. 250k (k + 1)); the values are the means over its 5 seeds of google/dopamine
+# baselines/atari/data/breakout.json (commit 8842298).
 REFERENCES = [
     ("random play", "any", "1.7", "cleanba_utils/atari57_random_human.csv"),
-    ("Dopamine DQN, iteration 1", "250k-500k", "3.1", "google/dopamine baselines/atari/data/breakout.json"),
+    (
+        "Dopamine DQN, iteration 1",
+        "250k-500k",
+        "3.1",
+        "google/dopamine baselines/atari/data/breakout.json",
+    ),
     ("Dopamine Rainbow, iteration 1", "250k-500k", "4.5", "same"),
     ("Dopamine DQN, iteration 3", "750k-1M", "6.7", "same"),
     ("Dopamine Rainbow, iteration 3", "750k-1M", "15.6", "same"),
@@ -60,7 +83,8 @@ def command_of(name: str) -> list[str]:
 
 
 def run(name: str, work_dir: Path):
-    """Runs `name`; a run stopped by SIGTERM (exit 143, checkpoint saved) continues from its checkpoint."""
+    """Runs `name`; a run stopped by SIGTERM (exit 143, checkpoint saved) continues from its
+    checkpoint."""
     measured_path = work_dir / f"{name}.measured.json"
     stopped = json.loads(measured_path.read_text()) if measured_path.exists() else None
     if stopped is not None and stopped["exit_code"] == 0:
@@ -90,7 +114,8 @@ def report(names: list[str], work_dir: Path, out_dir: Path, date: str, note: str
         env_id = RUNS[name][1][1]
         curve = [r for r in curve_rows if r["algorithm"] == script and r["env_id"] == env_id]
         curves[name] = curve
-        # A run stopped by SIGTERM (it checkpoints and can be resumed) has no summary: its last episode tells.
+        # A run stopped by SIGTERM (it checkpoints and can be resumed) has no summary: its last
+        # episode tells.
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
         steps = summary["global_step"] if summary else curve[-1]["global_step"]
         wall_time_s = summary["wall_time_s"] if summary else curve[-1]["wall_time_s"]
@@ -112,14 +137,25 @@ def report(names: list[str], work_dir: Path, out_dir: Path, date: str, note: str
         writer = csv.DictWriter(f, fieldnames=["run", "global_step", "wall_time_s", "score"])
         writer.writeheader()
         for name, curve in curves.items():
-            writer.writerows({"run": name, **{k: r[k] for k in ("global_step", "wall_time_s", "score")}} for r in curve)
+            writer.writerows(
+                {"run": name, **{k: r[k] for k in ("global_step", "wall_time_s", "score")}}
+                for r in curve
+            )
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, curve in curves.items():
         for ax, x in zip(axes, ["global_step", "wall_time_s"]):
-            ax.plot([r[x] / (60 if x == "wall_time_s" else 1) for r in curve], [r["score"] for r in curve], label=name)
+            ax.plot(
+                [r[x] / (60 if x == "wall_time_s" else 1) for r in curve],
+                [r["score"] for r in curve],
+                label=name,
+            )
     for ax, xlabel in zip(axes, ["agent steps", "wall time (min)"]):
         ax.axhline(1.7, color="gray", linestyle="--", linewidth=1, label="random play (1.7)")
-        ax.set(xlabel=xlabel, ylabel=f"episodic return (mean of last {LAST_N})", title="Breakout-v5 on 2 CPU cores")
+        ax.set(
+            xlabel=xlabel,
+            ylabel=f"episodic return (mean of last {LAST_N})",
+            title="Breakout-v5 on 2 CPU cores",
+        )
         ax.legend()
     fig.tight_layout()
     fig.savefig(out_dir / "learning_atari_cpu.png", dpi=110)
@@ -135,7 +171,9 @@ def report(names: list[str], work_dir: Path, out_dir: Path, date: str, note: str
         for r in rows
     ]
     references = ["| Breakout reference | agent steps | score | source |", "|---|---|---|---|"]
-    references += [f"| {what} | {steps} | {score} | {source} |" for what, steps, score, source in REFERENCES]
+    references += [
+        f"| {what} | {steps} | {score} | {source} |" for what, steps, score, source in REFERENCES
+    ]
     commands = "\n".join("python " + " ".join(command_of(name)) for name in names)
     (out_dir / "learning_atari_cpu.md").write_text(
         f"# Atari learning on a CPU ({date})\n\n"
@@ -153,11 +191,15 @@ def report(names: list[str], work_dir: Path, out_dir: Path, date: str, note: str
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
-    parser.add_argument("--report-only", action="store_true", help="write the report from finished runs")
+    parser.add_argument(
+        "--report-only", action="store_true", help="write the report from finished runs"
+    )
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/cleanba_learning_atari_cpu"))
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmark" / "results")
     parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
-    parser.add_argument("--note", default="", help="a paragraph under the table: how the machine was shared")
+    parser.add_argument(
+        "--note", default="", help="a paragraph under the table: how the machine was shared"
+    )
     options = parser.parse_args()
     options.work_dir.mkdir(parents=True, exist_ok=True)
     if not options.report_only:

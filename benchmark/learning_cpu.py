@@ -1,11 +1,13 @@
-"""Evidence that every script learns, on a CPU: CartPole-v1 x 3 seeds per script (Atari: learning_atari_cpu.py).
+"""Evidence that every script learns, on a CPU: CartPole-v1 x 3 seeds per script (Atari:
+learning_atari_cpu.py).
 
-    python benchmark/learning_cpu.py                      # about 10 min on 2 cores
-    python benchmark/learning_cpu.py --seeds 1 2 3 --date 2026-11-21
+python benchmark/learning_cpu.py                      # about 10 min on 2 cores
+python benchmark/learning_cpu.py --seeds 1 2 3 --date 2026-11-21
 
-Writes benchmark/results/learning_cpu.md (the table), learning_cpu_cartpole.png and learning_cpu_scores.csv.
-Every hyperparameter is the script's default (the paper's Atari settings), except the network (separate 64-64
-MLPs), the number of environments (2 actor threads x 4) and the steps.
+Writes benchmark/results/learning_cpu.md (the table), learning_cpu_cartpole.png and
+learning_cpu_scores.csv. Every hyperparameter is the script's default (the paper's Atari settings),
+except the network (separate 64-64 MLPs), the number of environments (2 actor threads x 4) and the
+steps.
 """
 
 import argparse
@@ -37,7 +39,9 @@ def run(script, args, runs_dir, log_dir):
     command = [sys.executable, str(REPO / "cleanba" / f"{script}.py"), *args]
     print(" ".join(command[1:]), flush=True)
     with open(log_dir / f"{args[args.index('--run-name') + 1]}.log", "w") as log:
-        subprocess.run(command, cwd=runs_dir.parent, stdout=log, stderr=subprocess.STDOUT, check=True)
+        subprocess.run(
+            command, cwd=runs_dir.parent, stdout=log, stderr=subprocess.STDOUT, check=True
+        )
 
 
 def steps_to_threshold(curve, threshold):
@@ -48,12 +52,21 @@ def steps_to_threshold(curve, threshold):
 def plot(curves, env_id, path):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for algorithm in SCRIPTS:
-        runs = {seed: rows for (alg, env, seed), rows in curves.items() if alg == algorithm and env == env_id}
+        runs = {
+            seed: rows
+            for (alg, env, seed), rows in curves.items()
+            if alg == algorithm and env == env_id
+        }
         grid = np.linspace(0, min(rows[-1]["global_step"] for rows in runs.values()), 200)
         on_grid = np.array(
-            [np.interp(grid, [r["global_step"] for r in rows], [r["score"] for r in rows]) for rows in runs.values()]
+            [
+                np.interp(grid, [r["global_step"] for r in rows], [r["score"] for r in rows])
+                for rows in runs.values()
+            ]
         )
-        (line,) = ax.plot(grid, on_grid.mean(0), label=f"{algorithm} ({len(runs)} seed{'s' * (len(runs) > 1)})")
+        (line,) = ax.plot(
+            grid, on_grid.mean(0), label=f"{algorithm} ({len(runs)} seed{'s' * (len(runs) > 1)})"
+        )
         if len(runs) > 1:
             ax.fill_between(grid, on_grid.min(0), on_grid.max(0), color=line.get_color(), alpha=0.2)
     ax.axhline(THRESHOLDS[env_id], color="gray", linestyle="--", linewidth=1, label="threshold")
@@ -109,7 +122,9 @@ def main():
     summaries = {}
     for run_dir in runs_dir.iterdir():
         spec = json.loads((run_dir / "spec.json").read_text())["args"]
-        summaries[spec["exp_name"], spec["env_id"], spec["seed"]] = json.loads((run_dir / "summary.json").read_text())
+        summaries[spec["exp_name"], spec["env_id"], spec["seed"]] = json.loads(
+            (run_dir / "summary.json").read_text()
+        )
     rows = []
     for score in scores:
         key = (score["algorithm"], score["env_id"], score["seed"])
@@ -148,7 +163,9 @@ def main():
             f"| {r['algorithm']} | {r['env_id']} | {r['seed']} | {r['steps']:,} | {r['final_return']} | "
             f"{threshold} | {r['sps']} | {r['wall_time_min']} |"
         )
-    command_lines = "\n".join(f"python cleanba/{script}.py {' '.join(args)}" for script, args in commands)
+    command_lines = "\n".join(
+        f"python cleanba/{script}.py {' '.join(args)}" for script, args in commands
+    )
     (options.out_dir / "learning_cpu.md").write_text(
         f"# CPU learning benchmark ({options.date})\n\n"
         f"Machine: {platform.processor() or platform.machine()}, 2 CPU cores, Python {platform.python_version()}. "

@@ -1,8 +1,8 @@
 """Runs a command in a child process and reports its exit code, wall time and peak resident memory.
 
-`ru_maxrss` of RUSAGE_CHILDREN covers only the processes a process waited for, so each command runs under a
-fresh Python that waits for it alone and writes the result to a file (envpool's workers are threads of the
-script's process, so they are counted)."""
+`ru_maxrss` of RUSAGE_CHILDREN covers only the processes a process waited for, so each command runs
+under a fresh Python that waits for it alone and writes the result to a file (envpool's workers are
+threads of the script's process, so they are counted)."""
 
 import shlex
 import subprocess
@@ -18,7 +18,8 @@ MEASURE = (
 
 
 def run_measured(command: list[str], cwd: Path, log_path: Path, env: dict | None = None) -> dict:
-    """`command` is a script and its arguments, run with this interpreter; stdout and stderr go to `log_path`."""
+    """`command` is a script and its arguments, run with this interpreter; stdout and stderr go to
+    `log_path`."""
     start = time.time()
     with tempfile.NamedTemporaryFile("r", suffix=".rusage") as result, open(log_path, "w") as log:
         subprocess.run(
@@ -33,7 +34,8 @@ def run_measured(command: list[str], cwd: Path, log_path: Path, env: dict | None
 
 
 def command_line(argv: list[str]) -> str:
-    """The benchmark command a report quotes: `python SCRIPT ARGS` without the report's own prose (--note)."""
+    """The benchmark command a report quotes: `python SCRIPT ARGS` without the report's own prose
+    (--note)."""
     shown, skip = [], False
     for arg in argv[1:]:
         if not skip and arg != "--note":

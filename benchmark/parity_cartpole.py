@@ -1,19 +1,22 @@
-"""Learning parity with CleanRL's PPO on CartPole-v1: our PPO with `ppo.py`'s published hyperparameters.
+"""Learning parity with CleanRL's PPO on CartPole-v1: our PPO with `ppo.py`'s published
+hyperparameters.
 
-    python benchmark/parity_cartpole.py                          # every variant below
-    python benchmark/parity_cartpole.py --variants cleanrl --seeds 1 2 3 4 5
-    python benchmark/parity_cartpole.py --report-only
+python benchmark/parity_cartpole.py                          # every variant below
+python benchmark/parity_cartpole.py --variants cleanrl --seeds 1 2 3 4 5
+python benchmark/parity_cartpole.py --report-only
 
-CleanRL's `ppo.py` CartPole-v1 settings: 4 environments x 128 steps, 500k steps, Adam lr 2.5e-4 annealed, 4
-minibatches x 4 epochs, clip 0.2, clipped value loss, GAE lambda 0.95, gamma 0.99, entropy 0.01, value 0.5, max
-grad norm 0.5, separate 64-64 tanh actor and critic MLPs. Variants:
+CleanRL's `ppo.py` CartPole-v1 settings: 4 environments x 128 steps, 500k steps, Adam lr 2.5e-4
+annealed, 4 minibatches x 4 epochs, clip 0.2, clipped value loss, GAE lambda 0.95, gamma 0.99,
+entropy 0.01, value 0.5, max grad norm 0.5, separate 64-64 tanh actor and critic MLPs. Variants:
 - `cleanrl`: those settings (the parity result);
 - `unclipped_value_loss`: without --clip-vloss (the paper's Atari runs do not clip it);
-- `shared_torso`: the network before separate MLPs (the script at revision ca8dbf1, unclipped value loss);
-- `truncation_as_termination`, `unmasked_reset_steps`, `flat_minibatches`: `cleanrl` with one of our deliberate
-  differences from CleanRL undone, by replacing one or two lines of a copy of the script (see ABLATIONS):
-  a truncated episode not bootstrapped; envpool's reset steps (one per episode) learned from; minibatches drawn
-  from all samples rather than an equal share of every environment's steps.
+- `shared_torso`: the network before separate MLPs (the script at revision ca8dbf1, unclipped value
+  loss);
+- `truncation_as_termination`, `unmasked_reset_steps`, `flat_minibatches`: `cleanrl` with one of our
+  deliberate differences from CleanRL undone, by replacing one or two lines of a copy of the script
+  (see ABLATIONS): a truncated episode not bootstrapped; envpool's reset steps (one per episode)
+  learned from; minibatches drawn from all samples rather than an equal share of every environment's
+  steps.
 Writes benchmark/results/parity_cartpole.md, parity_cartpole.png and parity_cartpole.csv.
 """
 
@@ -36,17 +39,25 @@ from measure import run_measured
 from cleanba_utils.hns import collect
 
 REPO = Path(__file__).resolve().parents[1]
-CLEANRL = "--env-id CartPole-v1 --hiddens 64 64 --local-num-envs 4 --num-actor-threads 1 --num-steps 128"
+CLEANRL = (
+    "--env-id CartPole-v1 --hiddens 64 64 --local-num-envs 4 --num-actor-threads 1 --num-steps 128"
+)
 CLEANRL += " --clip-coef 0.2 --gradient-accumulation-steps 1 --log-frequency 1000"
-# CleanRL's published ppo.py result on CartPole-v1: 490.04 ± 6.12 (docs.cleanrl.dev, PPO page, "ppo.py" experiment
-# results; the mean episodic return at the end of 500k steps, over seeds).
+# CleanRL's published ppo.py result on CartPole-v1: 490.04 ± 6.12 (docs.cleanrl.dev, PPO page,
+# "ppo.py" experiment results; the mean episodic return at the end of 500k steps, over seeds).
 CLEANRL_REFERENCE = 490.04
 ABLATIONS = {
     "truncation_as_termination": [
-        ("discount = gamma * (1.0 - terminations)", "discount = gamma * (1.0 - jnp.maximum(terminations, truncations))")
+        (
+            "discount = gamma * (1.0 - terminations)",
+            "discount = gamma * (1.0 - jnp.maximum(terminations, truncations))",
+        )
     ],
     "unmasked_reset_steps": [
-        ('valid = 1.0 - data["is_reset"].astype(jnp.float32)', 'valid = jnp.ones(data["is_reset"].shape)')
+        (
+            'valid = 1.0 - data["is_reset"].astype(jnp.float32)',
+            'valid = jnp.ones(data["is_reset"].shape)',
+        )
     ],
     "flat_minibatches": [
         (
@@ -75,18 +86,25 @@ LAST_N = 100
 
 
 def script_of(variant: str, work_dir: Path) -> Path:
-    """The script a variant runs: ours, an older revision of it, or a copy with an ablation's lines replaced."""
+    """The script a variant runs: ours, an older revision of it, or a copy with an ablation's lines
+    replaced."""
     _, source = VARIANTS[variant]
     if source is None:
         return REPO / "cleanba" / "cleanba_ppo.py"
     if source in ABLATIONS:
         text = (REPO / "cleanba" / "cleanba_ppo.py").read_text()
         for old, new in ABLATIONS[source]:
-            assert text.count(old) == 1, f"{variant}: the line to replace is not in the script: {old}"
+            assert text.count(old) == 1, (
+                f"{variant}: the line to replace is not in the script: {old}"
+            )
             text = text.replace(old, new)
     else:
         text = subprocess.run(
-            ["git", "show", f"{source}:cleanba/cleanba_ppo.py"], cwd=REPO, capture_output=True, text=True, check=True
+            ["git", "show", f"{source}:cleanba/cleanba_ppo.py"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
     path = work_dir / "scripts" / f"cleanba_ppo_{variant}.py"
     path.parent.mkdir(exist_ok=True)
@@ -114,7 +132,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
-    parser.add_argument("--timesteps", type=int, default=500_000, help="steps of each run (CleanRL's: 500k)")
+    parser.add_argument(
+        "--timesteps", type=int, default=500_000, help="steps of each run (CleanRL's: 500k)"
+    )
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/cleanba_parity_cartpole"))
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmark" / "results")
@@ -129,9 +149,9 @@ def main():
                 continue
             print(f"{variant} seed {seed}", flush=True)
             log = options.work_dir / f"{variant}_{seed}.log"
-            if run_measured([str(script), *command_of(variant, seed, options.timesteps)], options.work_dir, log)[
-                "exit_code"
-            ]:
+            if run_measured(
+                [str(script), *command_of(variant, seed, options.timesteps)], options.work_dir, log
+            )["exit_code"]:
                 sys.exit(f"{variant} seed {seed} failed; see {log}")
     report(options)
 
@@ -139,7 +159,9 @@ def main():
 def report(options):
     _, curve_rows = collect(options.work_dir / "runs", "episodic_return", LAST_N, {})
     curves = {}
-    finished = lambda row: (options.work_dir / "runs" / f"{row['algorithm']}_{row['seed']}" / "summary.json").exists()
+    finished = lambda row: (
+        options.work_dir / "runs" / f"{row['algorithm']}_{row['seed']}" / "summary.json"
+    ).exists()
     for row in filter(finished, curve_rows):
         curves.setdefault(row["algorithm"], {}).setdefault(row["seed"], []).append(row)
     with open(options.out_dir / "parity_cartpole.csv", "w", newline="") as f:
@@ -148,7 +170,8 @@ def report(options):
         for variant, seeds in curves.items():
             for seed, rows in seeds.items():
                 writer.writerows(
-                    dict(variant=variant, seed=seed, global_step=r["global_step"], score=r["score"]) for r in rows
+                    dict(variant=variant, seed=seed, global_step=r["global_step"], score=r["score"])
+                    for r in rows
                 )
     table = [
         f"| variant | seeds | final return per seed (last {LAST_N} episodes) | mean | min | SPS (mean) |",
@@ -161,7 +184,9 @@ def report(options):
         seeds = sorted(curves[variant])
         finals = [curves[variant][s][-1]["score"] for s in seeds]
         sps = [
-            json.loads((options.work_dir / "runs" / f"{variant}_{s}" / "summary.json").read_text())["sps"]
+            json.loads((options.work_dir / "runs" / f"{variant}_{s}" / "summary.json").read_text())[
+                "sps"
+            ]
             for s in seeds
         ]
         table.append(
@@ -172,7 +197,9 @@ def report(options):
         on_grid = np.array(
             [
                 np.interp(
-                    grid, [r["global_step"] for r in curves[variant][s]], [r["score"] for r in curves[variant][s]]
+                    grid,
+                    [r["global_step"] for r in curves[variant][s]],
+                    [r["score"] for r in curves[variant][s]],
                 )
                 for s in seeds
             ]
@@ -180,9 +207,15 @@ def report(options):
         style = dict(linewidth=2.5) if variant == "cleanrl" else dict(linewidth=1, alpha=0.8)
         (line,) = ax.plot(grid, on_grid.mean(0), label=f"{variant} ({len(seeds)} seeds)", **style)
         if variant == "cleanrl":
-            ax.fill_between(grid, on_grid.min(0), on_grid.max(0), color=line.get_color(), alpha=0.15)
+            ax.fill_between(
+                grid, on_grid.min(0), on_grid.max(0), color=line.get_color(), alpha=0.15
+            )
     ax.axhline(
-        CLEANRL_REFERENCE, color="black", linestyle="--", linewidth=1, label=f"CleanRL ppo.py ({CLEANRL_REFERENCE})"
+        CLEANRL_REFERENCE,
+        color="black",
+        linestyle="--",
+        linewidth=1,
+        label=f"CleanRL ppo.py ({CLEANRL_REFERENCE})",
     )
     ax.set(
         title=f"CartPole-v1, CleanRL's PPO settings (mean over seeds of the last-{LAST_N} mean; band: cleanrl min-max)",
@@ -196,7 +229,9 @@ def report(options):
     plt.close(fig)
     script_name = lambda v: f"<{VARIANTS[v][1]}>" if VARIANTS[v][1] else "cleanba/cleanba_ppo.py"
     commands = "\n".join(
-        f"python {script_name(v)} {' '.join(command_of(v, 1, options.timesteps))}" for v in VARIANTS if v in curves
+        f"python {script_name(v)} {' '.join(command_of(v, 1, options.timesteps))}"
+        for v in VARIANTS
+        if v in curves
     )
     (options.out_dir / "parity_cartpole.md").write_text(
         f"# PPO parity with CleanRL on CartPole-v1 ({options.date})\n\n"

@@ -1,13 +1,14 @@
-"""The cost of Ape-X DQN's replay against the learner's step, at the script's defaults (Breakout-v5, a full replay of
-2M transitions, 128 environments x 32 steps per rollout, batch 512, the default IMPALA ResNet).
+"""The cost of Ape-X DQN's replay against the learner's step, at the script's defaults (Breakout-v5, a
+full replay of 2M transitions, 128 environments x 32 steps per rollout, batch 512, the default
+IMPALA ResNet).
 
-    python benchmark/replay_apex.py --date 2026-11-21      # needs about 17 GiB of free memory at 2M
+python benchmark/replay_apex.py --date 2026-11-21      # needs about 17 GiB of free memory at 2M
 
-Fills every slot of the replay (frames written, so that their pages are resident), then times the median of
-repeats of: inserting one rollout of every environment, sampling a batch (stacks rebuilt from single frames,
-importance weights), updating the batch's priorities, and one learner update (pmap'd, on one device). The replay's
-work per learner update is sample + priority update + insert / --updates-per-rollout. Writes
-benchmark/results/replay_apex.md.
+Fills every slot of the replay (frames written, so that their pages are resident), then times the
+median of repeats of: inserting one rollout of every environment, sampling a batch (stacks rebuilt
+from single frames, importance weights), updating the batch's priorities, and one learner update
+(pmap'd, on one device). The replay's work per learner update is sample + priority update + insert /
+--updates-per-rollout. Writes benchmark/results/replay_apex.md.
 """
 
 import argparse
@@ -48,7 +49,9 @@ def filled_replay(args, num_envs: int, rng) -> dict:
     replay["returns"][:] = rng.normal(size=capacity)
     replay["discounts"][:] = args.gamma**args.n_step
     replay["valid"][:] = True
-    sum_tree.set_weights(replay["tree"], np.arange(capacity), rng.uniform(0.01, 2.0, capacity) ** 0.6)
+    sum_tree.set_weights(
+        replay["tree"], np.arange(capacity), rng.uniform(0.01, 2.0, capacity) ** 0.6
+    )
     replay["steps"] = 10 * replay["ring"] + 7  # mid-ring: inserts wrap around the ring's end
     return replay
 
@@ -69,20 +72,27 @@ def rollout(args, num_envs: int, rng) -> dict:
 
 
 def replay_seconds(args, repeats: int):
-    """(insert, sample, priority update, fill) seconds, and a sampled batch; the replay is freed on return."""
+    """(insert, sample, priority update, fill) seconds, and a sampled batch; the replay is freed on
+    return."""
     rng = np.random.default_rng(0)
     num_envs = apex.sizes_of(args, 1).num_envs
     tic = time.time()
     replay = filled_replay(args, num_envs, rng)
     fill_seconds = time.time() - tic
     data = rollout(args, num_envs, rng)
-    insert = median_seconds(lambda: apex.replay_insert(replay, data, args.n_step, args.priority_exponent), 10)
+    insert = median_seconds(
+        lambda: apex.replay_insert(replay, data, args.n_step, args.priority_exponent), 10
+    )
     batch_rng = np.random.default_rng(1)
-    sample_once = lambda: apex.replay_sample(replay, args.batch_size, batch_rng, args.importance_sampling_exponent)
+    sample_once = lambda: apex.replay_sample(
+        replay, args.batch_size, batch_rng, args.importance_sampling_exponent
+    )
     sample = median_seconds(sample_once, repeats)
     batch, slots = sample_once()
     new_priorities = rng.uniform(0, 2, args.batch_size) ** args.priority_exponent
-    update_priorities = median_seconds(lambda: sum_tree.set_weights(replay["tree"], slots, new_priorities), repeats)
+    update_priorities = median_seconds(
+        lambda: sum_tree.set_weights(replay["tree"], slots, new_priorities), repeats
+    )
     return (insert, sample, update_priorities, fill_seconds), batch
 
 
@@ -108,7 +118,9 @@ def main():
     parser.add_argument("--buffer-size", type=int, default=2_000_000)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--learner-repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=REPO / "benchmark" / "results" / "replay_apex.md")
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "benchmark" / "results" / "replay_apex.md"
+    )
     parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
     options = parser.parse_args()
     args = apex.Args(buffer_size=options.buffer_size)
@@ -121,7 +133,10 @@ def main():
         ("insert one rollout (128 envs x 32 steps, 29 MB of frames)", insert),
         ("sample 512 (tree descent, stacks and next stacks rebuilt, IS weights)", sample),
         ("update 512 priorities", update_priorities),
-        (f"replay work per learner update (sample + update + insert / {args.updates_per_rollout})", per_update),
+        (
+            f"replay work per learner update (sample + update + insert / {args.updates_per_rollout})",
+            per_update,
+        ),
         ("one learner update (default network, batch 512, 1 device)", learner),
     ]
     command = "python benchmark/replay_apex.py " + " ".join(sys.argv[1:])

@@ -1,19 +1,24 @@
 """Throughput against its ceiling: each stage of a script measured alone, then the whole script.
 
-    python benchmark/throughput.py                 # PPO and IMPALA, small and default network, on this machine
-    python benchmark/throughput.py --scripts cleanba_impala --networks small
+python benchmark/throughput.py                 # PPO and IMPALA, small and default network, on this
+machine
+python benchmark/throughput.py --scripts cleanba_impala --networks small
 
-In this process, for each script and network (Breakout-v5, 2 actor threads x 8 environments, 32 steps per
-rollout, every other hyperparameter the script's default), each stage alone, in seconds per environment step:
-- (a) `t_env`: every actor thread's envpool stepped at once with random actions, as the actor threads do;
-- (b) `t_infer`: the actor's policy (network, action sampling, log-probabilities) at the actor's batch;
-- (c) `t_learn`: one learner update at the run's own batch and minibatches, on rollouts the script's own
-  actors played.
-The ceiling: stages that share hardware add up, stages on separate hardware overlap, so on a CPU (or with the
-actor and the learner on one device) it is 1 / (t_env + t_infer + t_learn), and with the actor and the learner
-on separate accelerators 1 / max(t_env + t_infer, t_learn). Then the script itself runs in a child process for
---updates updates: its steady SPS (from the end of the first update, which compiles, to the end of the last),
-the stage times it logged, and the peak resident memory. Writes benchmark/results/throughput_<platform>.md.
+In this process, for each script and network (Breakout-v5, 2 actor threads x 8 environments, 32
+steps per rollout, every other hyperparameter the script's default), each stage alone, in seconds
+per environment step:
+- (a) `t_env`: every actor thread's envpool stepped at once with random actions, as the actor
+  threads do;
+- (b) `t_infer`: the actor's policy (network, action sampling, log-probabilities) at the actor's
+  batch;
+- (c) `t_learn`: one learner update at the run's own batch and minibatches, on rollouts the script's
+  own actors played.
+The ceiling: stages that share hardware add up, stages on separate hardware overlap, so on a CPU (or
+with the actor and the learner on one device) it is 1 / (t_env + t_infer + t_learn), and with the
+actor and the learner on separate accelerators 1 / max(t_env + t_infer, t_learn). Then the script
+itself runs in a child process for --updates updates: its steady SPS (from the end of the first
+update, which compiles, to the end of the last), the stage times it logged, and the peak resident
+memory. Writes benchmark/results/throughput_<platform>.md.
 """
 
 import argparse
@@ -37,7 +42,16 @@ from cleanba_utils.run_files import replicate
 from cleanba_utils.threads import queue_get
 
 REPO = Path(__file__).resolve().parents[1]
-LAYOUT = ["--env-id", "Breakout-v5", "--local-num-envs", "8", "--num-actor-threads", "2", "--num-steps", "32"]
+LAYOUT = [
+    "--env-id",
+    "Breakout-v5",
+    "--local-num-envs",
+    "8",
+    "--num-actor-threads",
+    "2",
+    "--num-steps",
+    "32",
+]
 NETWORKS = {"small": ["--channels", "4", "8", "--hiddens", "64"], "default": []}
 
 
@@ -58,10 +72,16 @@ def stage_times(script, argv: list[str], repeats: int) -> dict:
     network, state, _ = script.init_state(args, sizes)
     num_threads = args.num_actor_threads * len(actor_devices)
 
-    envs = [script.make_env(args, args.seed + i * args.local_num_envs, args.local_num_envs) for i in range(num_threads)]
+    envs = [
+        script.make_env(args, args.seed + i * args.local_num_envs, args.local_num_envs)
+        for i in range(num_threads)
+    ]
     first_obs = [env.reset()[0] for env in envs]
     rng = np.random.default_rng(0)
-    actions = [rng.integers(0, envs[0].action_space.n, (repeats * args.num_steps, args.local_num_envs)) for _ in envs]
+    actions = [
+        rng.integers(0, envs[0].action_space.n, (repeats * args.num_steps, args.local_num_envs))
+        for _ in envs
+    ]
 
     def play(env, thread_actions):
         for action in thread_actions:
@@ -100,7 +120,9 @@ def stage_times(script, argv: list[str], repeats: int) -> dict:
     run = SimpleNamespace(
         stop=stop,
         failures=[],
-        episodes=lambda n: Episodes(NoWriter(), deque(maxlen=100), np.zeros(n), np.zeros(n, dtype=np.int64)),
+        episodes=lambda n: Episodes(
+            NoWriter(), deque(maxlen=100), np.zeros(n), np.zeros(n, dtype=np.int64)
+        ),
     )
     replicated = replicate(state, learner_devices)
     param_queues, rollout_queues, _ = script.start_actors(
@@ -117,26 +139,47 @@ def stage_times(script, argv: list[str], repeats: int) -> dict:
         replicated, _ = update(replicated, rollouts, np.int32(2 + index))
         jax.block_until_ready(replicated)
     t_learn = (time.perf_counter() - start) / (repeats * sizes.batch_size)
-    separate = not set(actor_devices) & set(learner_devices) and learner_devices[0].platform != "cpu"
+    separate = (
+        not set(actor_devices) & set(learner_devices) and learner_devices[0].platform != "cpu"
+    )
     ceiling = 1 / max(t_env + t_infer, t_learn) if separate else 1 / (t_env + t_infer + t_learn)
-    return dict(t_env=t_env, t_infer=t_infer, t_learn=t_learn, ceiling=ceiling, separate=separate, sizes=sizes)
+    return dict(
+        t_env=t_env,
+        t_infer=t_infer,
+        t_learn=t_learn,
+        ceiling=ceiling,
+        separate=separate,
+        sizes=sizes,
+    )
 
 
-def whole_run(script_name: str, argv: list[str], batch_size: int, updates: int, work_dir: Path) -> dict:
-    """The script as a user runs it: steady SPS, the stage times it logged per environment step, peak RSS."""
+def whole_run(
+    script_name: str, argv: list[str], batch_size: int, updates: int, work_dir: Path
+) -> dict:
+    """The script as a user runs it: steady SPS, the stage times it logged per environment step, peak
+    RSS."""
     run_name = f"{script_name}_{len(list(work_dir.glob('*.log')))}"
-    command = [str(REPO / "cleanba" / f"{script_name}.py"), *argv, "--total-timesteps", str(updates * batch_size)]
-    measured = run_measured([*command, "--run-name", run_name], work_dir, work_dir / f"{run_name}.log")
+    command = [
+        str(REPO / "cleanba" / f"{script_name}.py"),
+        *argv,
+        "--total-timesteps",
+        str(updates * batch_size),
+    ]
+    measured = run_measured(
+        [*command, "--run-name", run_name], work_dir, work_dir / f"{run_name}.log"
+    )
     if measured["exit_code"]:
         raise SystemExit(f"{script_name} failed; see {work_dir / run_name}.log")
     events = EventAccumulator(str(work_dir / "runs" / run_name), size_guidance={"scalars": 0})
     events.Reload()
     versions = events.Scalars("stats/learner_policy_version")
     sps = (versions[-1].step - versions[0].step) / (versions[-1].wall_time - versions[0].wall_time)
-    # Per update after the first: an actor thread's seconds over its own environments' steps, the learner's
-    # over the whole batch.
+    # Per update after the first: an actor thread's seconds over its own environments' steps, the
+    # learner's over the whole batch.
     in_run = lambda tag: np.mean([e.value for e in events.Scalars(tag)[1:]])
-    threads_steps = int(LAYOUT[LAYOUT.index("--local-num-envs") + 1]) * int(LAYOUT[LAYOUT.index("--num-steps") + 1])
+    threads_steps = int(LAYOUT[LAYOUT.index("--local-num-envs") + 1]) * int(
+        LAYOUT[LAYOUT.index("--num-steps") + 1]
+    )
     return dict(
         sps=sps,
         peak_rss_gib=measured["peak_rss_gib"],
@@ -151,9 +194,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scripts", nargs="+", default=["cleanba_ppo", "cleanba_impala"])
     parser.add_argument("--networks", nargs="+", default=list(NETWORKS), choices=list(NETWORKS))
-    parser.add_argument("--repeats", type=int, default=3, help="rollouts of environment steps and updates timed")
-    parser.add_argument("--updates", type=int, default=6, help="updates of each whole run (the first compiles)")
-    parser.add_argument("--out", type=Path, default=None, help="default: benchmark/results/throughput_<platform>.md")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="rollouts of environment steps and updates timed"
+    )
+    parser.add_argument(
+        "--updates", type=int, default=6, help="updates of each whole run (the first compiles)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="default: benchmark/results/throughput_<platform>.md"
+    )
     options = parser.parse_args()
     platform_name = jax.devices()[0].platform
     rows = []
@@ -163,7 +212,9 @@ def main():
             for network in options.networks:
                 argv = [*LAYOUT, *NETWORKS[network]]
                 stages = stage_times(script, argv, options.repeats)
-                run = whole_run(script_name, argv, stages["sizes"].batch_size, options.updates, Path(work_dir))
+                run = whole_run(
+                    script_name, argv, stages["sizes"].batch_size, options.updates, Path(work_dir)
+                )
                 us = lambda seconds: f"{seconds * 1e6:.0f}"
                 rows.append(
                     f"| {script_name} | {network} | {run['sps']:.0f} | {stages['ceiling']:.0f} | "
@@ -173,7 +224,11 @@ def main():
                     f"{run['peak_rss_gib']:.1f} |"
                 )
                 print(rows[-1], flush=True)
-    formula = "1 / max(t_env + t_infer, t_learn)" if stages["separate"] else "1 / (t_env + t_infer + t_learn)"
+    formula = (
+        "1 / max(t_env + t_infer, t_learn)"
+        if stages["separate"]
+        else "1 / (t_env + t_infer + t_learn)"
+    )
     out = options.out or REPO / "benchmark" / "results" / f"throughput_{platform_name}.md"
     out.write_text(
         f"# Throughput against the ceiling, {platform_name} ({time.strftime('%Y-%m-%d')})\n\n"

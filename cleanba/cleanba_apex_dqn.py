@@ -1,8 +1,9 @@
-"""Cleanba Ape-X DQN (Horgan et al., 2018, "Distributed Prioritized Experience Replay"): actor threads play with
-per-environment exploration rates and compute n-step transitions with their initial priorities; the learner keeps
-one prioritized replay, inserts each rollout in global environment order, makes exactly --updates-per-rollout
-sampled double-Q updates (pmap'd) and publishes the parameters. With `--concurrency` (the default) actors play
-with parameters exactly one version behind, as in Cleanba; with a seeded sampler, the same seed gives the same run.
+"""Cleanba Ape-X DQN (Horgan et al., 2018, "Distributed Prioritized Experience Replay"): actor threads
+play with per-environment exploration rates and compute n-step transitions with their initial
+priorities; the learner keeps one prioritized replay, inserts each rollout in global environment
+order, makes exactly --updates-per-rollout sampled double-Q updates (pmap'd) and publishes the
+parameters. With `--concurrency` (the default) actors play with parameters exactly one version
+behind, as in Cleanba; with a seeded sampler, the same seed gives the same run.
 """
 
 import dataclasses
@@ -37,7 +38,8 @@ class Args:
     seed: int = 1
     """seed of the experiment: environments, exploration, initialization and replay sampling"""
     run_name: str | None = None
-    """name of the run folder under `runs/` (default: `{env_id}__{exp_name}__{seed}__{unix time}`)"""
+    """name of the run folder under `runs/` (default: `{env_id}__{exp_name}__{seed}__{unix time}`)
+    """
     group: str = ""
     """free-form label of the experiment this run belongs to, recorded in spec.json"""
     track: bool = False
@@ -64,7 +66,8 @@ class Args:
     num_actor_threads: int = 2
     """the number of actor threads per actor device"""
     envpool_num_threads: int | None = None
-    """worker threads of each envpool instance (default: CPUs / actor threads); results do not depend on it"""
+    """worker threads of each envpool instance (default: CPUs / actor threads); results do not depend
+    on it"""
     num_steps: int = 32
     """the number of steps each environment runs per rollout (one iteration of the learner)"""
     gamma: float = 0.99
@@ -82,12 +85,13 @@ class Args:
     batch_size: int = 512
     """the number of transitions of one learner update (sampled from the replay)"""
     updates_per_rollout: int = 6
-    """learner updates per iteration: a fixed replay ratio of updates x batch / (num envs x num steps) samples
-    per inserted transition (0.75 at the defaults; Ape-X measured about 0.8)"""
+    """learner updates per iteration: a fixed replay ratio of updates x batch / (num envs x num steps)
+    samples per inserted transition (0.75 at the defaults; Ape-X measured about 0.8)"""
     priority_exponent: float = 0.6
     """alpha: an item is sampled in proportion to its priority ** alpha"""
     importance_sampling_exponent: float = 0.4
-    """beta: the importance-sampling weights are (1 / probability) ** beta, normalized by their batch maximum"""
+    """beta: the importance-sampling weights are (1 / probability) ** beta, normalized by their batch
+    maximum"""
     target_update_period: int = 2500
     """copy the parameters to the target network every this many learner updates"""
     max_grad_norm: float = 40.0
@@ -95,17 +99,20 @@ class Args:
     channels: tuple[int, ...] = (16, 32, 32)
     """the channels of the IMPALA ResNet stacks (image observations)"""
     hiddens: tuple[int, ...] = (256,)
-    """dense layers: all but the last form the torso (after the ResNet, or the MLP of vector observations); the
-    last is the hidden layer of each of the dueling value and advantage streams"""
+    """dense layers: all but the last form the torso (after the ResNet, or the MLP of vector
+    observations); the last is the hidden layer of each of the dueling value and advantage streams
+    """
 
     actor_device_ids: tuple[int, ...] = (0,)
     """the local device ids that run actor threads"""
     learner_device_ids: tuple[int, ...] = (0,)
-    """the local device ids the learner update is pmap'd over (each takes an equal share of the batch)"""
+    """the local device ids the learner update is pmap'd over (each takes an equal share of the batch)
+    """
     concurrency: bool = True
     """let actors collect the next rollout while the learner trains (policy lag 1 instead of 0)"""
     distributed: bool = False
-    """join a multi-process run with jax.distributed (configured by SLURM or the three options below)"""
+    """join a multi-process run with jax.distributed (configured by SLURM or the three options below)
+    """
     coordinator_address: str | None = None
     """host:port of process 0, for --distributed outside SLURM"""
     num_processes: int | None = None
@@ -115,18 +122,25 @@ class Args:
     checkpoint_every: int = 0
     """save a checkpoint every this many iterations (0: only at the end and on SIGTERM / SIGUSR1)"""
     resume: bool = False
-    """continue from the newest readable checkpoint of `runs/{run_name}` (the replay restarts empty)"""
+    """continue from the newest readable checkpoint of `runs/{run_name}` (the replay restarts empty)
+    """
 
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
     num_envs: int
-    batch_size: int  # environment steps per iteration, num_envs x num_steps (--batch-size is the learner's)
-    num_updates: int  # iterations: rollouts per actor thread, each followed by --updates-per-rollout updates
+    batch_size: (
+        int  # environment steps per iteration, num_envs x num_steps (--batch-size is the learner's)
+    )
+    num_updates: (
+        int  # iterations: rollouts per actor thread, each followed by --updates-per-rollout updates
+    )
 
 
 def sizes_of(args: Args, num_processes: int) -> Sizes:
-    num_envs = args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids) * num_processes
+    num_envs = (
+        args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids) * num_processes
+    )
     batch_size = num_envs * args.num_steps
     return Sizes(num_envs, batch_size, args.total_timesteps // batch_size)
 
@@ -141,19 +155,24 @@ def validate(args: Args):
     """Checks every argument that needs no device, before any other work; exits 2 on the first problem."""
     positive = "total_timesteps learning_rate local_num_envs num_actor_threads num_steps n_step buffer_size"
     positive += " batch_size updates_per_rollout target_update_period max_grad_norm log_frequency"
-    non_negative = "learning_starts epsilon_alpha priority_exponent eval_episodes checkpoint_every".split()
+    non_negative = (
+        "learning_starts epsilon_alpha priority_exponent eval_episodes checkpoint_every".split()
+    )
     parsing.check_signs(args, positive.split(), non_negative)
     parsing.check_in(args, "gamma", 0, 1, low_open=True)
     parsing.check_in(args, "epsilon_base", 0, 1)
     parsing.check_in(args, "importance_sampling_exponent", 0, 1)
     parsing.check_run_options(args)
     if args.learning_starts > args.buffer_size:
-        fail(f"--learning-starts {args.learning_starts} exceeds --buffer-size {args.buffer_size}: it would never start")
+        fail(
+            f"--learning-starts {args.learning_starts} exceeds --buffer-size {args.buffer_size}: it would never start"
+        )
 
 
-# A replay slot: its frame, the frame's step in its episode (uint8), the action (int32), the n-step return and
-# discount (float32), the bootstrap offset (uint8), the validity flag; plus the sum tree (2 float64 nodes per leaf,
-# leaves a power of two). 3 GiB are kept for the rest of the process (networks, environments, batches).
+# A replay slot: its frame, the frame's step in its episode (uint8), the action (int32), the n-step
+# return and discount (float32), the bootstrap offset (uint8), the validity flag; plus the sum tree
+# (2 float64 nodes per leaf, leaves a power of two). 3 GiB are kept for the rest of the process
+# (networks, environments, batches).
 SLOT_BYTES = 1 + 4 + 4 + 4 + 1 + 1
 MEMORY_RESERVE_BYTES = 3 * 2**30
 PRIORITY_EPSILON = 1e-6  # keeps a transition with zero TD error sampleable
@@ -161,45 +180,76 @@ EVAL_EPSILON = 0.01
 
 
 def frame_spec(env_id: str):
-    """(frames per observation, shape and dtype of one stored frame): stacked images store their newest frame."""
+    """(frames per observation, shape and dtype of one stored frame): stacked images store their newest
+    frame."""
     space = envpool.make_spec(env_id).observation_space
-    return (space.shape[0], space.shape[1:], space.dtype) if len(space.shape) == 3 else (1, space.shape, space.dtype)
+    return (
+        (space.shape[0], space.shape[1:], space.dtype)
+        if len(space.shape) == 3
+        else (1, space.shape, space.dtype)
+    )
 
 
 def replay_bytes(args: Args) -> int:
     _, frame_shape, dtype = frame_spec(args.env_id)
     tree_bytes = sum_tree.empty(1).itemsize * 2 * (1 << max(0, args.buffer_size - 1).bit_length())
-    return args.buffer_size * (int(np.prod(frame_shape)) * np.dtype(dtype).itemsize + SLOT_BYTES) + tree_bytes
+    return (
+        args.buffer_size * (int(np.prod(frame_shape)) * np.dtype(dtype).itemsize + SLOT_BYTES)
+        + tree_bytes
+    )
 
 
 def validate_layout(args: Args):
-    """The checks that need the devices (and, with --distributed, the number of processes) or the machine."""
+    """The checks that need the devices (and, with --distributed, the number of processes) or the
+    machine."""
     sizes = sizes_of(args, jax.process_count())
     parsing.check_devices(args, sizes.num_updates, sizes.batch_size)
     num_learner_devices = len(args.learner_device_ids) * jax.process_count()
     if args.batch_size % num_learner_devices:
-        fail(f"--batch-size {args.batch_size} must be divisible by the {num_learner_devices} learner device(s)")
-    ring, needed = args.buffer_size // sizes.num_envs, args.num_steps + args.n_step + frame_spec(args.env_id)[0]
+        fail(
+            f"--batch-size {args.batch_size} must be divisible by the {num_learner_devices} learner device(s)"
+        )
+    ring, needed = (
+        args.buffer_size // sizes.num_envs,
+        args.num_steps + args.n_step + frame_spec(args.env_id)[0],
+    )
     if ring < needed:
-        fail(f"--buffer-size {args.buffer_size} holds {ring} steps per env, fewer than a rollout's {needed}; raise it")
+        fail(
+            f"--buffer-size {args.buffer_size} holds {ring} steps per env, fewer than a rollout's {needed}; raise it"
+        )
     parsing.check_memory(args, "buffer_size", replay_bytes(args), MEMORY_RESERVE_BYTES)
 
 
 def make_env(args: Args, seed: int, num_envs: int):
-    """envpool seeds its environment i with `seed + i`; Atari follows Machado et al. (2018): sticky actions, the
-    full action space, no life-loss signal, one no-op at reset at most, 108k frames per episode at most."""
-    cpus_per_thread = len(os.sched_getaffinity(0)) // (args.num_actor_threads * len(args.actor_device_ids))
+    """envpool seeds its environment i with `seed + i`; Atari follows Machado et al. (2018): sticky
+    actions, the full action space, no life-loss signal, one no-op at reset at most, 108k frames per
+    episode at most."""
+    cpus_per_thread = len(os.sched_getaffinity(0)) // (
+        args.num_actor_threads * len(args.actor_device_ids)
+    )
     num_threads = args.envpool_num_threads or max(1, min(num_envs, cpus_per_thread))
-    atari = dict(repeat_action_probability=0.25, full_action_space=True, episodic_life=False, noop_max=1)
-    options = dict(atari, max_episode_steps=27_000, reward_clip=True) if frame_spec(args.env_id)[0] > 1 else {}
+    atari = dict(
+        repeat_action_probability=0.25, full_action_space=True, episodic_life=False, noop_max=1
+    )
+    options = (
+        dict(atari, max_episode_steps=27_000, reward_clip=True)
+        if frame_spec(args.env_id)[0] > 1
+        else {}
+    )
     return envpool.make(
-        args.env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads, **options
+        args.env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        num_threads=num_threads,
+        **options,
     )
 
 
 class Network(nn.Module):
-    """Dueling Q-network (Wang et al., 2016): the IMPALA ResNet torso for stacked frames (N, C, H, W), an MLP
-    torso for vector observations (N, D); then a value and an advantage stream, Q = V + A - mean(A)."""
+    """Dueling Q-network (Wang et al., 2016): the IMPALA ResNet torso for stacked frames (N, C, H, W),
+    an MLP torso for vector observations (N, D); then a value and an advantage stream, Q = V + A -
+    mean(A)."""
 
     channels: tuple[int, ...]
     hiddens: tuple[int, ...]
@@ -210,40 +260,53 @@ class Network(nn.Module):
         if obs.ndim == 4:
             x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
             for channels in self.channels:  # an IMPALA stack: conv, max pool, two residual blocks
-                x = nn.max_pool(nn.Conv(channels, (3, 3))(x), (3, 3), strides=(2, 2), padding="SAME")
+                x = nn.max_pool(
+                    nn.Conv(channels, (3, 3))(x), (3, 3), strides=(2, 2), padding="SAME"
+                )
                 for _ in range(2):
-                    x = x + nn.Conv(channels, (3, 3))(nn.relu(nn.Conv(channels, (3, 3))(nn.relu(x))))
+                    x = x + nn.Conv(channels, (3, 3))(
+                        nn.relu(nn.Conv(channels, (3, 3))(nn.relu(x)))
+                    )
             x = nn.relu(x).reshape(x.shape[0], -1)
         else:
             x = obs.astype(jnp.float32)
         for hidden in self.hiddens[:-1]:
             x = nn.relu(nn.Dense(hidden)(x))
-        stream = lambda outputs: nn.Dense(outputs)(nn.relu(nn.Dense(self.hiddens[-1])(x)) if self.hiddens else x)
+        stream = lambda outputs: nn.Dense(outputs)(
+            nn.relu(nn.Dense(self.hiddens[-1])(x)) if self.hiddens else x
+        )
         value, advantage = stream(1), stream(self.num_actions)
         return value + advantage - advantage.mean(axis=-1, keepdims=True)
 
 
 def epsilons_of(env_ids, num_envs: int, base: float, alpha: float) -> np.ndarray:
-    """Ape-X's exploration rates: environment g of N gets base ** (1 + alpha g / (N - 1)), fixed for the run."""
+    """Ape-X's exploration rates: environment g of N gets base ** (1 + alpha g / (N - 1)), fixed for
+    the run."""
     return base ** (1.0 + alpha * np.asarray(env_ids, np.float64) / max(num_envs - 1, 1))
 
 
 def epsilon_greedy(q_values, epsilons, key, step, env_ids):
-    """Per environment, a uniform action with probability epsilon, else the greedy one; the draws are keyed by
-    (step, global env index), so they do not depend on the layout."""
+    """Per environment, a uniform action with probability epsilon, else the greedy one; the draws are
+    keyed by (step, global env index), so they do not depend on the layout."""
     step_key = jax.random.fold_in(key, step)
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_key, env_ids)
     explore = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, 0)))(keys) < epsilons
-    random = jax.vmap(lambda k: jax.random.randint(jax.random.fold_in(k, 1), (), 0, q_values.shape[1]))(keys)
+    random = jax.vmap(
+        lambda k: jax.random.randint(jax.random.fold_in(k, 1), (), 0, q_values.shape[1])
+    )(keys)
     return jnp.where(explore, random, jnp.argmax(q_values, axis=1))
 
 
 def n_step_transitions(rewards, terminations, truncations, is_reset, gamma: float, n: int):
-    """Transitions of steps 0 .. L - 1 of env-major windows (envs, L + n): the return of up to n rewards, the
-    bootstrap's discount (0 after a termination, gamma ** offset otherwise, truncations included) and offset. None
-    spans two episodes; envpool's reset steps (after an episode's end; the action is ignored) are not valid."""
+    """Transitions of steps 0 .. L - 1 of env-major windows (envs, L + n): the return of up to n
+    rewards, the bootstrap's discount (0 after a termination, gamma ** offset otherwise, truncations
+    included) and offset. None spans two episodes; envpool's reset steps (after an episode's end;
+    the action is ignored) are not valid."""
     length = rewards.shape[1] - n
-    returns, offsets = np.zeros((len(rewards), length), np.float32), np.full((len(rewards), length), n, np.uint8)
+    returns, offsets = (
+        np.zeros((len(rewards), length), np.float32),
+        np.full((len(rewards), length), n, np.uint8),
+    )
     open_, terminated = np.ones(returns.shape, bool), np.zeros(returns.shape, bool)
     for k in range(n):
         returns += open_ * np.float32(gamma**k) * rewards[:, k : k + length]
@@ -256,7 +319,8 @@ def n_step_transitions(rewards, terminations, truncations, is_reset, gamma: floa
 
 
 class Rollout(NamedTuple):
-    """An actor's iteration, parameter version, `rollout_data` (env-major NumPy arrays) and timings (seconds)."""
+    """An actor's iteration, parameter version, `rollout_data` (env-major NumPy arrays) and timings
+    (seconds)."""
 
     update: int
     policy_version: int
@@ -265,11 +329,17 @@ class Rollout(NamedTuple):
 
 
 def actor(args, sizes, run, network, first_update, env_offset, device, param_queue, rollout_queue):
-    """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs - 1."""
+    """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs -
+    1."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
-    epsilons = jax.device_put(epsilons_of(env_ids, sizes.num_envs, args.epsilon_base, args.epsilon_alpha), device)
-    env_ids_on_device, image = jax.device_put(env_ids, device), len(envs.observation_space.shape) == 3
+    epsilons = jax.device_put(
+        epsilons_of(env_ids, sizes.num_envs, args.epsilon_base, args.epsilon_alpha), device
+    )
+    env_ids_on_device, image = (
+        jax.device_put(env_ids, device),
+        len(envs.observation_space.shape) == 3,
+    )
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
 
     @jax.jit
@@ -280,7 +350,10 @@ def actor(args, sizes, run, network, first_update, env_offset, device, param_que
 
     episodes = run.episodes(args.local_num_envs)
     (next_obs, _), tail = envs.reset(), None
-    next_is_reset, episode_step = np.zeros(args.local_num_envs, bool), np.zeros(args.local_num_envs, np.uint8)
+    next_is_reset, episode_step = (
+        np.zeros(args.local_num_envs, bool),
+        np.zeros(args.local_num_envs, np.uint8),
+    )
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
         if not (args.concurrency and update == first_update + 1):
@@ -293,30 +366,48 @@ def actor(args, sizes, run, network, first_update, env_offset, device, param_que
         for step in range(args.num_steps):
             tic = time.time()
             policy_step = (update - 1) * args.num_steps + step
-            action, q_taken, q_max = jax.device_get(act(params, jax.device_put(next_obs, device), policy_step))
+            action, q_taken, q_max = jax.device_get(
+                act(params, jax.device_put(next_obs, device), policy_step)
+            )
             inference_time += time.time() - tic
             tic = time.time()
             obs, reward, terminated, truncated, info = envs.step(action)
             env_step_time += time.time() - tic
-            played = dict(frames=next_obs[:, -1] if image else next_obs, episode_step=episode_step, actions=action)
+            played = dict(
+                frames=next_obs[:, -1] if image else next_obs,
+                episode_step=episode_step,
+                actions=action,
+            )
             played.update(q_taken=q_taken, q_max=q_max, rewards=reward, is_reset=next_is_reset)
             steps.append(dict(played, terminations=terminated, truncations=truncated))
             done = terminated | truncated
-            episodes.step(info.get("reward", reward), done, next_is_reset, policy_step * sizes.num_envs)
-            # The observation after a reset step is its episode's first; a count to 255 tells the stack enough.
-            episode_step = np.where(next_is_reset, 0, np.minimum(episode_step, 254) + 1).astype(np.uint8)
+            episodes.step(
+                info.get("reward", reward), done, next_is_reset, policy_step * sizes.num_envs
+            )
+            # The observation after a reset step is its episode's first; a count to 255 tells the
+            # stack enough.
+            episode_step = np.where(next_is_reset, 0, np.minimum(episode_step, 254) + 1).astype(
+                np.uint8
+            )
             next_obs, next_is_reset = obs, done
 
         played = {key: np.stack([s[key] for s in steps], axis=1) for key in steps[0]}
         data, tail = rollout_data(played, tail, args.gamma, args.n_step)
-        timing = dict(param_queue_get_time=param_queue_get_time, rollout_time=time.time() - rollout_start)
+        timing = dict(
+            param_queue_get_time=param_queue_get_time, rollout_time=time.time() - rollout_start
+        )
         timing.update(inference_time=inference_time, env_step_time=env_step_time)
-        queue_put(rollout_queue, Rollout(update, policy_version, dict(data, env_ids=env_ids), timing), run.stop)
+        queue_put(
+            rollout_queue,
+            Rollout(update, policy_version, dict(data, env_ids=env_ids), timing),
+            run.stop,
+        )
 
 
 def rollout_data(played: dict, tail: dict | None, gamma: float, n: int):
-    """The frames of a rollout's L steps, the transitions (with initial priorities) of the n steps before them and
-    of all but its last n, and the new tail: its last n steps. The first rollout's tail is padding: reset steps."""
+    """The frames of a rollout's L steps, the transitions (with initial priorities) of the n steps
+    before them and of all but its last n, and the new tail: its last n steps. The first rollout's
+    tail is padding: reset steps."""
     num_envs, length = played["rewards"].shape
     if tail is None:
         keys = ["rewards", "terminations", "truncations", "is_reset", "actions", "q_taken", "q_max"]
@@ -324,29 +415,48 @@ def rollout_data(played: dict, tail: dict | None, gamma: float, n: int):
         tail["is_reset"][:] = True
     window = {key: np.concatenate([tail[key], played[key]], axis=1) for key in tail}
     keys = ["rewards", "terminations", "truncations", "is_reset"]
-    returns, discounts, offsets, valid = n_step_transitions(*[window[key] for key in keys], gamma, n)
-    # Initial priority: |n-step TD error| under the actor's parameters, which are its online and its target
-    # network, so the double-Q bootstrap is the max of the bootstrap observation's Q-values.
-    bootstrap = np.take_along_axis(window["q_max"], np.arange(length) + offsets.astype(np.int64), axis=1)
-    priorities = np.abs(returns + discounts * bootstrap - window["q_taken"][:, :length]).astype(np.float32)
-    data = dict(frames=played["frames"], episode_step=played["episode_step"], actions=window["actions"][:, :length])
-    data.update(returns=returns, discounts=discounts, offsets=offsets, valid=valid, priorities=priorities)
+    returns, discounts, offsets, valid = n_step_transitions(
+        *[window[key] for key in keys], gamma, n
+    )
+    # Initial priority: |n-step TD error| under the actor's parameters, which are its online and its
+    # target network, so the double-Q bootstrap is the max of the bootstrap observation's Q-values.
+    bootstrap = np.take_along_axis(
+        window["q_max"], np.arange(length) + offsets.astype(np.int64), axis=1
+    )
+    priorities = np.abs(returns + discounts * bootstrap - window["q_taken"][:, :length]).astype(
+        np.float32
+    )
+    data = dict(
+        frames=played["frames"],
+        episode_step=played["episode_step"],
+        actions=window["actions"][:, :length],
+    )
+    data.update(
+        returns=returns, discounts=discounts, offsets=offsets, valid=valid, priorities=priorities
+    )
     return data, {key: value[:, -n:] for key, value in window.items()}
 
 
 def make_replay(args: Args, num_envs: int) -> dict:
-    """One FIFO ring of T = buffer_size // num_envs steps per environment, all advancing together. Slot g T + t % T
-    holds env g's step t: the newest frame of its observation (stacks are rebuilt on sampling) and its transition."""
+    """One FIFO ring of T = buffer_size // num_envs steps per environment, all advancing together. Slot
+    g T + t % T holds env g's step t: the newest frame of its observation (stacks are rebuilt on
+    sampling) and its transition."""
     stack, frame_shape, dtype = frame_spec(args.env_id)
     capacity = (args.buffer_size // num_envs) * num_envs
     fields = dict(episode_step=np.uint8, actions=np.int32, returns=np.float32, discounts=np.float32)
-    replay = {key: np.zeros(capacity, dtype) for key, dtype in dict(fields, offsets=np.uint8, valid=bool).items()}
+    replay = {
+        key: np.zeros(capacity, dtype)
+        for key, dtype in dict(fields, offsets=np.uint8, valid=bool).items()
+    }
     replay.update(frames=np.zeros((capacity, *frame_shape), dtype), tree=sum_tree.empty(capacity))
-    return dict(replay, ring=capacity // num_envs, stack=stack, image=len(frame_shape) == 2, steps=0)
+    return dict(
+        replay, ring=capacity // num_envs, stack=stack, image=len(frame_shape) == 2, steps=0
+    )
 
 
 def replay_insert(replay: dict, data: dict, n: int, alpha: float) -> int:
-    """Writes one rollout of every environment (env-major, in global env order); returns the valid transitions."""
+    """Writes one rollout of every environment (env-major, in global env order); returns the valid
+    transitions."""
     ring, steps, length = replay["ring"], replay["steps"], data["frames"].shape[1]
     env_base = data["env_ids"][:, None].astype(np.int64) * ring
     frame_slots = env_base + (steps + np.arange(length)) % ring
@@ -355,26 +465,32 @@ def replay_insert(replay: dict, data: dict, n: int, alpha: float) -> int:
     slots = env_base + (steps - n + np.arange(length)) % ring
     for key in ["actions", "returns", "discounts", "offsets", "valid"]:
         replay[key][slots] = data[key]
-    # No transition in the slots with new frames but no transition yet, nor in the stack - 1 slots after them.
+    # No transition in the slots with new frames but no transition yet, nor in the stack - 1 slots
+    # after them.
     dead = env_base + (steps + length - n + np.arange(n + replay["stack"] - 1)) % ring
     replay["valid"][dead] = False
     weights = np.where(data["valid"], (data["priorities"] + PRIORITY_EPSILON) ** alpha, 0.0)
-    sum_tree.set_weights(replay["tree"], np.concatenate([slots.ravel(), dead.ravel()]), np.append(weights, 0 * dead))
+    sum_tree.set_weights(
+        replay["tree"], np.concatenate([slots.ravel(), dead.ravel()]), np.append(weights, 0 * dead)
+    )
     replay["steps"] += length
     return int(data["valid"].sum())
 
 
 def stacked(replay: dict, slots):
-    """The observations of `slots`, stacks rebuilt from single frames: a frame before the episode's first is
-    its first, as envpool fills the stack at a reset."""
+    """The observations of `slots`, stacks rebuilt from single frames: a frame before the episode's
+    first is its first, as envpool fills the stack at a reset."""
     ring, stack = replay["ring"], replay["stack"]
     back = np.minimum(np.arange(stack)[::-1], replay["episode_step"][slots][:, None])
-    frames = replay["frames"][(slots - slots % ring)[:, None] + (slots[:, None] % ring - back) % ring]
+    frames = replay["frames"][
+        (slots - slots % ring)[:, None] + (slots[:, None] % ring - back) % ring
+    ]
     return frames if replay["image"] else frames[:, 0]
 
 
 def replay_sample(replay: dict, batch_size: int, rng, beta: float):
-    """A prioritized batch (host NumPy) and its slots; importance weights are normalized by the batch maximum."""
+    """A prioritized batch (host NumPy) and its slots; importance weights are normalized by the batch
+    maximum."""
     slots, ring = sum_tree.sample_stratified(replay["tree"], batch_size, rng), replay["ring"]
     weights = sum_tree.weights(replay["tree"], slots)
     next_slots = slots - slots % ring + (slots % ring + replay["offsets"][slots]) % ring
@@ -384,10 +500,16 @@ def replay_sample(replay: dict, batch_size: int, rng, beta: float):
 
 
 def dqn_loss(params, apply_fn, batch, q_next_target, q_next_online, batch_size: int):
-    """Importance-weighted ½ TD² of the n-step double-Q targets, this device's share of the global mean."""
+    """Importance-weighted ½ TD² of the n-step double-Q targets, this device's share of the global
+    mean."""
     q_values = apply_fn(params, batch["obs"])
     td = jax.vmap(rlax.double_q_learning)(
-        q_values, batch["actions"], batch["returns"], batch["discounts"], q_next_target, q_next_online
+        q_values,
+        batch["actions"],
+        batch["returns"],
+        batch["discounts"],
+        q_next_target,
+        q_next_online,
     )
     return (batch["weights"] * 0.5 * td**2).sum() / batch_size, (td, q_values)
 
@@ -397,8 +519,9 @@ class QState(TrainState):
 
 
 def make_update(args: Args, learner_devices):
-    """The learner update, pmap'd over the learner devices, each with its slice of the batch (gradients summed);
-    the target is copied every --target-update-period updates; all devices return the whole batch's TD errors."""
+    """The learner update, pmap'd over the learner devices, each with its slice of the batch (gradients
+    summed); the target is copied every --target-update-period updates; all devices return the whole
+    batch's TD errors."""
 
     def update(state, batch):
         q_next_target = state.apply_fn(state.target_params, batch["next_obs"])
@@ -411,19 +534,30 @@ def make_update(args: Args, learner_devices):
         copy = state.step % args.target_update_period == 0
         target = jax.tree.map(lambda t, p: jnp.where(copy, p, t), state.target_params, state.params)
         metrics = dict(td_loss=loss, q_values=jax.lax.pmean(q_values.mean(), "devices"))
-        return state.replace(target_params=target), metrics, jax.lax.all_gather(td, "devices").reshape(-1)
+        return (
+            state.replace(target_params=target),
+            metrics,
+            jax.lax.all_gather(td, "devices").reshape(-1),
+        )
 
     return jax.pmap(update, axis_name="devices", devices=learner_devices)
 
 
 def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
-    """Plays one episode in each of `num_episodes` fresh environments, epsilon-greedy with EVAL_EPSILON (a greedy
-    Atari policy that never fires would play the whole 27,000 steps)."""
+    """Plays one episode in each of `num_episodes` fresh environments, epsilon-greedy with EVAL_EPSILON
+    (a greedy Atari policy that never fires would play the whole 27,000 steps)."""
     envs = make_env(args, seed, num_episodes)
     network = Network(args.channels, args.hiddens, envs.action_space.n)
     env_ids, key = jnp.arange(num_episodes), jax.random.PRNGKey(seed)
-    act = jax.jit(lambda p, o, step: epsilon_greedy(network.apply(p, o), EVAL_EPSILON, key, step, env_ids))
-    (obs, _), returns, finished, step = envs.reset(), np.zeros(num_episodes), np.zeros(num_episodes, bool), 0
+    act = jax.jit(
+        lambda p, o, step: epsilon_greedy(network.apply(p, o), EVAL_EPSILON, key, step, env_ids)
+    )
+    (obs, _), returns, finished, step = (
+        envs.reset(),
+        np.zeros(num_episodes),
+        np.zeros(num_episodes, bool),
+        0,
+    )
     while not finished.all():
         obs, reward, terminated, truncated, info = envs.step(np.asarray(act(params, obs, step)))
         returns += info.get("reward", reward) * ~finished
@@ -433,10 +567,13 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
 
 
 def init_state(args: Args, sizes: Sizes):
-    """The network, and the learner state and counters: fresh, or with --resume from the newest checkpoint."""
+    """The network, and the learner state and counters: fresh, or with --resume from the newest
+    checkpoint."""
     probe_env = make_env(args, args.seed, 1)
     network = Network(args.channels, args.hiddens, probe_env.action_space.n)
-    params = network.init(jax.random.fold_in(jax.random.PRNGKey(args.seed), 0), probe_env.reset()[0])
+    params = network.init(
+        jax.random.fold_in(jax.random.PRNGKey(args.seed), 0), probe_env.reset()[0]
+    )
     probe_env.close()
     # Centred RMSProp with eps inside the square root, as Ape-X's (TensorFlow's) optimizer.
     rmsprop = optax.rmsprop(args.learning_rate, decay=0.95, eps=1.5e-7, centered=True)
@@ -456,9 +593,15 @@ def start_actors(args, sizes, run, network, first_update, actor_devices):
         param_queues.append(queue.Queue(maxsize=1))
         rollout_queues.append(queue.Queue(maxsize=1))
         kwargs = dict(args=args, sizes=sizes, run=run, network=network, first_update=first_update)
-        kwargs.update(env_offset=(first_thread + index) * args.local_num_envs, param_queue=param_queues[-1])
-        kwargs.update(device=actor_devices[index // args.num_actor_threads], rollout_queue=rollout_queues[-1])
-        threads.append(start_thread(actor, f"actor-{first_thread + index}", run.stop, run.failures, **kwargs))
+        kwargs.update(
+            env_offset=(first_thread + index) * args.local_num_envs, param_queue=param_queues[-1]
+        )
+        kwargs.update(
+            device=actor_devices[index // args.num_actor_threads], rollout_queue=rollout_queues[-1]
+        )
+        threads.append(
+            start_thread(actor, f"actor-{first_thread + index}", run.stop, run.failures, **kwargs)
+        )
     return param_queues, rollout_queues, threads
 
 
@@ -467,7 +610,9 @@ def send_params(state, policy_version, actor_devices, param_queues, stop):
     threads_per_device = len(param_queues) // len(actor_devices)
     for device_index, actor_device in enumerate(actor_devices):
         on_device = jax.device_put(host_copy, actor_device)
-        for q in param_queues[device_index * threads_per_device : (device_index + 1) * threads_per_device]:
+        for q in param_queues[
+            device_index * threads_per_device : (device_index + 1) * threads_per_device
+        ]:
             queue_put(q, (policy_version, on_device), stop)
 
 
@@ -475,61 +620,96 @@ def insert_rollouts(args, replay, rollouts, tally):
     """Every process's rollouts, env-major in global env order (each process holds the whole replay)."""
     data = {key: np.concatenate([r.data[key] for r in rollouts]) for key in rollouts[0].data}
     if args.distributed:
-        data = {k: np.asarray(v).reshape(-1, *v.shape[2:]) for k, v in multihost_utils.process_allgather(data).items()}
+        data = {
+            k: np.asarray(v).reshape(-1, *v.shape[2:])
+            for k, v in multihost_utils.process_allgather(data).items()
+        }
     tally["inserted"] += replay_insert(replay, data, args.n_step, args.priority_exponent)
     tally["replay_size"] = int(np.count_nonzero(replay["valid"]))
 
 
 def learn(args, replay, state, update, tally):
-    """--updates-per-rollout updates, each on a batch sampled on the host from the one global sum tree with a
-    generator seeded by (seed, learner update): the same batches on every layout. Returns the state and stats."""
+    """--updates-per-rollout updates, each on a batch sampled on the host from the one global sum tree
+    with a generator seeded by (seed, learner update): the same batches on every layout. Returns the
+    state and stats."""
     num_local = len(args.learner_device_ids)
     local = slice(jax.process_index() * num_local, (jax.process_index() + 1) * num_local)
     replay_time, learn_start = 0.0, time.time()
     for _ in range(args.updates_per_rollout):
         tic = time.time()
         rng = np.random.default_rng([args.seed, 3, tally["learner_updates"]])
-        batch, slots = replay_sample(replay, args.batch_size, rng, args.importance_sampling_exponent)
-        shards = {k: v.reshape(num_local * jax.process_count(), -1, *v.shape[1:])[local] for k, v in batch.items()}
+        batch, slots = replay_sample(
+            replay, args.batch_size, rng, args.importance_sampling_exponent
+        )
+        shards = {
+            k: v.reshape(num_local * jax.process_count(), -1, *v.shape[1:])[local]
+            for k, v in batch.items()
+        }
         replay_time += time.time() - tic
         state, metrics, td = update(state, shards)
         td = np.asarray(jax.device_get(first_replica(td)))
         tic = time.time()
-        sum_tree.set_weights(replay["tree"], slots, (np.abs(td) + PRIORITY_EPSILON) ** args.priority_exponent)
+        sum_tree.set_weights(
+            replay["tree"], slots, (np.abs(td) + PRIORITY_EPSILON) ** args.priority_exponent
+        )
         replay_time += time.time() - tic
         tally["learner_updates"] += 1
         tally["sampled"] += args.batch_size
-    stats = dict(is_weight_min=batch["weights"].min(), is_weight_max=batch["weights"].max(), replay_time=replay_time)
+    stats = dict(
+        is_weight_min=batch["weights"].min(),
+        is_weight_max=batch["weights"].max(),
+        replay_time=replay_time,
+    )
     return (
         state,
         metrics,
-        dict(stats, learner_updates_per_second=args.updates_per_rollout / (time.time() - learn_start)),
+        dict(
+            stats, learner_updates_per_second=args.updates_per_rollout / (time.time() - learn_start)
+        ),
     )
 
 
 def log_update(args, sizes, run, update, rollouts, replay, metrics, stats):
-    """TensorBoard every iteration; priorities (an O(N) pass), losses and a console line every --log-frequency."""
+    """TensorBoard every iteration; priorities (an O(N) pass), losses and a console line every
+    --log-frequency."""
     global_step, elapsed = update * sizes.batch_size, time.time() - run.start_time
     timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
     sps = int((update - run.counters["update"]) * sizes.batch_size / elapsed)
     stats.update(actor_sps=args.local_num_envs * args.num_steps / timing["rollout_time"])
     stats.update(
-        replay_insert_per_second=stats["inserted"] / elapsed, replay_sample_per_second=stats["sampled"] / elapsed
+        replay_insert_per_second=stats["inserted"] / elapsed,
+        replay_sample_per_second=stats["sampled"] / elapsed,
     )
-    run.log({f"stats/{key}": value for key, value in dict(timing, **stats).items()} | {"charts/SPS": sps}, global_step)
+    run.log(
+        {f"stats/{key}": value for key, value in dict(timing, **stats).items()}
+        | {"charts/SPS": sps},
+        global_step,
+    )
     if update % args.log_frequency and update != sizes.num_updates:
         return
     priorities = sum_tree.weights(replay["tree"], np.flatnonzero(replay["valid"])) ** (
         1 / max(args.priority_exponent, 1e-9)
     )
     if priorities.size and args.priority_exponent:
-        run.log({"stats/priority_mean": priorities.mean(), "stats/priority_max": priorities.max()}, global_step)
+        run.log(
+            {"stats/priority_mean": priorities.mean(), "stats/priority_max": priorities.max()},
+            global_step,
+        )
     if metrics is not None:
-        run.log({f"losses/{key}": value for key, value in jax.device_get(first_replica(metrics)).items()}, global_step)
+        run.log(
+            {
+                f"losses/{key}": value
+                for key, value in jax.device_get(first_replica(metrics)).items()
+            },
+            global_step,
+        )
     mean_return = f"{np.mean(run.recent_returns):.1f}" if run.recent_returns else "n/a"
     line = f"update {update}/{sizes.num_updates} step={global_step} SPS={sps} return={mean_return} learner updates="
     line += f"{stats['learner_updates']} replay={stats['replay_size']} policy lag={stats['param_lag']} wait rollout="
-    print(f"{line}{stats['rollout_queue_get_time']:.2f}s param={timing['param_queue_get_time']:.2f}s", flush=True)
+    print(
+        f"{line}{stats['rollout_queue_get_time']:.2f}s param={timing['param_queue_get_time']:.2f}s",
+        flush=True,
+    )
 
 
 def train(args: Args):
@@ -542,9 +722,13 @@ def train(args: Args):
     tally = dict(learner_updates=int(state.step), replay_size=0, inserted=0, sampled=0)
     state = replicate(state, learner_devices)
     update, replay = make_update(args, global_learner_devices), make_replay(args, sizes.num_envs)
-    epsilons = epsilons_of(np.arange(sizes.num_envs), sizes.num_envs, args.epsilon_base, args.epsilon_alpha)
+    epsilons = epsilons_of(
+        np.arange(sizes.num_envs), sizes.num_envs, args.epsilon_base, args.epsilon_alpha
+    )
     start_update = learner_policy_version = counters["update"]
-    param_queues, rollout_queues, threads = start_actors(args, sizes, run, network, start_update + 1, actor_devices)
+    param_queues, rollout_queues, threads = start_actors(
+        args, sizes, run, network, start_update + 1, actor_devices
+    )
     exit_code, metrics, learn_stats = 0, None, {}
     try:
         send_params(state, learner_policy_version, actor_devices, param_queues, run.stop)
@@ -552,7 +736,8 @@ def train(args: Args):
             wait_start = time.time()
             rollouts = [queue_get(q, run.stop) for q in rollout_queues]
             rollout_queue_get_time = time.time() - wait_start
-            # The Cleanba protocol: data exactly one policy version old with --concurrency, else current.
+            # The Cleanba protocol: data exactly one policy version old with --concurrency, else
+            # current.
             expected_lag = 1 if args.concurrency and update_index > start_update + 1 else 0
             for r in rollouts:
                 lag = learner_policy_version - r.policy_version
@@ -567,9 +752,21 @@ def train(args: Args):
             if tally["replay_size"] >= max(args.learning_starts, 1):
                 state, metrics, learn_stats = learn(args, replay, state, update, tally)
             learner_policy_version += 1
-            stats = dict(learn_stats, **tally, rollout_queue_get_time=rollout_queue_get_time, insert_time=insert_time)
-            stats.update(learn_time=time.time() - learn_start, epsilon_min=epsilons.min(), epsilon_max=epsilons.max())
-            stats.update(actor_policy_version=rollouts[0].policy_version, learner_policy_version=learner_policy_version)
+            stats = dict(
+                learn_stats,
+                **tally,
+                rollout_queue_get_time=rollout_queue_get_time,
+                insert_time=insert_time,
+            )
+            stats.update(
+                learn_time=time.time() - learn_start,
+                epsilon_min=epsilons.min(),
+                epsilon_max=epsilons.max(),
+            )
+            stats.update(
+                actor_policy_version=rollouts[0].policy_version,
+                learner_policy_version=learner_policy_version,
+            )
             stats.update(param_lag=learner_policy_version - 1 - rollouts[0].policy_version)
             log_update(args, sizes, run, update_index, rollouts, replay, metrics, stats)
             exit_code = run.after_update(state, update_index)

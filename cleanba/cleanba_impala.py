@@ -1,4 +1,5 @@
-"""Cleanba IMPALA: actor threads collect rollouts with envpool, a pmap'd learner trains on them with V-trace.
+"""Cleanba IMPALA: actor threads collect rollouts with envpool, a pmap'd learner trains on them with
+V-trace.
 
 Each actor thread owns one `param_queue` and one `rollout_queue` (both maxsize 1). With
 `--concurrency` (the default, "Cleanba IMPALA"), the actor skips `param_queue.get()` on its second
@@ -40,7 +41,8 @@ class Args:
     seed: int = 1
     """seed of the experiment: environments, action sampling, initialization and minibatch order"""
     run_name: str | None = None
-    """name of the run folder under `runs/` (default: `{env_id}__{exp_name}__{seed}__{unix time}`)"""
+    """name of the run folder under `runs/` (default: `{env_id}__{exp_name}__{seed}__{unix time}`)
+    """
     group: str = ""
     """free-form label of the experiment this run belongs to, recorded in spec.json"""
     track: bool = False
@@ -69,13 +71,15 @@ class Args:
     num_actor_threads: int = 2
     """the number of actor threads per actor device"""
     envpool_num_threads: int | None = None
-    """worker threads of each envpool instance (default: CPUs / actor threads); results do not depend on it"""
+    """worker threads of each envpool instance (default: CPUs / actor threads); results do not depend
+    on it"""
     num_steps: int = 20
     """the number of steps each environment runs per rollout"""
     gamma: float = 0.99
     """the discount factor"""
     vtrace_lambda: float = 1.0
-    """the lambda of V-trace: trace coefficients are c = lambda * min(1, rho) (rlax fixes c bar at 1)"""
+    """the lambda of V-trace: trace coefficients are c = lambda * min(1, rho) (rlax fixes c bar at 1)
+    """
     clip_rho_threshold: float = 1.0
     """the clip of the importance ratios in the V-trace targets (rho bar)"""
     clip_pg_rho_threshold: float = 1.0
@@ -91,20 +95,21 @@ class Args:
     channels: tuple[int, ...] = (16, 32, 32)
     """the channels of the IMPALA ResNet stacks (image observations)"""
     hiddens: tuple[int, ...] = (256,)
-    """the sizes of the dense layers after the ResNet (image observations), or of the hidden layers of each of
-    the separate actor and critic MLPs (vector observations)"""
+    """the sizes of the dense layers after the ResNet (image observations), or of the hidden layers of
+    each of the separate actor and critic MLPs (vector observations)"""
 
     actor_device_ids: tuple[int, ...] = (0,)
     """the local device ids that run actor threads"""
     learner_device_ids: tuple[int, ...] = (0,)
     """the local device ids the learner update is pmap'd over"""
     gradient_accumulation_steps: int = 1
-    """split each minibatch into this many microbatches whose gradients are summed before one optimizer step:
-    the same result (up to float rounding) in less learner memory"""
+    """split each minibatch into this many microbatches whose gradients are summed before one optimizer
+    step: the same result (up to float rounding) in less learner memory"""
     concurrency: bool = True
     """let actors collect the next rollout while the learner trains (policy lag 1 instead of 0)"""
     distributed: bool = False
-    """join a multi-process run with jax.distributed (configured by SLURM or the three options below)"""
+    """join a multi-process run with jax.distributed (configured by SLURM or the three options below)
+    """
     coordinator_address: str | None = None
     """host:port of process 0, for --distributed outside SLURM"""
     num_processes: int | None = None
@@ -114,7 +119,8 @@ class Args:
     checkpoint_every: int = 0
     """save a checkpoint every this many updates (0: only at the end and on SIGTERM / SIGUSR1)"""
     resume: bool = False
-    """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is none)"""
+    """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is none)
+    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,9 +132,13 @@ class Sizes:
 
 
 def sizes_of(args: Args, num_processes: int) -> Sizes:
-    num_envs = args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids) * num_processes
+    num_envs = (
+        args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids) * num_processes
+    )
     batch_size = num_envs * args.num_steps
-    return Sizes(num_envs, batch_size, batch_size // args.num_minibatches, args.total_timesteps // batch_size)
+    return Sizes(
+        num_envs, batch_size, batch_size // args.num_minibatches, args.total_timesteps // batch_size
+    )
 
 
 def parse_args(argv=None) -> Args:
@@ -139,9 +149,13 @@ def parse_args(argv=None) -> Args:
 
 def validate(args: Args):
     """Checks every argument that needs no device, before any other work; exits 2 on the first problem."""
-    positive = "total_timesteps learning_rate local_num_envs num_actor_threads num_steps num_minibatches"
+    positive = (
+        "total_timesteps learning_rate local_num_envs num_actor_threads num_steps num_minibatches"
+    )
     positive += " gradient_accumulation_steps clip_rho_threshold clip_pg_rho_threshold max_grad_norm log_frequency"
-    parsing.check_signs(args, positive.split(), "ent_coef vf_coef eval_episodes checkpoint_every".split())
+    parsing.check_signs(
+        args, positive.split(), "ent_coef vf_coef eval_episodes checkpoint_every".split()
+    )
     parsing.check_in(args, "gamma", 0, 1, low_open=True)
     parsing.check_in(args, "vtrace_lambda", 0, 1)
     parsing.check_run_options(args)
@@ -167,15 +181,27 @@ def is_atari(env_id: str) -> bool:
 
 
 def make_env(args: Args, seed: int, num_envs: int):
-    """envpool seeds its environment i with `seed + i`; Atari follows Machado et al. (2018): sticky actions, the
-    full action space, no life-loss signal, one no-op at reset at most, 108k frames per episode at most."""
+    """envpool seeds its environment i with `seed + i`; Atari follows Machado et al. (2018): sticky
+    actions, the full action space, no life-loss signal, one no-op at reset at most, 108k frames per
+    episode at most."""
     # sched_getaffinity counts the CPUs this process may use (a SLURM allocation), not the node's.
-    cpus_per_thread = len(os.sched_getaffinity(0)) // (args.num_actor_threads * len(args.actor_device_ids))
+    cpus_per_thread = len(os.sched_getaffinity(0)) // (
+        args.num_actor_threads * len(args.actor_device_ids)
+    )
     num_threads = args.envpool_num_threads or max(1, min(num_envs, cpus_per_thread))
-    atari = dict(repeat_action_probability=0.25, full_action_space=True, episodic_life=False, noop_max=1)
-    options = dict(atari, max_episode_steps=27_000, reward_clip=True) if is_atari(args.env_id) else {}
+    atari = dict(
+        repeat_action_probability=0.25, full_action_space=True, episodic_life=False, noop_max=1
+    )
+    options = (
+        dict(atari, max_episode_steps=27_000, reward_clip=True) if is_atari(args.env_id) else {}
+    )
     return envpool.make(
-        args.env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads, **options
+        args.env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        num_threads=num_threads,
+        **options,
     )
 
 
@@ -200,7 +226,8 @@ class ConvSequence(nn.Module):
 
 
 class MLP(nn.Module):
-    """tanh hidden layers and a linear output, orthogonally initialized (scale sqrt 2, then `output_scale`)."""
+    """tanh hidden layers and a linear output, orthogonally initialized (scale sqrt 2, then
+    `output_scale`)."""
 
     hiddens: tuple[int, ...]
     outputs: int
@@ -214,9 +241,9 @@ class MLP(nn.Module):
 
 
 class Network(nn.Module):
-    """IMPALA ResNet torso shared by both heads for stacked frames (N, C, H, W); separate actor and critic
-    MLPs for vector observations (N, D), as in the classic-control PPO references: through a shared torso,
-    the critic's gradients (returns reach ~100 on CartPole) swamp the policy's."""
+    """IMPALA ResNet torso shared by both heads for stacked frames (N, C, H, W); separate actor and
+    critic MLPs for vector observations (N, D), as in the classic-control PPO references: through a
+    shared torso, the critic's gradients (returns reach ~100 on CartPole) swamp the policy's."""
 
     channels: tuple[int, ...]
     hiddens: tuple[int, ...]
@@ -248,8 +275,9 @@ def sample_actions(logits, key, step, env_ids):
 
 class Rollout(NamedTuple):
     """What an actor thread puts on its rollout queue: the learner update it is for, the version of the
-    parameters that played it, env-major arrays (envs, steps, ...) with one slice of environments per learner
-    device, and the seconds the actor spent waiting for parameters, playing, stepping and inferring."""
+    parameters that played it, env-major arrays (envs, steps, ...) with one slice of environments
+    per learner device, and the seconds the actor spent waiting for parameters, playing, stepping
+    and inferring."""
 
     update: int
     policy_version: int
@@ -258,14 +286,16 @@ class Rollout(NamedTuple):
 
 
 def actor(args, sizes, run, network, first_update, env_offset, devices, param_queue, rollout_queue):
-    """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs - 1.
-    `devices` are its own device and the local learner devices."""
+    """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs -
+    1. `devices` are its own device and the local learner devices."""
     actor_device, learner_devices = devices
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
     env_ids_on_device = jax.device_put(env_ids, actor_device)
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
-    learner_sharding = NamedSharding(Mesh(np.array(learner_devices), ("devices",)), PartitionSpec("devices"))
+    learner_sharding = NamedSharding(
+        Mesh(np.array(learner_devices), ("devices",)), PartitionSpec("devices")
+    )
 
     @jax.jit
     def get_action(params, obs, step):
@@ -276,8 +306,8 @@ def actor(args, sizes, run, network, first_update, env_offset, devices, param_qu
 
     episodes = run.episodes(args.local_num_envs)
     next_obs, _ = envs.reset()
-    # envpool resets an environment on the step after its episode ended: that step ignores the action,
-    # returns the first observation of the next episode, and is masked out of learning.
+    # envpool resets an environment on the step after its episode ended: that step ignores the
+    # action, returns the first observation of the next episode, and is masked out of learning.
     next_is_reset = np.zeros(args.local_num_envs, dtype=bool)
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
@@ -291,21 +321,28 @@ def actor(args, sizes, run, network, first_update, env_offset, devices, param_qu
         for step in range(args.num_steps):
             tic = time.time()
             policy_step = (update - 1) * args.num_steps + step
-            action, logprob = jax.device_get(get_action(params, jax.device_put(next_obs, actor_device), policy_step))
+            action, logprob = jax.device_get(
+                get_action(params, jax.device_put(next_obs, actor_device), policy_step)
+            )
             inference_time += time.time() - tic
             tic = time.time()
             obs, reward, terminated, truncated, info = envs.step(action)
             env_step_time += time.time() - tic
             played = dict(obs=next_obs, actions=action, logprobs=logprob, is_reset=next_is_reset)
-            steps.append(dict(played, rewards=reward, terminations=terminated, truncations=truncated))
+            steps.append(
+                dict(played, rewards=reward, terminations=terminated, truncations=truncated)
+            )
             done = terminated | truncated
-            episodes.step(info.get("reward", reward), done, next_is_reset, policy_step * sizes.num_envs)
+            episodes.step(
+                info.get("reward", reward), done, next_is_reset, policy_step * sizes.num_envs
+            )
             next_obs, next_is_reset = obs, done
 
         # Env-major (envs, steps, ...) split into one slice of envs per learner device: a single
         # host-to-device copy of the whole rollout, overlapped with the learner's work.
         data = {key: np.stack([s[key] for s in steps], axis=1) for key in steps[0]}
-        # The learner evaluates every observation with its current parameters, the last one included.
+        # The learner evaluates every observation with its current parameters, the last one
+        # included.
         data["obs"] = np.concatenate([data["obs"], next_obs[:, None]], axis=1)
         data["env_ids"] = env_ids
         data = {k: v.reshape(len(learner_devices), -1, *v.shape[1:]) for k, v in data.items()}
@@ -316,11 +353,23 @@ def actor(args, sizes, run, network, first_update, env_offset, devices, param_qu
             env_step_time=env_step_time,
         )
         queue_put(
-            rollout_queue, Rollout(update, policy_version, jax.device_put(data, learner_sharding), timing), run.stop
+            rollout_queue,
+            Rollout(update, policy_version, jax.device_put(data, learner_sharding), timing),
+            run.stop,
         )
 
 
-def vtrace(values, rewards, terminations, truncations, log_rhos, gamma, vtrace_lambda, clip_rho, clip_pg_rho):
+def vtrace(
+    values,
+    rewards,
+    terminations,
+    truncations,
+    log_rhos,
+    gamma,
+    vtrace_lambda,
+    clip_rho,
+    clip_pg_rho,
+):
     """V-trace targets and policy-gradient advantages of one environment's rollout; values has one more
     entry (the last observation) and log_rhos are log pi(a|x) - log mu(a|x) of the actions taken.
 
@@ -343,10 +392,14 @@ def impala_loss(params, apply_fn, mb, count, args):
     logits, values = apply_fn(params, obs)
     logits, values = logits.reshape(*mb["obs"].shape[:2], -1), values.reshape(mb["obs"].shape[:2])
     log_probs = jax.nn.log_softmax(logits[:, :-1])
-    logprob = jnp.take_along_axis(log_probs, mb["actions"][..., None].astype(jnp.int32), axis=-1)[..., 0]
+    logprob = jnp.take_along_axis(log_probs, mb["actions"][..., None].astype(jnp.int32), axis=-1)[
+        ..., 0
+    ]
     logratio = logprob - mb["logprobs"]
     per_env = jax.vmap(
-        lambda *xs: vtrace(*xs, args.gamma, args.vtrace_lambda, args.clip_rho_threshold, args.clip_pg_rho_threshold)
+        lambda *xs: vtrace(
+            *xs, args.gamma, args.vtrace_lambda, args.clip_rho_threshold, args.clip_pg_rho_threshold
+        )
     )
     targets, pg_advantages = jax.lax.stop_gradient(
         per_env(values, mb["rewards"], mb["terminations"], mb["truncations"], logratio)
@@ -369,14 +422,16 @@ def minibatch_ids(key, env_ids, num_minibatches):
     """Environment g goes to minibatch perm[g % M] of its block of M = num_minibatches consecutive
     indices, perm being a random permutation keyed by the block: the global index alone decides, and
     a device that holds whole blocks has equally many environments in every minibatch."""
-    block_permutation = lambda g: jax.random.permutation(jax.random.fold_in(key, g // num_minibatches), num_minibatches)
+    block_permutation = lambda g: jax.random.permutation(
+        jax.random.fold_in(key, g // num_minibatches), num_minibatches
+    )
     return jax.vmap(lambda g: block_permutation(g)[g % num_minibatches])(env_ids)
 
 
 def make_update(args, learner_devices, rolled: bool):
-    """The learner update, pmap'd over the learner devices: one pass over the rollout in `num_minibatches`
-    optimizer steps, each on whole environment sequences and the sum of the gradients of
-    `gradient_accumulation_steps` microbatches (subsets of its sequences).
+    """The learner update, pmap'd over the learner devices: one pass over the rollout in
+    `num_minibatches` optimizer steps, each on whole environment sequences and the sum of the
+    gradients of `gradient_accumulation_steps` microbatches (subsets of its sequences).
 
     Layout invariance: minibatch membership depends only on global env indices (`minibatch_ids`),
     and every mean is a global one (psum of sums over psum of counts), so the number of learner
@@ -387,10 +442,20 @@ def make_update(args, learner_devices, rolled: bool):
 
     def prepare(rollouts, update_index):
         data = jax.tree.map(lambda *xs: jnp.concatenate(xs), *rollouts)
-        terminations, truncations = data["terminations"].astype(jnp.float32), data["truncations"].astype(jnp.float32)
-        fields = dict(obs=data["obs"], actions=data["actions"], logprobs=data["logprobs"], rewards=data["rewards"])
+        terminations, truncations = (
+            data["terminations"].astype(jnp.float32),
+            data["truncations"].astype(jnp.float32),
+        )
+        fields = dict(
+            obs=data["obs"],
+            actions=data["actions"],
+            logprobs=data["logprobs"],
+            rewards=data["rewards"],
+        )
         fields = dict(fields, terminations=terminations, truncations=truncations)
-        ids = minibatch_ids(jax.random.fold_in(learner_key, update_index), data["env_ids"], args.num_minibatches)
+        ids = minibatch_ids(
+            jax.random.fold_in(learner_key, update_index), data["env_ids"], args.num_minibatches
+        )
         # Environments sorted by minibatch: minibatch m is the m-th block of `order`.
         order = jnp.argsort(ids, stable=True)
         return dict(fields, valid=1.0 - data["is_reset"].astype(jnp.float32), order=order)
@@ -405,19 +470,29 @@ def make_update(args, learner_devices, rolled: bool):
         # The count is the whole minibatch's, so that K microbatches sum to exactly its gradient.
         count = jnp.maximum(jax.lax.psum(fields["valid"][minibatch_envs].sum(), "devices"), 1.0)
         envs_per_micro = envs_per_minibatch // num_micro
-        micro_envs = jax.lax.dynamic_slice_in_dim(minibatch_envs, micro * envs_per_micro, envs_per_micro)
+        micro_envs = jax.lax.dynamic_slice_in_dim(
+            minibatch_envs, micro * envs_per_micro, envs_per_micro
+        )
         mb = {key: value[micro_envs] for key, value in fields.items() if key != "order"}
-        grads, metrics = jax.grad(impala_loss, has_aux=True)(state.params, state.apply_fn, mb, count, args)
+        grads, metrics = jax.grad(impala_loss, has_aux=True)(
+            state.params, state.apply_fn, mb, count, args
+        )
         # Each device's loss is its share of the global mean, so the global gradient is their sum.
         grads, metrics = jax.lax.psum((grads, metrics), "devices")
         return state.apply_gradients(grads=grads), metrics
 
-    return microbatch_update(prepare, microbatch_step, num_microbatches, args.num_minibatches, learner_devices, rolled)
+    return microbatch_update(
+        prepare, microbatch_step, num_microbatches, args.num_minibatches, learner_devices, rolled
+    )
 
 
 def learning_rate_at(args: Args, sizes: Sizes, update: int) -> float:
     """Constant within an update, linearly down to zero over the run."""
-    return args.learning_rate * (1.0 - (update - 1) / sizes.num_updates) if args.anneal_lr else args.learning_rate
+    return (
+        args.learning_rate * (1.0 - (update - 1) / sizes.num_updates)
+        if args.anneal_lr
+        else args.learning_rate
+    )
 
 
 def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
@@ -425,7 +500,11 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     envs = make_env(args, seed, num_episodes)
     network = Network(args.channels, args.hiddens, envs.action_space.n)
     env_ids = jnp.arange(num_episodes)
-    act = jax.jit(lambda p, o, step: sample_actions(network.apply(p, o)[0], jax.random.PRNGKey(seed), step, env_ids))
+    act = jax.jit(
+        lambda p, o, step: sample_actions(
+            network.apply(p, o)[0], jax.random.PRNGKey(seed), step, env_ids
+        )
+    )
     obs, _ = envs.reset()
     returns, finished = np.zeros(num_episodes), np.zeros(num_episodes, dtype=bool)
     step = 0
@@ -438,18 +517,21 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
 
 
 def init_state(args: Args, sizes: Sizes):
-    """The network, and the learner state with its counters: fresh from the seed, or with --resume from the
-    newest checkpoint of the run (counters["update"] > 0 then)."""
+    """The network, and the learner state with its counters: fresh from the seed, or with --resume from
+    the newest checkpoint of the run (counters["update"] > 0 then)."""
     probe_env = make_env(args, args.seed, 1)
     network = Network(args.channels, args.hiddens, probe_env.action_space.n)
-    params = network.init(jax.random.fold_in(jax.random.PRNGKey(args.seed), 0), probe_env.reset()[0])
+    params = network.init(
+        jax.random.fold_in(jax.random.PRNGKey(args.seed), 0), probe_env.reset()[0]
+    )
     probe_env.close()
     learning_rate = lambda count: learning_rate_at(args, sizes, 1 + count // args.num_minibatches)
     optimizer = optax.chain(
         optax.clip_by_global_norm(args.max_grad_norm),
         optax.inject_hyperparams(optax.rmsprop)(learning_rate=learning_rate, decay=0.99, eps=0.01),
     )
-    # The gradients of a minibatch's microbatches are summed (each is its share of the minibatch's mean).
+    # The gradients of a minibatch's microbatches are summed (each is its share of the minibatch's
+    # mean).
     optimizer = optax.MultiSteps(optimizer, args.gradient_accumulation_steps, use_grad_mean=False)
     state = TrainState.create(apply_fn=network.apply, params=params, tx=optimizer)
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
@@ -463,7 +545,9 @@ def start_actors(args, sizes, run, network, first_update, actor_devices, learner
     param_queues, rollout_queues, threads = [], [], []
     for device_index, actor_device in enumerate(actor_devices):
         for thread_id in range(args.num_actor_threads):
-            thread_index = (jax.process_index() * len(actor_devices) + device_index) * args.num_actor_threads
+            thread_index = (
+                jax.process_index() * len(actor_devices) + device_index
+            ) * args.num_actor_threads
             thread_index += thread_id
             param_queues.append(queue.Queue(maxsize=1))
             rollout_queues.append(queue.Queue(maxsize=1))
@@ -478,7 +562,9 @@ def start_actors(args, sizes, run, network, first_update, actor_devices, learner
                 param_queue=param_queues[-1],
                 rollout_queue=rollout_queues[-1],
             )
-            threads.append(start_thread(actor, f"actor-{thread_index}", run.stop, run.failures, **kwargs))
+            threads.append(
+                start_thread(actor, f"actor-{thread_index}", run.stop, run.failures, **kwargs)
+            )
     return param_queues, rollout_queues, threads
 
 
@@ -487,7 +573,9 @@ def send_params(state, policy_version, actor_devices, param_queues, stop):
     threads_per_device = len(param_queues) // len(actor_devices)
     for device_index, actor_device in enumerate(actor_devices):
         on_device = jax.device_put(host_copy, actor_device)
-        for q in param_queues[device_index * threads_per_device : (device_index + 1) * threads_per_device]:
+        for q in param_queues[
+            device_index * threads_per_device : (device_index + 1) * threads_per_device
+        ]:
             queue_put(q, (policy_version, on_device), stop)
 
 
@@ -498,10 +586,16 @@ def log_update(args, sizes, run, update, rollouts, metrics, stats):
     timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
     sps = int(updates_done * sizes.batch_size / elapsed)
     run.log({f"stats/{key}": value for key, value in dict(timing, **stats).items()}, global_step)
-    run.log({"charts/SPS": sps, "charts/learning_rate": learning_rate_at(args, sizes, update)}, global_step)
+    run.log(
+        {"charts/SPS": sps, "charts/learning_rate": learning_rate_at(args, sizes, update)},
+        global_step,
+    )
     if update % args.log_frequency and update != sizes.num_updates:
         return
-    run.log({f"losses/{key}": value for key, value in jax.device_get(first_replica(metrics)).items()}, global_step)
+    run.log(
+        {f"losses/{key}": value for key, value in jax.device_get(first_replica(metrics)).items()},
+        global_step,
+    )
     mean_return = f"{np.mean(run.recent_returns):.1f}" if run.recent_returns else "n/a"
     eta_minutes = (sizes.num_updates - update) * elapsed / updates_done / 60
     print(
@@ -533,7 +627,8 @@ def train(args: Args):
             wait_start = time.time()
             rollouts = [queue_get(q, run.stop) for q in rollout_queues]
             rollout_queue_get_time = time.time() - wait_start
-            # The Cleanba protocol: data exactly one policy version old with --concurrency, else current.
+            # The Cleanba protocol: data exactly one policy version old with --concurrency, else
+            # current.
             expected_lag = 1 if args.concurrency and update_index > start_update + 1 else 0
             for r in rollouts:
                 lag = learner_policy_version - r.policy_version

@@ -1,33 +1,39 @@
-"""Report on one launcher experiment: trial ranking, per-env metrics, learning curves and search history.
+"""Report on one launcher experiment: trial ranking, per-env metrics, learning curves and search
+history.
 
-    python -m cleanba_utils.analyze runs/_experiments/NAME [--out-dir DIR] [--last-n 100] [--reps 2000] [--seed 0]
+python -m cleanba_utils.analyze runs/_experiments/NAME [--out-dir DIR] [--last-n 100] [--reps 2000]
+[--seed 0]
 
-writes report.md and PNGs into --out-dir (default: the experiment folder) and prints the report's path; the runs are
-the TensorBoard folders runs/<run_name>/ two levels above the experiment folder.
+writes report.md and PNGs into --out-dir (default: the experiment folder) and prints the report's
+path; the runs are the TensorBoard folders runs/<run_name>/ two levels above the experiment folder.
 
-A session is one run (one seed) of a trial on one env. Its curve is the running mean of its last --last-n episodic
-returns, against global step (or wall time since the run's first event). A trial's value is the mean over sessions.
+A session is one run (one seed) of a trial on one env. Its curve is the running mean of its last
+--last-n episodic returns, against global step (or wall time since the run's first event). A trial's
+value is the mean over sessions.
 
-- Curves of a trial on an env: each session's curve on 100 grid points from 0 to the largest step (wall time) of
-  any of the trial's sessions, as a step function: the last value at or before a grid point, NaN before the
-  session's first episode (after its last, the last value holds: sessions end a few steps apart). The mean
-  ignores NaN; its band is the 2.5-97.5 percentile interval of --reps bootstrap resamples of the sessions
-  (numpy generator seeded by --seed).
-- random: spec["random_scores"][env] if given, else the published random score of the 57 Atari games, else the
-  mean of the first 10 episodic returns of every session on the env (an untrained policy plays about randomly).
+- Curves of a trial on an env: each session's curve on 100 grid points from 0 to the largest step
+  (wall time) of any of the trial's sessions, as a step function: the last value at or before a grid
+  point, NaN before the session's first episode (after its last, the last value holds: sessions end
+  a few steps apart). The mean ignores NaN; its band is the 2.5-97.5 percentile interval of --reps
+  bootstrap resamples of the sessions (numpy generator seeded by --seed).
+- random: spec["random_scores"][env] if given, else the published random score of the 57 Atari
+  games, else the mean of the first 10 episodic returns of every session on the env (an untrained
+  policy plays about randomly).
 - final_return: the mean of a session's last --last-n episodic returns.
-- auc: the mean of a session's grid curve over the grid points (NaN ignored), the area under the curve per step;
-  shown normalized between random (0) and the best trial's auc on the env (1).
-- steps_to_threshold: the first global step at which a session's curve reaches the threshold, spec["thresholds"][env]
-  if given, else halfway between random and the best trial's final_return; the mean over the sessions that did.
-- stability: (final - random) / (best - random), best and final being the maximum and last value of a session's
-  curve, clipped to [0, 1] (1: it keeps its best); NaN if best <= random.
-- consistency: 1 - std(final_return over sessions) / (best trial's final_return - random), clipped to [0, 1].
+- auc: the mean of a session's grid curve over the grid points (NaN ignored), the area under the
+  curve per step; shown normalized between random (0) and the best trial's auc on the env (1).
+- steps_to_threshold: the first global step at which a session's curve reaches the threshold,
+  spec["thresholds"][env] if given, else halfway between random and the best trial's final_return;
+  the mean over the sessions that did.
+- stability: (final - random) / (best - random), best and final being the maximum and last value of
+  a session's curve, clipped to [0, 1] (1: it keeps its best); NaN if best <= random.
+- consistency: 1 - std(final_return over sessions) / (best trial's final_return - random), clipped
+  to [0, 1].
 - sps: a session's last global step / its last wall time.
-Trials are ranked by the experiment's metric (final_return or auc) with a 95% bootstrap interval over sessions; with
-several envs by the mean over envs of the metric normalized per env between random (0) and the best trial (1), each
-env resampling its own sessions. If every env is an Atari game, human-normalized scores are aggregated as in
-cleanba_utils.hns.
+Trials are ranked by the experiment's metric (final_return or auc) with a 95% bootstrap interval
+over sessions; with several envs by the mean over envs of the metric normalized per env between
+random (0) and the best trial (1), each env resampling its own sessions. If every env is an Atari
+game, human-normalized scores are aggregated as in cleanba_utils.hns.
 """
 
 import argparse
@@ -105,8 +111,9 @@ def sps(steps, wall_times):
 
 
 def bootstrap_score(per_env, references, reps, seed):
-    """(score, low, high): the mean over envs of each env's mean session value normalized by its (random, best)
-    reference, and its 95% bootstrap interval; every env resamples its own sessions so none drops out."""
+    """(score, low, high): the mean over envs of each env's mean session value normalized by its
+    (random, best) reference, and its 95% bootstrap interval; every env resamples its own sessions
+    so none drops out."""
     rng = np.random.default_rng(seed)
     points, samples = [], []
     for values, (random, best) in zip(per_env, references):
@@ -123,7 +130,9 @@ def random_reference(env_id, spec, first_returns):
         return float(spec["random_scores"][env_id]), "spec random_scores"
     if env_id in hns.reference_scores():
         return hns.reference_scores()[env_id][0], "published Atari random score"
-    return float(np.mean(first_returns)), f"mean of the first {FIRST_EPISODES} episodic returns of every session"
+    return float(
+        np.mean(first_returns)
+    ), f"mean of the first {FIRST_EPISODES} episodic returns of every session"
 
 
 class Trial(NamedTuple):
@@ -152,12 +161,19 @@ def read_experiment(directory):
     """(header, spec, trials) from the experiment.json the launcher wrote."""
     path = directory / "experiment.json"
     if not directory.is_dir():
-        raise ValueError(f"{directory} is not a folder; pass an experiment folder, runs/_experiments/<NAME>")
+        raise ValueError(
+            f"{directory} is not a folder; pass an experiment folder, runs/_experiments/<NAME>"
+        )
     if not path.is_file():
-        raise ValueError(f"{path} does not exist; pass the folder the launcher wrote for an experiment")
+        raise ValueError(
+            f"{path} does not exist; pass the folder the launcher wrote for an experiment"
+        )
     try:
         record = json.loads(path.read_text())
-        header = {key: str(record.get(key, "unknown")) for key in ("experiment", "git_sha", "method", "metric")}
+        header = {
+            key: str(record.get(key, "unknown"))
+            for key in ("experiment", "git_sha", "method", "metric")
+        }
         trials = [
             Trial(
                 int(t["number"]),
@@ -170,9 +186,13 @@ def read_experiment(directory):
         ]
         spec = dict(record.get("spec") or {})
     except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise ValueError(f"{path} is not an experiment record as the launcher writes it ({error!r})") from None
+        raise ValueError(
+            f"{path} is not an experiment record as the launcher writes it ({error!r})"
+        ) from None
     if header["metric"] not in METRICS:
-        raise ValueError(f"{path} has metric {header['metric']!r}; this report ranks by {' or '.join(METRICS)}")
+        raise ValueError(
+            f"{path} has metric {header['metric']!r}; this report ranks by {' or '.join(METRICS)}"
+        )
     return header, spec, trials
 
 
@@ -197,19 +217,33 @@ def fmt(value, spec=".4g"):
 def analyze_env(env_id, by_trial, spec, first_returns, last_n):
     """The metrics of the trials in `by_trial` ({number: [Session]}) on one env."""
     random, random_source = random_reference(env_id, spec, first_returns)
-    finals = {n: np.array([final_return(s.returns, last_n) for s in ss]) for n, ss in by_trial.items()}
-    grids = {n: np.linspace(0, max(s.steps[-1] for s in ss), GRID_POINTS) for n, ss in by_trial.items()}
-    aucs = {n: np.array([auc(s.steps, s.curve, grids[n]) for s in ss]) for n, ss in by_trial.items()}
+    finals = {
+        n: np.array([final_return(s.returns, last_n) for s in ss]) for n, ss in by_trial.items()
+    }
+    grids = {
+        n: np.linspace(0, max(s.steps[-1] for s in ss), GRID_POINTS) for n, ss in by_trial.items()
+    }
+    aucs = {
+        n: np.array([auc(s.steps, s.curve, grids[n]) for s in ss]) for n, ss in by_trial.items()
+    }
     values = {"final_return": finals, "auc": aucs}
-    references = {m: (random, np.nanmax([np.nanmean(v) for v in values[m].values()])) for m in METRICS}
+    references = {
+        m: (random, np.nanmax([np.nanmean(v) for v in values[m].values()])) for m in METRICS
+    }
     best = references["final_return"][1]
     thresholds = spec.get("thresholds") or {}
     threshold = float(thresholds.get(env_id, (random + best) / 2))
-    threshold_source = "spec thresholds" if env_id in thresholds else "halfway from random to the best final_return"
+    threshold_source = (
+        "spec thresholds"
+        if env_id in thresholds
+        else "halfway from random to the best final_return"
+    )
     description = f"random = {fmt(random)} ({random_source}); threshold = {fmt(threshold)} ({threshold_source})."
     rows = {}
     for n, ss in by_trial.items():
-        hit = [step for s in ss if np.isfinite(step := steps_to_threshold(s.steps, s.curve, threshold))]
+        hit = [
+            step for s in ss if np.isfinite(step := steps_to_threshold(s.steps, s.curve, threshold))
+        ]
         rows[n] = [
             f"#{n}",
             str(len(ss)),
@@ -245,10 +279,16 @@ def plot_curves(env_id, by_trial, labels, axis, reps, seed, path):
     for i, (number, sessions) in enumerate(by_trial.items()):
         xs = [getattr(s, field) for s in sessions]
         grid = np.linspace(0, max(x.max() for x in xs), GRID_POINTS)
-        mean, low, high = mean_band(np.stack([on_grid(x, s.curve, grid) for x, s in zip(xs, sessions)]), reps, seed)
+        mean, low, high = mean_band(
+            np.stack([on_grid(x, s.curve, grid) for x, s in zip(xs, sessions)]), reps, seed
+        )
         ax.plot(grid, mean, color=f"C{i}", label=labels[number])
         ax.fill_between(grid, low, high, color=f"C{i}", alpha=0.2)
-    ax.set(title=f"{env_id}: mean over sessions, 95% bootstrap band", xlabel=xlabel, ylabel="episodic return (mean)")
+    ax.set(
+        title=f"{env_id}: mean over sessions, 95% bootstrap band",
+        xlabel=xlabel,
+        ylabel="episodic return (mean)",
+    )
     ax.legend(fontsize="small")
     save(fig, path)
 
@@ -259,11 +299,16 @@ def read_study(header, experiment_dir):
     if not journal.is_file():
         return None, [f"No {journal.name}, so no parameter importances."]
     try:
-        storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+        storage = optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(journal))
+        )
         study = optuna.load_study(study_name=header["experiment"], storage=storage)
         if len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))) < 2:
-            return study, ["Parameter importances: not enough complete trials (at least 2 are needed)."]
-        # The default evaluator, fANOVA, needs scikit-learn, which cleanba does not depend on; PED-ANOVA needs numpy.
+            return study, [
+                "Parameter importances: not enough complete trials (at least 2 are needed)."
+            ]
+        # The default evaluator, fANOVA, needs scikit-learn, which cleanba does not depend on;
+        # PED-ANOVA needs numpy.
         evaluator = optuna.importance.PedAnovaImportanceEvaluator()
         importances = optuna.importance.get_param_importances(study, evaluator=evaluator)
     except Exception as error:  # e.g. every objective value is the same
@@ -273,10 +318,14 @@ def read_study(header, experiment_dir):
 
 
 def plot_history(header, trials, study, path):
-    """Objective per trial; a pruned trial shows its value, else the last value it reported to the study."""
+    """Objective per trial; a pruned trial shows its value, else the last value it reported to the
+    study."""
     reported = [t for t in study.trials if t.intermediate_values] if study else []
     last = {t.number: t.intermediate_values[max(t.intermediate_values)] for t in reported}
-    points = [(t.number, last.get(t.number) if t.value is None else t.value, t.state == "pruned") for t in trials]
+    points = [
+        (t.number, last.get(t.number) if t.value is None else t.value, t.state == "pruned")
+        for t in trials
+    ]
     fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
     for pruned, marker, label in ((False, "o", "objective"), (True, "x", "pruned (last value)")):
         if shown := [(n, value) for n, value, p in points if p == pruned and value is not None]:
@@ -284,21 +333,39 @@ def plot_history(header, trials, study, path):
     if ax.has_data():
         ax.legend()
     else:
-        ax.text(0.5, 0.5, "no trial has an objective value yet", ha="center", transform=ax.transAxes)
-    ax.set(title=f"{header['experiment']}: objective per trial", xlabel="trial", ylabel=header["metric"])
+        ax.text(
+            0.5, 0.5, "no trial has an objective value yet", ha="center", transform=ax.transAxes
+        )
+    ax.set(
+        title=f"{header['experiment']}: objective per trial",
+        xlabel="trial",
+        ylabel=header["metric"],
+    )
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     save(fig, path)
 
 
 def hns_lines(results, order, reps, seed):
     finals = {env: result.values["final_return"] for env, result in results.items()}
-    by_trial = {f"#{n}": {env: hns.hns(env, f[n]) for env, f in finals.items() if n in f} for n in order}
+    by_trial = {
+        f"#{n}": {env: hns.hns(env, f[n]) for env, f in finals.items() if n in f} for n in order
+    }
     rows = [
-        [label, *(f"{value:.3f} [{low:.3f}, {high:.3f}]" for value, (low, high) in estimates.values())]
+        [
+            label,
+            *(f"{value:.3f} [{low:.3f}, {high:.3f}]" for value, (low, high) in estimates.values()),
+        ]
         for label, estimates in hns.aggregate(by_trial, reps, seed).items()
     ]
     note = "Human-normalized final_return with 95% stratified bootstrap CIs."
-    return ["## Human-normalized scores", "", note, "", *table(["trial", *hns.LABELS.values()], rows), ""]
+    return [
+        "## Human-normalized scores",
+        "",
+        note,
+        "",
+        *table(["trial", *hns.LABELS.values()], rows),
+        "",
+    ]
 
 
 def rank(trials, results, metric, reps, seed):
@@ -316,40 +383,73 @@ def rank(trials, results, metric, reps, seed):
 def ranking_lines(header, trials, ranked, sessions, several):
     rows = []
     for place, (trial, (score, low, high)) in enumerate(ranked, start=1):
-        last_step = max(s.steps[-1] for (n, _), ss in sessions.items() if n == trial.number for s in ss)
+        last_step = max(
+            s.steps[-1] for (n, _), ss in sessions.items() if n == trial.number for s in ss
+        )
         state = f"pruned, ran to step {last_step:,}" if trial.state == "pruned" else trial.state
         interval = f"{fmt(score)} [{fmt(low)}, {fmt(high)}]"
         rows.append([str(place), f"#{trial.number}", describe(trial.params), interval, state])
     unranked = [t for t in trials if t.number not in {trial.number for trial, _ in ranked}]
-    rows += [["–", f"#{t.number}", describe(t.params), "–", f"{t.state}, not ranked"] for t in unranked]
+    rows += [
+        ["–", f"#{t.number}", describe(t.params), "–", f"{t.state}, not ranked"] for t in unranked
+    ]
     metric = f"{header['metric']} (normalized, mean over envs)" if several else header["metric"]
-    return ["## Ranking", "", *table(["rank", "trial", "params", f"{metric}, 95% CI", "state"], rows), ""]
+    return [
+        "## Ranking",
+        "",
+        *table(["rank", "trial", "params", f"{metric}, 95% CI", "state"], rows),
+        "",
+    ]
 
 
 def analyze(args):
     """Writes the report and its PNGs; returns the report's path."""
     header, spec, trials = read_experiment(args.experiment_dir)
-    runs_dir, out_dir, notes = args.experiment_dir.parent.parent, args.out_dir or args.experiment_dir, []
+    runs_dir, out_dir, notes = (
+        args.experiment_dir.parent.parent,
+        args.out_dir or args.experiment_dir,
+        [],
+    )
     sessions = load_sessions(runs_dir, trials, args.last_n, notes)
     if not sessions:
-        raise ValueError(f"no run of experiment {header['experiment']} under {runs_dir} has logged an episode yet")
+        raise ValueError(
+            f"no run of experiment {header['experiment']} under {runs_dir} has logged an episode yet"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     results, active = {}, [t.number for t in trials if t.state != "failed"]
     for env in sorted({env for _, env in sessions}):
-        first = np.concatenate([s.returns[:FIRST_EPISODES] for (_, e), ss in sessions.items() if e == env for s in ss])
+        first = np.concatenate(
+            [s.returns[:FIRST_EPISODES] for (_, e), ss in sessions.items() if e == env for s in ss]
+        )
         by_trial = {n: sessions[n, env] for n in active if (n, env) in sessions}
         if by_trial:
             results[env] = analyze_env(env, by_trial, spec, first, args.last_n)
     ranked = rank(trials, results, header["metric"], args.reps, args.seed)
     lines = [f"# Experiment {header['experiment']}", ""]
-    lines += [f"git SHA `{header['git_sha']}`, method {header['method']}, metric {header['metric']}.", ""]
+    lines += [
+        f"git SHA `{header['git_sha']}`, method {header['method']}, metric {header['metric']}.",
+        "",
+    ]
     lines += ranking_lines(header, trials, ranked, sessions, len(results) > 1)
     order = [trial.number for trial, _ in ranked]
     labels = {trial.number: f"#{trial.number} {describe(trial.params, 50)}" for trial, _ in ranked}
-    columns = ["trial", "sessions", "final_return", "auc (normalized)", "steps_to_threshold", "stability"]
+    columns = [
+        "trial",
+        "sessions",
+        "final_return",
+        "auc (normalized)",
+        "steps_to_threshold",
+        "stability",
+    ]
     for env, result in results.items():
         lines += [f"## {env}", "", result.description, ""]
-        lines += [*table([*columns, "consistency", "sps"], [result.rows[n] for n in order if n in result.rows]), ""]
+        lines += [
+            *table(
+                [*columns, "consistency", "sps"],
+                [result.rows[n] for n in order if n in result.rows],
+            ),
+            "",
+        ]
         plotted = {n: sessions[n, env] for n in order if n in result.rows}
         for axis, (_, xlabel) in X_AXES.items():
             name = f"curves_{re.sub(r'[^A-Za-z0-9_.-]', '_', env)}_{axis}.png"
@@ -357,7 +457,9 @@ def analyze(args):
             lines += [f"![{env} against {xlabel}]({name})", ""]
     if results and all(env in hns.reference_scores() for env in results):
         lines += hns_lines(results, order, args.reps, args.seed)
-    study, importances = read_study(header, args.experiment_dir) if header["method"] == "tpe" else (None, [])
+    study, importances = (
+        read_study(header, args.experiment_dir) if header["method"] == "tpe" else (None, [])
+    )
     plot_history(header, trials, study, out_dir / "history.png")
     lines += ["## Search history", "", "![objective per trial](history.png)", "", *importances, ""]
     if notes:
@@ -368,17 +470,25 @@ def analyze(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m cleanba_utils.analyze", description=__doc__.splitlines()[0])
-    parser.add_argument("experiment_dir", type=Path, help="runs/_experiments/<NAME>, written by the launcher")
-    parser.add_argument("--out-dir", type=Path, help="folder for report.md and the PNGs (default: EXPERIMENT_DIR)")
-    parser.add_argument("--last-n", type=cli.positive_int, default=100, help="episodes averaged per curve point")
+    parser = argparse.ArgumentParser(
+        prog="python -m cleanba_utils.analyze", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "experiment_dir", type=Path, help="runs/_experiments/<NAME>, written by the launcher"
+    )
+    parser.add_argument(
+        "--out-dir", type=Path, help="folder for report.md and the PNGs (default: EXPERIMENT_DIR)"
+    )
+    parser.add_argument(
+        "--last-n", type=cli.positive_int, default=100, help="episodes averaged per curve point"
+    )
     parser.add_argument("--reps", type=cli.positive_int, default=2000, help="bootstrap resamples")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling")
     cli.one_line_errors(parser, "analyze")
     args = parser.parse_args(argv)
     try:
-        # NaN means where no session has an episode yet are by design, and optuna's warnings on small studies
-        # would interleave with the one line this command prints.
+        # NaN means where no session has an episode yet are by design, and optuna's warnings on
+        # small studies would interleave with the one line this command prints.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             warnings.simplefilter("ignore", UserWarning)

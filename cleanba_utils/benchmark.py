@@ -2,20 +2,20 @@
 
 Runs locally with a pool of worker processes, or as one SLURM job array (one array task per run):
 
-    python -m cleanba_utils.benchmark --env-ids Breakout-v5 Pong-v5 \\
-        --command "python cleanba/cleanba_ppo.py --track" --num-seeds 3 --workers 2
-    python -m cleanba_utils.benchmark --env-ids Breakout-v5 --command "python cleanba/cleanba_ppo.py" \\
-        --experiment lr_sweep --sweep "--learning-rate=2.5e-4,1e-3" --sweep "--num-minibatches=4,8" \\
-        --slurm-template-path cleanba.slurm_template --workers 16
+python -m cleanba_utils.benchmark --env-ids Breakout-v5 Pong-v5 \\
+--command "python cleanba/cleanba_ppo.py --track" --num-seeds 3 --workers 2
+python -m cleanba_utils.benchmark --env-ids Breakout-v5 --command "python cleanba/cleanba_ppo.py" \\
+--experiment lr_sweep --sweep "--learning-rate=2.5e-4,1e-3" --sweep "--num-minibatches=4,8" \\
+--slurm-template-path cleanba.slurm_template --workers 16
 
-or from a spec file, with Optuna's TPE search and pruning (`--search tpe`; see cleanba_utils/spec.py and
-cleanba_utils/search.py):
+or from a spec file, with Optuna's TPE search and pruning (`--search tpe`; see cleanba_utils/spec.py
+and cleanba_utils/search.py):
 
-    python -m cleanba_utils.benchmark --spec benchmark/specs/ppo_cartpole_search.toml
+python -m cleanba_utils.benchmark --spec benchmark/specs/ppo_cartpole_search.toml
 
 Every run gets `--env-id`, `--seed`, `--group <experiment>/<setting index>` and a deterministic
-`--run-name`, so a rerun or a requeued SLURM task writes to the same `runs/<run name>` folder.
-See cleanba_utils/LAUNCHER.md for the device layouts of the paper.
+`--run-name`, so a rerun or a requeued SLURM task writes to the same `runs/<run name>` folder. See
+cleanba_utils/LAUNCHER.md for the device layouts of the paper.
 """
 
 import argparse
@@ -47,8 +47,17 @@ PRUNERS = ("median", "successive_halving", "none")
 DEFAULTS = {"num_seeds": 1, "start_seed": 1, "workers": 1, "search": "grid", "sweep_seed": 0}
 DEFAULTS |= {"metric": "final_return", "pruner": "median", "startup_trials": 5}
 # The options a spec can set (see cleanba_utils/spec.py).
-SPEC_OPTIONS = {*spec.TOP.values(), *spec.TABLES["search"].values(), *spec.TABLES["resources"].values()}
-SLURM_DEFAULTS = {"slurm_gpus_per_task": 1, "slurm_ntasks": 1, "slurm_nodes": 1, "slurm_total_cpus": 8}
+SPEC_OPTIONS = {
+    *spec.TOP.values(),
+    *spec.TABLES["search"].values(),
+    *spec.TABLES["resources"].values(),
+}
+SLURM_DEFAULTS = {
+    "slurm_gpus_per_task": 1,
+    "slurm_ntasks": 1,
+    "slurm_nodes": 1,
+    "slurm_total_cpus": 8,
+}
 
 
 def fail(message):
@@ -57,17 +66,37 @@ def fail(message):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m cleanba_utils.benchmark", description=__doc__.split("\n")[0], allow_abbrev=False
+        prog="python -m cleanba_utils.benchmark",
+        description=__doc__.split("\n")[0],
+        allow_abbrev=False,
     )
     add = parser.add_argument
-    add("--spec", metavar="PATH", help="an experiment spec file (TOML; see cleanba_utils/spec.py); options add to it")
+    add(
+        "--spec",
+        metavar="PATH",
+        help="an experiment spec file (TOML; see cleanba_utils/spec.py); options add to it",
+    )
     add("--env-ids", nargs="+", metavar="ENV_ID", help="games, e.g. Breakout-v5 Pong-v5")
     add("--command", metavar="CMD", help='e.g. "python cleanba/cleanba_ppo.py --track"')
-    add("--num-seeds", type=cli.positive_int, metavar="N", help="seeds per game and setting (default 1)")
+    add(
+        "--num-seeds",
+        type=cli.positive_int,
+        metavar="N",
+        help="seeds per game and setting (default 1)",
+    )
     add("--start-seed", type=int, metavar="SEED", help="first of the consecutive seeds (default 1)")
-    add("--workers", type=cli.positive_int, metavar="N", help="runs (SLURM: array tasks) at a time (default 1)")
+    add(
+        "--workers",
+        type=cli.positive_int,
+        metavar="N",
+        help="runs (SLURM: array tasks) at a time (default 1)",
+    )
     add("--experiment", metavar="NAME", help="experiment name (default: the script name)")
-    add("--log-dir", metavar="DIR", help="for logs and the sbatch script (default: runs/_launcher/<experiment>)")
+    add(
+        "--log-dir",
+        metavar="DIR",
+        help="for logs and the sbatch script (default: runs/_launcher/<experiment>)",
+    )
     add(
         "--sweep",
         action="append",
@@ -82,39 +111,89 @@ def parse_args(argv):
         choices=["grid", "random", "tpe"],
         help="the whole grid (default), --budget random settings, or --budget settings from Optuna's TPE with pruning",
     )
-    add("--budget", type=cli.positive_int, metavar="K", help="number of settings drawn by --search random or tpe")
+    add(
+        "--budget",
+        type=cli.positive_int,
+        metavar="K",
+        help="number of settings drawn by --search random or tpe",
+    )
     add("--sweep-seed", type=int, metavar="SEED", help="seed of --search random or tpe (default 0)")
     add("--metric", choices=list(METRICS), help="tpe: what to maximize (default final_return)")
-    add("--pruner", choices=list(PRUNERS), help="tpe: how to stop bad trials early (default median)")
-    add("--report-every", type=cli.positive_int, metavar="STEPS", help="tpe: agent steps between pruning checks")
-    add("--startup-trials", type=cli.positive_int, metavar="N", help="tpe: trials before modelling and pruning (5)")
+    add(
+        "--pruner", choices=list(PRUNERS), help="tpe: how to stop bad trials early (default median)"
+    )
+    add(
+        "--report-every",
+        type=cli.positive_int,
+        metavar="STEPS",
+        help="tpe: agent steps between pruning checks",
+    )
+    add(
+        "--startup-trials",
+        type=cli.positive_int,
+        metavar="N",
+        help="tpe: trials before modelling and pruning (5)",
+    )
     add("--search-worker", action="store_true", help=argparse.SUPPRESS)
-    add("--resume", action="store_true", help="continue each run from its checkpoint (SLURM runs always do)")
+    add(
+        "--resume",
+        action="store_true",
+        help="continue each run from its checkpoint (SLURM runs always do)",
+    )
     add("--dry-run", action="store_true", help="print the commands (or the sbatch script) and exit")
-    add("--slurm-template-path", metavar="PATH", help="e.g. cleanba.slurm_template: submit a SLURM job array")
-    add("--slurm-gpus-per-task", type=cli.positive_int, metavar="N", help="GPUs per process (default 1)")
-    add("--slurm-ntasks", type=cli.positive_int, metavar="N", help="processes per run (jax.distributed; default 1)")
+    add(
+        "--slurm-template-path",
+        metavar="PATH",
+        help="e.g. cleanba.slurm_template: submit a SLURM job array",
+    )
+    add(
+        "--slurm-gpus-per-task",
+        type=cli.positive_int,
+        metavar="N",
+        help="GPUs per process (default 1)",
+    )
+    add(
+        "--slurm-ntasks",
+        type=cli.positive_int,
+        metavar="N",
+        help="processes per run (jax.distributed; default 1)",
+    )
     add("--slurm-nodes", type=cli.positive_int, metavar="N", help="nodes per run (default 1)")
-    add("--slurm-total-cpus", type=cli.positive_int, metavar="N", help="CPUs per run, split over its tasks (default 8)")
+    add(
+        "--slurm-total-cpus",
+        type=cli.positive_int,
+        metavar="N",
+        help="CPUs per run, split over its tasks (default 8)",
+    )
     add("--slurm-job-name", metavar="NAME", help="SLURM job name (default: the experiment name)")
-    add("--slurm-partition", metavar="NAME", help="SLURM partition (default: the cluster's default)")
+    add(
+        "--slurm-partition", metavar="NAME", help="SLURM partition (default: the cluster's default)"
+    )
     cli.one_line_errors(parser, "benchmark")
-    # argparse takes a value that starts with "--" for an unknown option, so glue each --sweep to its value.
+    # argparse takes a value that starts with "--" for an unknown option, so glue each --sweep to
+    # its value.
     tokens = iter(argv)
-    return parser.parse_args([f"--sweep={next(tokens, '')}" if token == "--sweep" else token for token in tokens])
+    return parser.parse_args(
+        [f"--sweep={next(tokens, '')}" if token == "--sweep" else token for token in tokens]
+    )
 
 
 def parse_sweep(text):
-    """`--flag=a,b` -> (flag, ["a", "b"]); `--flag=loguniform(1e-4,1e-3)` -> (flag, ("loguniform", 1e-4, 1e-3))."""
+    """`--flag=a,b` -> (flag, ["a", "b"]); `--flag=loguniform(1e-4,1e-3)` -> (flag, ("loguniform",
+    1e-4, 1e-3))."""
     flag, _, values = text.partition("=")
     if not re.fullmatch(r"--[A-Za-z][\w-]*", flag) or not values:
         raise ValueError(f'bad --sweep {text!r}; write it as --sweep "--flag=value1,value2"')
     if flag in LAUNCHER_FLAGS:
-        raise ValueError(f"--sweep {flag} is set by the launcher per run; sweep the flags of the training script only")
+        raise ValueError(
+            f"--sweep {flag} is set by the launcher per run; sweep the flags of the training script only"
+        )
     distribution = re.fullmatch(r"(\w+)\((.*)\)", values)
     if distribution is None:
         if "" in [value.strip() for value in values.split(",")]:
-            raise ValueError(f"--sweep {text!r} has an empty value; separate the values with single commas")
+            raise ValueError(
+                f"--sweep {text!r} has an empty value; separate the values with single commas"
+            )
         return flag, values.split(",")
     name, bounds = distribution.groups()
     try:
@@ -122,7 +201,12 @@ def parse_sweep(text):
     except ValueError:
         low = high = math.nan
     integers = name != "int" or (low.is_integer() and high.is_integer())
-    if name not in DISTRIBUTIONS or not low < high or (name == "loguniform" and low <= 0) or not integers:
+    if (
+        name not in DISTRIBUTIONS
+        or not low < high
+        or (name == "loguniform" and low <= 0)
+        or not integers
+    ):
         raise ValueError(
             f"bad range in --sweep {text!r}; use uniform(LOW,HIGH), loguniform(LOW,HIGH) or int(LOW,HIGH) "
             "with LOW < HIGH (and LOW > 0 for loguniform, integers for int)"
@@ -133,16 +217,21 @@ def parse_sweep(text):
 def grid_settings(sweeps):
     """All settings of the grid, each a list of (flag, value) pairs; no sweep is one empty setting."""
     flags = [flag for flag, _ in sweeps]
-    return [list(zip(flags, values)) for values in itertools.product(*[values for _, values in sweeps])]
+    return [
+        list(zip(flags, values)) for values in itertools.product(*[values for _, values in sweeps])
+    ]
 
 
 def random_settings(sweeps, budget, seed):
-    """`budget` settings drawn with `seed`: distinct grid points, or independent draws when a flag has a range."""
+    """`budget` settings drawn with `seed`: distinct grid points, or independent draws when a flag has
+    a range."""
     rng = random.Random(seed)
     if all(isinstance(values, list) for _, values in sweeps):
         grid = grid_settings(sweeps)
         if budget > len(grid):
-            raise ValueError(f"--budget {budget} is larger than the grid of {len(grid)} settings; lower --budget")
+            raise ValueError(
+                f"--budget {budget} is larger than the grid of {len(grid)} settings; lower --budget"
+            )
         return rng.sample(grid, budget)
 
     def draw(values):
@@ -171,43 +260,67 @@ def trial_runs(command, env_ids, seeds, index, setting, experiment, resume):
     runs = []
     for env_id, seed in itertools.product(env_ids, seeds):
         run_name = f"{env_id}__{experiment}__{index}__{seed}"
-        launcher_args = ["--env-id", env_id, "--seed", str(seed), "--group", f"{experiment}/{index}"]
+        launcher_args = [
+            "--env-id",
+            env_id,
+            "--seed",
+            str(seed),
+            "--group",
+            f"{experiment}/{index}",
+        ]
         launcher_args += ["--run-name", run_name] + (["--resume"] if resume else [])
         runs.append((run_name, command + setting_args + launcher_args))
     return runs
 
 
 def resolve(args):
-    """The options of the spec (if any) and the command line merged, with defaults filled in, and the spec's
-    analysis tables; a ValueError says what is wrong with them."""
+    """The options of the spec (if any) and the command line merged, with defaults filled in, and the
+    spec's analysis tables; a ValueError says what is wrong with them."""
     sweeps = [parse_sweep(text) for text in args.sweep]
-    given = {dest: value for dest, value in vars(args).items() if dest in SPEC_OPTIONS and value is not None}
+    given = {
+        dest: value
+        for dest, value in vars(args).items()
+        if dest in SPEC_OPTIONS and value is not None
+    }
     given["sweep"] = sweeps
     options, analysis = spec.load(args.spec) if args.spec else ({}, {})
     merged = DEFAULTS | spec.merge(options, given)
-    for dest, example in [("command", '"python cleanba/cleanba_ppo.py"'), ("env_ids", "Breakout-v5 Pong-v5")]:
+    for dest, example in [
+        ("command", '"python cleanba/cleanba_ppo.py"'),
+        ("env_ids", "Breakout-v5 Pong-v5"),
+    ]:
         if merged.get(dest) is None:
-            raise ValueError(f"{spec.option_name(dest)} is missing; give it (e.g. {example}) or a --spec that sets it")
+            raise ValueError(
+                f"{spec.option_name(dest)} is missing; give it (e.g. {example}) or a --spec that sets it"
+            )
     return argparse.Namespace(**{**vars(args), **merged}), analysis
 
 
 def plan(args):
-    """(experiment, command, seeds, runs) for the resolved arguments; `runs` is None for a tpe search, which draws
-    its settings as it goes. A ValueError says what is wrong with the arguments."""
+    """(experiment, command, seeds, runs) for the resolved arguments; `runs` is None for a tpe search,
+    which draws its settings as it goes. A ValueError says what is wrong with the arguments."""
     command = shlex.split(args.command)
     if not command:
-        raise ValueError('--command is empty; give the training command, e.g. "python cleanba/cleanba_ppo.py"')
+        raise ValueError(
+            '--command is empty; give the training command, e.g. "python cleanba/cleanba_ppo.py"'
+        )
     clashes = [token.split("=")[0] for token in command if token.split("=")[0] in LAUNCHER_FLAGS]
     if clashes:
-        raise ValueError(f"--command sets {', '.join(clashes)}, which the launcher sets per run; remove it")
+        raise ValueError(
+            f"--command sets {', '.join(clashes)}, which the launcher sets per run; remove it"
+        )
     experiment = args.experiment or default_experiment(command)
     if not re.fullmatch(r"[\w.-]+", experiment):
-        raise ValueError(f"--experiment {experiment!r} is not a folder name; use letters, digits, '_', '-' and '.'")
+        raise ValueError(
+            f"--experiment {experiment!r} is not a folder name; use letters, digits, '_', '-' and '.'"
+        )
     if args.start_seed < 0:
         raise ValueError(f"--start-seed must be >= 0, got {args.start_seed}")
     sweeps = args.sweep
     if len({flag for flag, _ in sweeps}) < len(sweeps):
-        raise ValueError('a flag appears in more than one --sweep; give all its values in one --sweep "--flag=v1,v2"')
+        raise ValueError(
+            'a flag appears in more than one --sweep; give all its values in one --sweep "--flag=v1,v2"'
+        )
     if (args.search in ("random", "tpe")) != (args.budget is not None):
         raise ValueError(f"--search {args.search} and --budget K go together; give both or neither")
     seeds = range(args.start_seed, args.start_seed + args.num_seeds)
@@ -215,7 +328,9 @@ def plan(args):
         if not sweeps:
             raise ValueError("--search tpe needs a search space: --sweep or a spec's [space]")
         if args.pruner != "none" and args.report_every is None:
-            raise ValueError("--pruner needs --report-every STEPS, the agent steps between intermediate results")
+            raise ValueError(
+                "--pruner needs --report-every STEPS, the agent steps between intermediate results"
+            )
         return experiment, command, seeds, None
     tpe_only = [name for name in ("report_every",) if getattr(args, name) is not None]
     if tpe_only:
@@ -225,36 +340,55 @@ def plan(args):
     elif all(isinstance(values, list) for _, values in sweeps):
         settings = grid_settings(sweeps)
     else:
-        raise ValueError("ranges like loguniform(LOW,HIGH) need --search random or tpe with --budget K")
-    # A requeued SLURM task must continue its run; a first start finds no checkpoint and starts fresh.
+        raise ValueError(
+            "ranges like loguniform(LOW,HIGH) need --search random or tpe with --budget K"
+        )
+    # A requeued SLURM task must continue its run; a first start finds no checkpoint and starts
+    # fresh.
     resume = args.resume or args.slurm_template_path is not None
     runs = [
-        trial_runs(command, args.env_ids, seeds, i, setting, experiment, resume) for i, setting in enumerate(settings)
+        trial_runs(command, args.env_ids, seeds, i, setting, experiment, resume)
+        for i, setting in enumerate(settings)
     ]
     return experiment, command, seeds, list(zip(settings, runs))
 
 
 def slurm_options(args):
     """The SLURM sizes with their defaults filled in; a ValueError says what is wrong with them."""
-    given = [name for name in [*SLURM_DEFAULTS, "slurm_job_name", "slurm_partition"] if getattr(args, name) is not None]
+    given = [
+        name
+        for name in [*SLURM_DEFAULTS, "slurm_job_name", "slurm_partition"]
+        if getattr(args, name) is not None
+    ]
     if args.slurm_template_path is None:
         if given:
             option = "--" + given[0].replace("_", "-")
-            raise ValueError(f"{option} needs --slurm-template-path, e.g. --slurm-template-path cleanba.slurm_template")
+            raise ValueError(
+                f"{option} needs --slurm-template-path, e.g. --slurm-template-path cleanba.slurm_template"
+            )
         return None
     if not os.path.isfile(args.slurm_template_path):
-        raise ValueError(f"no SLURM template at {args.slurm_template_path!r}; give the path of cleanba.slurm_template")
+        raise ValueError(
+            f"no SLURM template at {args.slurm_template_path!r}; give the path of cleanba.slurm_template"
+        )
     options = {name: getattr(args, name) or default for name, default in SLURM_DEFAULTS.items()}
     if options["slurm_ntasks"] < options["slurm_nodes"]:
-        raise ValueError("--slurm-ntasks is smaller than --slurm-nodes; give each node at least one task")
+        raise ValueError(
+            "--slurm-ntasks is smaller than --slurm-nodes; give each node at least one task"
+        )
     if options["slurm_total_cpus"] < options["slurm_ntasks"]:
-        raise ValueError("--slurm-total-cpus is smaller than --slurm-ntasks; give each task at least one CPU")
+        raise ValueError(
+            "--slurm-total-cpus is smaller than --slurm-ntasks; give each task at least one CPU"
+        )
     return options
 
 
 def slurm_script(template, runs, workers, log_dir, job_name, partition, options):
-    """Fill the sbatch template's {{placeholders}}; the lines of an unset one (the partition) are dropped."""
-    commands = [f"    {shlex.quote(shlex.join(argv))}  # {index}" for index, (_, argv) in enumerate(runs)]
+    """Fill the sbatch template's {{placeholders}}; the lines of an unset one (the partition) are
+    dropped."""
+    commands = [
+        f"    {shlex.quote(shlex.join(argv))}  # {index}" for index, (_, argv) in enumerate(runs)
+    ]
     values = {
         "job_name": job_name,
         "partition": partition,
@@ -267,18 +401,23 @@ def slurm_script(template, runs, workers, log_dir, job_name, partition, options)
         "commands": "\n".join(commands),
     }
     unset = ["{{" + key + "}}" for key, value in values.items() if value is None]
-    script = "".join(line for line in template.splitlines(keepends=True) if not any(key in line for key in unset))
+    script = "".join(
+        line for line in template.splitlines(keepends=True) if not any(key in line for key in unset)
+    )
     for key, value in values.items():
         script = script.replace("{{" + key + "}}", value or "")
     unknown = sorted(set(re.findall(r"\{\{\w*\}\}", script)))
     if unknown:
         known = ", ".join(values)
-        raise ValueError(f"the SLURM template has unknown placeholders {', '.join(unknown)}; known ones: {known}")
+        raise ValueError(
+            f"the SLURM template has unknown placeholders {', '.join(unknown)}; known ones: {known}"
+        )
     return script
 
 
 def submit(script, log_dir, experiment):
-    """Save the sbatch script under the log dir and submit it when sbatch is available; returns an exit code."""
+    """Save the sbatch script under the log dir and submit it when sbatch is available; returns an exit
+    code."""
     os.makedirs(log_dir, exist_ok=True)  # SLURM does not create the folder of --output
     path = os.path.join(log_dir, f"{experiment}.sbatch")
     with open(path, "w") as file:
@@ -291,7 +430,8 @@ def submit(script, log_dir, experiment):
 
 
 def stop(processes):
-    """Ask runs to save a checkpoint and exit (SIGTERM); kill what is left after the grace time or a second Ctrl-C."""
+    """Ask runs to save a checkpoint and exit (SIGTERM); kill what is left after the grace time or a
+    second Ctrl-C."""
     for process in processes:
         search.signal_group(process, signal.SIGTERM)
     deadline = time.monotonic() + search.STOP_GRACE_SECONDS
@@ -305,7 +445,8 @@ def stop(processes):
 
 
 def run_local(runs, workers, log_dir):
-    """Run at most `workers` runs at a time, each logging to <log_dir>/<run name>.log; returns {run name: exit code}."""
+    """Run at most `workers` runs at a time, each logging to <log_dir>/<run name>.log; returns {run
+    name: exit code}."""
     os.makedirs(log_dir, exist_ok=True)
     pending, running, exit_codes = list(runs), {}, {}
     try:
@@ -316,8 +457,11 @@ def run_local(runs, workers, log_dir):
                 with open(os.path.join(log_dir, f"{run_name}.log"), "a") as log:
                     log.write(shlex.join(argv) + "\n")
                     log.flush()
-                    # A session of its own keeps Ctrl-C away from the run, so that stop() decides how it ends.
-                    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                    # A session of its own keeps Ctrl-C away from the run, so that stop() decides
+                    # how it ends.
+                    process = subprocess.Popen(
+                        argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                    )
                 running[process] = (run_name, time.monotonic())
             time.sleep(0.1)
             for process in [process for process in running if process.poll() is not None]:
@@ -334,7 +478,9 @@ def run_local(runs, workers, log_dir):
 
 def summary(exit_codes, log_dir):
     failed = {run_name: code for run_name, code in exit_codes.items() if code != 0}
-    lines = [f"{len(exit_codes)} runs: {len(exit_codes) - len(failed)} exited 0, {len(failed)} failed"]
+    lines = [
+        f"{len(exit_codes)} runs: {len(exit_codes) - len(failed)} exited 0, {len(failed)} failed"
+    ]
     for run_name, code in failed.items():
         lines.append(f"  exit {code}: {run_name} (log: {os.path.join(log_dir, run_name + '.log')})")
     return "\n".join(lines)
@@ -346,22 +492,31 @@ def grid_records(trials, exit_codes, metric):
     for number, (setting, runs) in enumerate(trials):
         codes = [exit_codes.get(run_name) for run_name, _ in runs]
         state = "waiting" if None in codes else "failed" if any(codes) else "complete"
-        curves = search.logged_curves(Path("runs"), [run_name for run_name, _ in runs]) if state == "complete" else None
+        curves = (
+            search.logged_curves(Path("runs"), [run_name for run_name, _ in runs])
+            if state == "complete"
+            else None
+        )
         records.append(
             dict(
                 number=number,
                 params=dict(setting),
                 state=state,
                 value=None if curves is None else search.objective(curves, metric),
-                runs=[search.run_record(run_name, exit_codes.get(run_name)) for run_name, _ in runs],
+                runs=[
+                    search.run_record(run_name, exit_codes.get(run_name)) for run_name, _ in runs
+                ],
             )
         )
     return records
 
 
 def search_placeholders(args, command, seeds):
-    """--dry-run of a tpe search: each session's command, with the searched flags' spaces in place of values."""
-    space = [token for flag, values in args.sweep for token in [flag, f"<{spec.space_text(values)}>"]]
+    """--dry-run of a tpe search: each session's command, with the searched flags' spaces in place of
+    values."""
+    space = [
+        token for flag, values in args.sweep for token in [flag, f"<{spec.space_text(values)}>"]
+    ]
     runs = trial_runs(command + space, args.env_ids, seeds, "N", [], args.experiment, True)
     lines = [f"# --search tpe: up to {args.budget} trials (N = 0, 1, ...) of these runs each"]
     return "\n".join(lines + [shlex.join(argv) for _, argv in runs])
@@ -371,20 +526,41 @@ def run_search(args, command, seeds, experiment_dir, log_dir, workers):
     """Run a worker of the experiment's tpe study here; returns the exit code."""
     # Array tasks of one SLURM search draw apart; a local search is one worker.
     study = search.open_study(
-        experiment_dir, args.experiment, vars(args), args.sweep_seed + int(os.environ.get("SLURM_ARRAY_TASK_ID", 0))
+        experiment_dir,
+        args.experiment,
+        vars(args),
+        args.sweep_seed + int(os.environ.get("SLURM_ARRAY_TASK_ID", 0)),
     )
     recorded = Path(args.spec).parent / "experiment.json" if args.spec else None
-    if not study.trials and recorded and recorded.is_file() and recorded.parent.resolve() != experiment_dir.resolve():
-        kept = [trial for trial in json.loads(recorded.read_text())["trials"] if trial["state"] != "failed"]
+    if (
+        not study.trials
+        and recorded
+        and recorded.is_file()
+        and recorded.parent.resolve() != experiment_dir.resolve()
+    ):
+        kept = [
+            trial
+            for trial in json.loads(recorded.read_text())["trials"]
+            if trial["state"] != "failed"
+        ]
         search.replay(study, kept, args.sweep)
         print(f"rerunning the {len(kept)} trials recorded in {recorded}", flush=True)
     search.write_record(study, experiment_dir)
-    plan = dict(sweeps=args.sweep, budget=args.budget, report_every=args.report_every, metric=args.metric)
-    runs_of = lambda index, setting: trial_runs(command, args.env_ids, seeds, index, setting, args.experiment, True)
+    plan = dict(
+        sweeps=args.sweep, budget=args.budget, report_every=args.report_every, metric=args.metric
+    )
+    runs_of = lambda index, setting: trial_runs(
+        command, args.env_ids, seeds, index, setting, args.experiment, True
+    )
     os.makedirs(log_dir, exist_ok=True)
     search.Worker(study, plan, runs_of, experiment_dir, Path(log_dir), workers).run()
     states = [trial.state for trial in study.trials]
-    print(", ".join(f"{states.count(state)} {search.state_name(state)}" for state in sorted(set(states), key=str)))
+    print(
+        ", ".join(
+            f"{states.count(state)} {search.state_name(state)}"
+            for state in sorted(set(states), key=str)
+        )
+    )
     return 1 if search.TrialState.FAIL in states else 0
 
 
@@ -399,11 +575,15 @@ def main():
             options = None
         log_dir = args.log_dir or os.path.join("runs", "_launcher", experiment)
         experiment_dir = Path("runs", "_experiments", experiment)
-        text = spec.dumps({dest: getattr(args, dest) for dest in [*SPEC_OPTIONS, "sweep"]}, analysis)
+        text = spec.dumps(
+            {dest: getattr(args, dest) for dest in [*SPEC_OPTIONS, "sweep"]}, analysis
+        )
         if options is not None:
             if trials is None:
                 if options["slurm_ntasks"] > 1:
-                    raise ValueError("--search tpe starts one process per run under SLURM; give --slurm-ntasks 1")
+                    raise ValueError(
+                        "--search tpe starts one process per run under SLURM; give --slurm-ntasks 1"
+                    )
                 worker = [
                     "python",
                     "-m",
@@ -417,11 +597,19 @@ def main():
             with open(args.slurm_template_path) as file:
                 template = file.read()
             script = slurm_script(
-                template, runs, args.workers, log_dir, args.slurm_job_name or experiment, args.slurm_partition, options
+                template,
+                runs,
+                args.workers,
+                log_dir,
+                args.slurm_job_name or experiment,
+                args.slurm_partition,
+                options,
             )
         if not args.dry_run:
             spec.prepare_folder(
-                experiment_dir, text, dict(experiment=experiment, method=args.search, metric=args.metric)
+                experiment_dir,
+                text,
+                dict(experiment=experiment, method=args.search, metric=args.metric),
             )
     except ValueError as error:
         fail(str(error))
@@ -439,14 +627,22 @@ def main():
         else:
             print("\n".join(shlex.join(argv) for _, runs in trials for _, argv in runs))
         return
-    # Ctrl-C, SIGTERM (e.g. from a job scheduler) and SLURM's USR1 near the time limit stop the runs alike; a
-    # launcher started in the background inherits an ignored SIGINT, hence all are set here.
+    # Ctrl-C, SIGTERM (e.g. from a job scheduler) and SLURM's USR1 near the time limit stop the runs
+    # alike; a launcher started in the background inherits an ignored SIGINT, hence all are set
+    # here.
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(signum, signal.default_int_handler)
     if trials is None:
         try:
             sys.exit(
-                run_search(args, command, seeds, experiment_dir, log_dir, 1 if args.search_worker else args.workers)
+                run_search(
+                    args,
+                    command,
+                    seeds,
+                    experiment_dir,
+                    log_dir,
+                    1 if args.search_worker else args.workers,
+                )
             )
         except KeyboardInterrupt:
             sys.exit(130)

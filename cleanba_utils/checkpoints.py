@@ -1,6 +1,6 @@
 """Checkpoints of the learner: msgpack files with a sha256 checksum in front, written under a temporary
-name and renamed into place, so that a crash while writing leaves the previous one intact and a damaged
-file is recognized and skipped on resume."""
+name and renamed into place, so that a crash while writing leaves the previous one intact and a
+damaged file is recognized and skipped on resume."""
 
 import glob
 import hashlib
@@ -17,8 +17,8 @@ CHECKSUM_BYTES = 64  # a hex sha256
 
 
 def save_checkpoint(run_dir: str, state, counters: dict, keep: int = 2, host_copy=first_replica):
-    """Saves `host_copy(state)` (by default the first replica of the pmap'd `state`) with `counters` (which hold
-    "update"); keeps the newest `keep` files."""
+    """Saves `host_copy(state)` (by default the first replica of the pmap'd `state`) with `counters`
+    (which hold "update"); keeps the newest `keep` files."""
     saved_state = flax.serialization.to_state_dict(jax.device_get(host_copy(state)))
     payload = flax.serialization.msgpack_serialize({"state": saved_state, "counters": counters})
     directory = os.path.join(run_dir, "checkpoints")
@@ -49,8 +49,8 @@ def load_checkpoint(run_dir: str, state):
 
 
 def resume_from(run_dir: str, state, identity: dict):
-    """Like `load_checkpoint`, but refuses (exit 2) a checkpoint whose `identity` (the global sizes and the
-    seed) differs from this run's: resuming it would silently change the experiment."""
+    """Like `load_checkpoint`, but refuses (exit 2) a checkpoint whose `identity` (the global sizes and
+    the seed) differs from this run's: resuming it would silently change the experiment."""
     checkpoint = load_checkpoint(run_dir, state)
     if checkpoint:
         saved = {key: checkpoint[1].get(key) for key in identity}

@@ -1,18 +1,20 @@
-"""Multi-process runs: joining `jax.distributed` (from SLURM's environment or three explicit options) and
-the devices that the learner's pmap spans across processes."""
+"""Multi-process runs: joining `jax.distributed` (from SLURM's environment or three explicit options)
+and the devices that the learner's pmap spans across processes."""
 
 import jax
 
 from cleanba_utils.parsing import fail
 
-# When a peer dies, JAX's coordination service names it ("... stopped sending heartbeats ...: <task>")
-# within its heartbeat timeout; a collective that fails first raises here, and this line follows the error.
+# When a peer dies, JAX's coordination service names it ("... stopped sending heartbeats ...:
+# <task>") within its heartbeat timeout; a collective that fails first raises here, and this line
+# follows the error.
 BROKEN_RUN = "error: distributed run broken: a peer process failed or left the run"
 HEARTBEAT_TIMEOUT_SECONDS = 30
 
 
 def join(args):
-    """Joins the run with --distributed; a failure to join is the user's configuration: one line, exit 2."""
+    """Joins the run with --distributed; a failure to join is the user's configuration: one line, exit
+    2."""
     if not args.distributed:
         return
     try:
@@ -31,4 +33,8 @@ def join(args):
 
 def global_learner_devices(learner_device_ids) -> list:
     """The learner devices of every process, in process order: the axis of the learner's pmap."""
-    return [jax.local_devices(process_index=p)[i] for p in range(jax.process_count()) for i in learner_device_ids]
+    return [
+        jax.local_devices(process_index=p)[i]
+        for p in range(jax.process_count())
+        for i in learner_device_ids
+    ]

@@ -1,13 +1,15 @@
 """Plays episodes with a model saved by a Cleanba script (`--save-model`).
 
-    python -m cleanba_utils.evaluate runs/<run_name>/<exp_name>.cleanba_model --episodes 10
+python -m cleanba_utils.evaluate runs/<run_name>/<exp_name>.cleanba_model --episodes 10
 
 The file names the script that wrote it; that script's own network and environments play the
 episodes, so evaluation always matches training. The contract every script in `cleanba/` keeps:
 - `Args`, its tyro dataclass, which `run_files.args_from_dict` rebuilds from the saved arguments;
-- `evaluate(params, args, num_episodes, seed) -> list[float]` plays one episode in each of `num_episodes`
-  fresh environments (its `make_env`, seeded `seed + i`) with its `Network`, and returns the unclipped returns;
-- `Run.finish` (cleanba_utils.run) saves the model with the script's file name, which names the module here."""
+- `evaluate(params, args, num_episodes, seed) -> list[float]` plays one episode in each of
+  `num_episodes` fresh environments (its `make_env`, seeded `seed + i`) with its `Network`, and
+  returns the unclipped returns;
+- `Run.finish` (cleanba_utils.run) saves the model with the script's file name, which names the
+  module here."""
 
 import argparse
 import importlib
@@ -33,7 +35,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a .cleanba_model file")
     parser.add_argument("--episodes", type=int, default=10, help="number of episodes to play")
-    parser.add_argument("--seed", type=int, default=None, help="environment seed (default: the run's seed + 1,000,000)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="environment seed (default: the run's seed + 1,000,000)",
+    )
     parser.add_argument("--json", action="store_true", help="print the returns as JSON")
     options = parser.parse_args(argv)
     if options.episodes <= 0:
@@ -43,13 +50,17 @@ def main(argv=None):
     except OSError as e:
         parser.exit(2, f"error: cannot read {options.model}: {e.strerror}\n")
     except (ValueError, KeyError, TypeError, ImportError, msgpack.UnpackException):
-        parser.exit(2, f"error: {options.model} is not a model saved by a Cleanba script (--save-model)\n")
+        parser.exit(
+            2, f"error: {options.model} is not a model saved by a Cleanba script (--save-model)\n"
+        )
     seed = args.seed + 1_000_000 if options.seed is None else options.seed
     returns = script.evaluate(params, args, options.episodes, seed)
     if options.json:
         print(json.dumps({"env_id": args.env_id, "returns": returns}))
     else:
-        print(f"{args.env_id}: mean return {np.mean(returns):.2f} over {len(returns)} episodes: {returns}")
+        print(
+            f"{args.env_id}: mean return {np.mean(returns):.2f} over {len(returns)} episodes: {returns}"
+        )
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ EPISODIC_RETURN = "charts/episodic_return"
 
 
 class Scalars(NamedTuple):
-    """One tag's values in step order; wall times are seconds of the run's own sessions since its first event,
-    without the time between a stop and the --resume that continued it."""
+    """One tag's values in step order; wall times are seconds of the run's own sessions since its first
+    event, without the time between a stop and the --resume that continued it."""
 
     steps: np.ndarray
     wall_times: np.ndarray
@@ -19,10 +19,10 @@ class Scalars(NamedTuple):
 
 
 def read_scalars(run_dir: Path, tag: str = EPISODIC_RETURN) -> Scalars:
-    """The values of `tag` in `run_dir` (none yet: empty arrays). Every session of a run (the first, then each
-    --resume) writes its own event file. A resumed session repeats the steps after its checkpoint, so what an
-    earlier session logged from the first step the resumed one logged on is dropped. Several actor threads log
-    out of step order, hence the sort."""
+    """The values of `tag` in `run_dir` (none yet: empty arrays). Every session of a run (the first,
+    then each --resume) writes its own event file. A resumed session repeats the steps after its
+    checkpoint, so what an earlier session logged from the first step the resumed one logged on is
+    dropped. Several actor threads log out of step order, hence the sort."""
     sessions = []
     for path in Path(run_dir).glob("events.out.tfevents.*"):
         events = EventAccumulator(str(path), size_guidance={"scalars": 0})
@@ -36,7 +36,11 @@ def read_scalars(run_dir: Path, tag: str = EPISODIC_RETURN) -> Scalars:
         logged = [event for name in tags for event in events.Scalars(name)]
         first_step = min(event.step for event in logged)
         kept = [i for i, step in enumerate(steps) if step < first_step]
-        steps, wall_times, values = [steps[i] for i in kept], [wall_times[i] for i in kept], [values[i] for i in kept]
+        steps, wall_times, values = (
+            [steps[i] for i in kept],
+            [wall_times[i] for i in kept],
+            [values[i] for i in kept],
+        )
         for event in events.Scalars(tag) if tag in tags else []:
             steps.append(event.step)
             wall_times.append(sessions_time + event.wall_time - start)

@@ -1,5 +1,6 @@
 """The command line of a training script: tyro's parser with one-line errors, and the checks that every
-script's `validate` and `validate_layout` share. A user's mistake is one line on stderr and exit code 2."""
+script's `validate` and `validate_layout` share. A user's mistake is one line on stderr and exit
+code 2."""
 
 import contextlib
 import dataclasses
@@ -58,14 +59,19 @@ def check_in(args, name: str, low: float, high: float, low_open: bool = False):
 
 
 def check_run_options(args):
-    """The options every script has: the distributed run, resume, envpool, the network and the environment."""
+    """The options every script has: the distributed run, resume, envpool, the network and the
+    environment."""
     distributed_options = [args.coordinator_address, args.num_processes, args.process_id]
     if any(o is not None for o in distributed_options) and not (
         args.distributed and all(o is not None for o in distributed_options)
     ):
-        fail("--coordinator-address, --num-processes and --process-id go together, with --distributed")
+        fail(
+            "--coordinator-address, --num-processes and --process-id go together, with --distributed"
+        )
     if args.num_processes is not None and not 0 <= args.process_id < args.num_processes:
-        fail(f"--process-id must be in 0 .. {args.num_processes - 1} (--num-processes), got {args.process_id}")
+        fail(
+            f"--process-id must be in 0 .. {args.num_processes - 1} (--num-processes), got {args.process_id}"
+        )
     if args.resume and args.run_name is None:
         fail("--resume needs --run-name: the run folder whose checkpoints to continue from")
     if args.envpool_num_threads is not None and args.envpool_num_threads <= 0:
@@ -75,11 +81,14 @@ def check_run_options(args):
     if any(c <= 0 for c in args.channels + args.hiddens):
         fail("--channels and --hiddens take positive layer sizes")
     if args.env_id not in envpool.list_all_envs():
-        fail(f"--env-id {args.env_id} is not an envpool environment; try Breakout-v5 or CartPole-v1")
+        fail(
+            f"--env-id {args.env_id} is not an envpool environment; try Breakout-v5 or CartPole-v1"
+        )
 
 
 def check_devices(args, num_updates: int, batch_size: int):
-    """The checks that need the devices and the number of processes, before any environment or device work."""
+    """The checks that need the devices and the number of processes, before any environment or device
+    work."""
     num_devices = len(jax.local_devices())
     for name in ["actor_device_ids", "learner_device_ids"]:
         ids = getattr(args, name)
@@ -101,17 +110,21 @@ def check_devices(args, num_updates: int, batch_size: int):
 
 
 def available_memory() -> int | None:
-    """Bytes of memory the kernel can give without swapping (MemAvailable), or None where it does not say."""
+    """Bytes of memory the kernel can give without swapping (MemAvailable), or None where it does not
+    say."""
     try:
         with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+            return next(
+                int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")
+            )
     except (OSError, StopIteration, ValueError):
         return None
 
 
 def check_memory(args, name: str, needed_bytes: int, reserve_bytes: int):
-    """Refuses a buffer of `needed_bytes`, sized by the option `name`, that would not fit in the available memory
-    with `reserve_bytes` left for the rest of the process: one line now rather than a crash when it fills."""
+    """Refuses a buffer of `needed_bytes`, sized by the option `name`, that would not fit in the
+    available memory with `reserve_bytes` left for the rest of the process: one line now rather than
+    a crash when it fills."""
     available, value = available_memory(), getattr(args, name)
     if available is not None and needed_bytes + reserve_bytes > available:
         fits = max(0, int((available - reserve_bytes) / (needed_bytes / value)))

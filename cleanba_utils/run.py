@@ -18,9 +18,9 @@ from cleanba_utils import distributed, parsing, run_files, signals
 from cleanba_utils.checkpoints import save_checkpoint
 from cleanba_utils.threads import Stopped
 
-# XLA reports a device allocation it cannot make as RESOURCE_EXHAUSTED: the run asked for more than the
-# device holds, which the user fixes with the options that size one learner step or one actor batch; each
-# script names those it has.
+# XLA reports a device allocation it cannot make as RESOURCE_EXHAUSTED: the run asked for more than
+# the device holds, which the user fixes with the options that size one learner step or one actor
+# batch; each script names those it has.
 MEMORY_OPTIONS = {
     "local_num_envs": "fewer --local-num-envs",
     "batch_size": "a smaller --batch-size",
@@ -43,7 +43,8 @@ class Run:
     dir: str
     writer: SummaryWriter
     counters: dict
-    """what a checkpoint saves besides the state: the update, the wall time before a resume, sizes, seed"""
+    """what a checkpoint saves besides the state: the update, the wall time before a resume, sizes,
+    seed"""
     stop_agreed: object
     """a function of `received_signals`: True when any process of the run received a stop signal"""
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -55,8 +56,9 @@ class Run:
     """the returns of the last 100 finished episodes, for the console"""
     start_time: float = dataclasses.field(default_factory=time.time)
     host_copy: object = run_files.first_replica
-    """what a checkpoint saves of the learner state: its first replica where the learner devices hold copies of
-    one state; a script whose devices hold different states gathers them (on every process: a collective)"""
+    """what a checkpoint saves of the learner state: its first replica where the learner devices hold
+    copies of one state; a script whose devices hold different states gathers them (on every
+    process: a collective)"""
 
     @property
     def is_main(self) -> bool:
@@ -67,7 +69,9 @@ class Run:
         return self.counters["wall_time_s"] + time.time() - self.start_time
 
     def episodes(self, num_envs: int) -> "Episodes":
-        return Episodes(self.writer, self.recent_returns, np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64))
+        return Episodes(
+            self.writer, self.recent_returns, np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
+        )
 
     def log(self, scalars: dict, global_step: int):
         for key, value in scalars.items():
@@ -80,13 +84,15 @@ class Run:
             save_checkpoint(self.dir, state, counters, host_copy=lambda host_state: host_state)
 
     def after_update(self, state, update: int) -> int:
-        """Checkpoints as --checkpoint-every asks; on a stop signal received by any process, checkpoints and
-        returns the exit code (128 + the signal), else 0. A signal during the last update lets the run end."""
+        """Checkpoints as --checkpoint-every asks; on a stop signal received by any process,
+        checkpoints and returns the exit code (128 + the signal), else 0. A signal during the last
+        update lets the run end."""
         last = update == self.sizes.num_updates
         if self.stop_agreed(self.received_signals) and not last:
             self.checkpoint(state, update)
             print(
-                f"stopped by a signal after update {update}; checkpoint saved, continue with --resume", file=sys.stderr
+                f"stopped by a signal after update {update}; checkpoint saved, continue with --resume",
+                file=sys.stderr,
             )
             return signals.exit_code_of(self.received_signals)
         if self.args.checkpoint_every and (update % self.args.checkpoint_every == 0 or last):
@@ -94,8 +100,9 @@ class Run:
         return 0
 
     def run_learner(self, loop) -> int:
-        """Runs the learner's `loop` (which returns an exit code): Ctrl-C is exit 130, a queue wait given up
-        because another thread failed is exit 1, and an exception of its own is recorded as a failure."""
+        """Runs the learner's `loop` (which returns an exit code): Ctrl-C is exit 130, a queue wait
+        given up because another thread failed is exit 1, and an exception of its own is recorded as
+        a failure."""
         try:
             return loop()
         except KeyboardInterrupt:
@@ -108,12 +115,16 @@ class Run:
             return 0
 
     def record_failure(self):
-        """Called in the learner's `except Exception`: the traceback, and in a distributed run the hint that
-        a peer may have gone (JAX's coordination service names it)."""
-        self.failures.append(traceback.format_exc() + (distributed.BROKEN_RUN + "\n" if self.args.distributed else ""))
+        """Called in the learner's `except Exception`: the traceback, and in a distributed run the hint
+        that a peer may have gone (JAX's coordination service names it)."""
+        self.failures.append(
+            traceback.format_exc()
+            + (distributed.BROKEN_RUN + "\n" if self.args.distributed else "")
+        )
 
     def exit_if_stopped(self, exit_code: int, threads: list):
-        """Stops and joins the threads; ends the process with the failures (exit 1) or `exit_code` if not 0."""
+        """Stops and joins the threads; ends the process with the failures (exit 1) or `exit_code` if
+        not 0."""
         self.stop.set()
         for thread in threads:
             thread.join(timeout=10)
@@ -128,18 +139,23 @@ class Run:
             sys.exit(exit_code)
 
     def finish(self, params, learner_policy_version: int, evaluate):
-        """After the last update: the model file, the evaluation episodes (`evaluate(params, args, num_episodes,
-        seed)` is the script's own), summary.json and the fingerprint as the last line of stdout."""
+        """After the last update: the model file, the evaluation episodes (`evaluate(params, args,
+        num_episodes, seed)` is the script's own), summary.json and the fingerprint as the last line
+        of stdout."""
         args, wall_time_s = self.args, self.wall_time()
         global_step = learner_policy_version * self.sizes.batch_size
         fingerprint = run_files.params_fingerprint(params)
         if args.save_model and self.is_main:
-            print(f"model saved to {run_files.save_model(args, params, self.dir, self.script_path)}")
+            print(
+                f"model saved to {run_files.save_model(args, params, self.dir, self.script_path)}"
+            )
         if args.eval_episodes and self.is_main:
             eval_returns = evaluate(params, args, args.eval_episodes, args.seed + 1_000_000)
             for episode, episode_return in enumerate(eval_returns):
                 self.writer.add_scalar("eval/episodic_return", episode_return, episode)
-            print(f"eval: mean return {np.mean(eval_returns):.1f} over {len(eval_returns)} episodes")
+            print(
+                f"eval: mean return {np.mean(eval_returns):.1f} over {len(eval_returns)} episodes"
+            )
         if self.is_main:
             summary = dict(
                 params_fingerprint=fingerprint,
@@ -158,9 +174,10 @@ class Run:
 
 
 def open_run(args, sizes, script_path: str, counters: dict, global_learner_devices: list) -> Run:
-    """The run folder, its spec and its TensorBoard writer (and W&B with --track); process 0 alone writes.
-    `counters["update"] > 0` means a resumed run: it writes `spec_resume_<update>.json`, and TensorBoard
-    drops what the preempted run logged after its checkpoint (purge_step), so the curves read as one stream."""
+    """The run folder, its spec and its TensorBoard writer (and W&B with --track); process 0 alone
+    writes. `counters["update"] > 0` means a resumed run: it writes `spec_resume_<update>.json`, and
+    TensorBoard drops what the preempted run logged after its checkpoint (purge_step), so the curves
+    read as one stream."""
     name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join("runs", name)
     resumed_update = counters["update"] or None
@@ -170,7 +187,9 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
     if is_main:
         os.makedirs(run_dir, exist_ok=True)
         spec_name = f"spec_resume_{resumed_update}.json" if resumed_update else "spec.json"
-        run_files.write_json(os.path.join(run_dir, spec_name), run_files.run_spec(args, sizes, name, script_path))
+        run_files.write_json(
+            os.path.join(run_dir, spec_name), run_files.run_spec(args, sizes, name, script_path)
+        )
     if args.track and is_main:
         import wandb
 
@@ -186,14 +205,17 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
             resume="allow" if args.resume else None,
         )
     purge_step = resumed_update * sizes.batch_size + 1 if resumed_update else None
-    # Flushed every few seconds (tensorboardX's default is 2 minutes): a search's pruner reads the events while the
-    # run goes on.
+    # Flushed every few seconds (tensorboardX's default is 2 minutes): a search's pruner reads the
+    # events while the run goes on.
     writer = SummaryWriter(run_dir, write_to_disk=is_main, purge_step=purge_step, flush_secs=5)
     writer.add_text(
         "hyperparameters",
-        "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()),
+        "|param|value|\n|-|-|\n"
+        + "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items()),
     )
-    num_local = sum(device.process_index == jax.process_index() for device in global_learner_devices)
+    num_local = sum(
+        device.process_index == jax.process_index() for device in global_learner_devices
+    )
     stop_agreed = signals.stop_agreement(global_learner_devices, num_local, args.distributed)
     return Run(
         args=args,
@@ -222,8 +244,8 @@ class Episodes:
     lengths: np.ndarray
 
     def step(self, reward, done, is_reset, global_step: int) -> list[float]:
-        """`reward` unclipped; a reset step (envpool's step after an episode's end) belongs to no episode.
-        Returns the returns of the episodes that finished."""
+        """`reward` unclipped; a reset step (envpool's step after an episode's end) belongs to no
+        episode. Returns the returns of the episodes that finished."""
         playing = ~is_reset
         self.returns += reward * playing
         self.lengths += playing

@@ -22,7 +22,9 @@ PACKAGES = ["jax", "jaxlib", "flax", "optax", "rlax", "envpool", "numpy", "tyro"
 def replicate(tree, devices: list):
     """One copy of `tree` per device, as a pmap over `devices` takes it (the leading axis)."""
     sharding = NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec("devices"))
-    return jax.device_put(jax.tree.map(lambda x: np.stack([np.asarray(x)] * len(devices)), tree), sharding)
+    return jax.device_put(
+        jax.tree.map(lambda x: np.stack([np.asarray(x)] * len(devices)), tree), sharding
+    )
 
 
 def first_replica(tree):
@@ -58,7 +60,8 @@ def git_sha(path: str):
 
 
 def run_spec(args, sizes, run_name: str, script_path: str) -> dict:
-    """Enough to rerun the run: every argument, the derived sizes, the code version and the library versions."""
+    """Enough to rerun the run: every argument, the derived sizes, the code version and the library
+    versions."""
     return dict(
         run_name=run_name,
         script=os.path.basename(script_path),
@@ -84,5 +87,9 @@ def save_model(args, params, run_dir: str, script_path: str) -> str:
     saved_args = json.loads(json.dumps(dataclasses.asdict(args)))  # msgpack takes lists, not tuples
     script = os.path.splitext(os.path.basename(script_path))[0]
     with open(path, "wb") as f:
-        f.write(flax.serialization.msgpack_serialize({"script": script, "args": saved_args, "params": params}))
+        f.write(
+            flax.serialization.msgpack_serialize(
+                {"script": script, "args": saved_args, "params": params}
+            )
+        )
     return path

@@ -1,19 +1,21 @@
-"""Model-based search with early stopping: Optuna's TPE sampler picks each trial's flags, and its pruner stops
-trials whose intermediate results fall behind.
+"""Model-based search with early stopping: Optuna's TPE sampler picks each trial's flags, and its
+pruner stops trials whose intermediate results fall behind.
 
-A trial is one setting of the `[space]` flags, run as one session per environment and seed. Its intermediate
-result at step s is the mean over its sessions of the running mean of the last 100 episodic returns logged by
-step s, read from the runs' own TensorBoard events every `report_every` agent steps, once every session got
-there. A pruned trial's runs get SIGTERM, so they save a checkpoint and could be resumed.
+A trial is one setting of the `[space]` flags, run as one session per environment and seed. Its
+intermediate result at step s is the mean over its sessions of the running mean of the last 100
+episodic returns logged by step s, read from the runs' own TensorBoard events every `report_every`
+agent steps, once every session got there. A pruned trial's runs get SIGTERM, so they save a
+checkpoint and could be resumed.
 
-The study lives in `runs/_experiments/<experiment>/study.journal` (Optuna's journal storage: a file with
-locks that work on shared filesystems), so any number of workers, local or SLURM array tasks, share one study
-with no server. A worker runs up to `workers` runs at a time and asks the study for a new trial when it has a
-free slot; it stops when the study holds `budget` trials (a few more when workers ask at the same moment).
-A worker that is stopped (Ctrl-C, SIGTERM, SLURM's USR1) stops its runs, which checkpoint, and hands their
-trials back: each is marked failed and enqueued again with the same flags, and whichever worker takes it
-resumes the same runs from their checkpoints. A worker that dies without warning leaves its trials running
-in the study; once their heartbeat is STALE_SECONDS old, another worker hands them back the same way.
+The study lives in `runs/_experiments/<experiment>/study.journal` (Optuna's journal storage: a file
+with locks that work on shared filesystems), so any number of workers, local or SLURM array tasks,
+share one study with no server. A worker runs up to `workers` runs at a time and asks the study for
+a new trial when it has a free slot; it stops when the study holds `budget` trials (a few more when
+workers ask at the same moment). A worker that is stopped (Ctrl-C, SIGTERM, SLURM's USR1) stops its
+runs, which checkpoint, and hands their trials back: each is marked failed and enqueued again with
+the same flags, and whichever worker takes it resumes the same runs from their checkpoints. A worker
+that dies without warning leaves its trials running in the study; once their heartbeat is
+STALE_SECONDS old, another worker hands them back the same way.
 """
 
 import os
@@ -43,12 +45,15 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def open_study(experiment_dir: Path, name: str, method: dict, seed: int) -> optuna.Study:
-    """The experiment's study, created on first use. `seed` differs per worker, so that workers draw apart."""
+    """The experiment's study, created on first use. `seed` differs per worker, so that workers draw
+    apart."""
     startup = method["startup_trials"]
     pruners = {
         "none": optuna.pruners.NopPruner(),
         "median": optuna.pruners.MedianPruner(n_startup_trials=startup),
-        "successive_halving": optuna.pruners.SuccessiveHalvingPruner(min_resource=method["report_every"]),
+        "successive_halving": optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=method["report_every"]
+        ),
     }
     return optuna.create_study(
         study_name=name,
@@ -75,19 +80,29 @@ def suggest(trial: optuna.Trial, sweeps) -> list[tuple[str, str]]:
 
 
 def replay(study: optuna.Study, recorded_trials: list[dict], sweeps):
-    """Enqueue the flags of an earlier experiment's trials, in their order, so a new study reruns them exactly."""
+    """Enqueue the flags of an earlier experiment's trials, in their order, so a new study reruns them
+    exactly."""
     kinds = dict(sweeps)
     for recorded in sorted(recorded_trials, key=lambda trial: trial["number"]):
         params = {}
         for flag, value in recorded["params"].items():
             kind = kinds[flag]
-            params[flag] = value if isinstance(kind, list) else int(value) if kind[0] == "int" else float(value)
+            params[flag] = (
+                value
+                if isinstance(kind, list)
+                else int(value)
+                if kind[0] == "int"
+                else float(value)
+            )
         study.enqueue_trial(params)
 
 
 def value_at(curves, step: int) -> float:
     """Mean over sessions of the running mean of the last LAST_N returns logged by `step`."""
-    at = [running_mean(c.values, LAST_N)[np.searchsorted(c.steps, step, side="right") - 1] for c in curves]
+    at = [
+        running_mean(c.values, LAST_N)[np.searchsorted(c.steps, step, side="right") - 1]
+        for c in curves
+    ]
     return float(np.mean(at))
 
 
@@ -103,9 +118,10 @@ def logged_curves(runs_dir: Path, run_names) -> dict | None:
 
 
 def objective(curves_by_env: dict, metric: str) -> float:
-    """The trial's metric as cleanba_utils.analyze defines it, averaged over its sessions, then environments."""
-    # Imported here: analyze's plotting and statistics libraries take seconds to import, which every launch
-    # (a dry run, a one-line error) would pay.
+    """The trial's metric as cleanba_utils.analyze defines it, averaged over its sessions, then
+    environments."""
+    # Imported here: analyze's plotting and statistics libraries take seconds to import, which every
+    # launch (a dry run, a one-line error) would pay.
     from cleanba_utils import analyze
 
     per_env = []
@@ -114,7 +130,11 @@ def objective(curves_by_env: dict, metric: str) -> float:
             per_env.append(np.mean([analyze.final_return(c.values, LAST_N) for c in curves]))
         else:
             grid = np.linspace(0, max(c.steps[-1] for c in curves), analyze.GRID_POINTS)
-            per_env.append(np.mean([analyze.auc(c.steps, running_mean(c.values, LAST_N), grid) for c in curves]))
+            per_env.append(
+                np.mean(
+                    [analyze.auc(c.steps, running_mean(c.values, LAST_N), grid) for c in curves]
+                )
+            )
     return float(np.mean(per_env))
 
 
@@ -141,11 +161,16 @@ def signal_group(process, signum):
 
 
 class Worker:
-    """Runs trials of one study, at most `workers` runs at a time, until the study holds `budget` trials."""
+    """Runs trials of one study, at most `workers` runs at a time, until the study holds `budget`
+    trials."""
 
     def __init__(self, study, plan, trial_runs, experiment_dir: Path, log_dir: Path, workers: int):
         self.study, self.plan, self.trial_runs, self.workers = study, plan, trial_runs, workers
-        self.experiment_dir, self.log_dir, self.runs_dir = experiment_dir, log_dir, experiment_dir.parent.parent
+        self.experiment_dir, self.log_dir, self.runs_dir = (
+            experiment_dir,
+            log_dir,
+            experiment_dir.parent.parent,
+        )
         self.active: list[ActiveTrial] = []
         self.heartbeat_at = self.events_at = self.reclaim_at = 0.0
 
@@ -171,12 +196,17 @@ class Worker:
         flags = shlex.join(token for pair in setting for token in pair)
         # The same flags and seeds give the same runs, so a setting that completed is not run again.
         done = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        same = next((earlier for earlier in done if earlier.user_attrs.get("flags") == dict(setting)), None)
+        same = next(
+            (earlier for earlier in done if earlier.user_attrs.get("flags") == dict(setting)), None
+        )
         if same is not None:
             trial.set_user_attr("runs_of", same.user_attrs["runs_of"])
             trial.set_user_attr("runs", same.user_attrs["runs"])
             self.study.tell(trial, same.value)
-            print(f"trial {trial.number}: {flags}: as trial {same.number}, {same.value:.4g}", flush=True)
+            print(
+                f"trial {trial.number}: {flags}: as trial {same.number}, {same.value:.4g}",
+                flush=True,
+            )
             return
         trial.set_user_attr("heartbeat", time.time())
         self.active.append(ActiveTrial(trial, runs, list(runs)))
@@ -187,12 +217,16 @@ class Worker:
         with open(self.log_dir / f"{run_name}.log", "a") as log:
             log.write(shlex.join(argv) + "\n")
             log.flush()
-            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         active.processes[run_name] = process
 
     def fill_slots(self):
         while self.running() < self.workers:
-            waiting = [active for active in self.active if active.pending and active.stopping_since is None]
+            waiting = [
+                active for active in self.active if active.pending and active.stopping_since is None
+            ]
             if waiting:
                 self.launch(waiting[0])
             elif self.wants_trial():
@@ -230,9 +264,14 @@ class Worker:
         if active.stopping_since is not None:
             self.study.tell(active.trial, state=TrialState.PRUNED)
         elif any(active.exit_codes.values()):
-            print(f"trial {number}: failed, exit codes {active.exit_codes} (logs in {self.log_dir})", flush=True)
+            print(
+                f"trial {number}: failed, exit codes {active.exit_codes} (logs in {self.log_dir})",
+                flush=True,
+            )
             self.study.tell(active.trial, state=TrialState.FAIL)
-        elif (curves := logged_curves(self.runs_dir, [run_name for run_name, _ in active.runs])) is None:
+        elif (
+            curves := logged_curves(self.runs_dir, [run_name for run_name, _ in active.runs])
+        ) is None:
             print(f"trial {number}: failed, a run logged no episode", flush=True)
             self.study.tell(active.trial, state=TrialState.FAIL)
         else:
@@ -248,7 +287,10 @@ class Worker:
                 if process.poll() is not None:
                     active.exit_codes[run_name] = process.returncode
                     del active.processes[run_name]
-            if active.stopping_since is not None and now - active.stopping_since > STOP_GRACE_SECONDS:
+            if (
+                active.stopping_since is not None
+                and now - active.stopping_since > STOP_GRACE_SECONDS
+            ):
                 for process in active.processes.values():
                     signal_group(process, signal.SIGKILL)
             if not active.processes and not active.pending:
@@ -266,11 +308,20 @@ class Worker:
             self.reclaim_at = now
             mine = {active.trial.number for active in self.active}
             for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-                if trial.number not in mine and time.time() - trial.user_attrs.get("heartbeat", 0) > STALE_SECONDS:
-                    hand_back(self.study, trial.number, trial.params, trial.user_attrs.get("runs_of", trial.number))
+                if (
+                    trial.number not in mine
+                    and time.time() - trial.user_attrs.get("heartbeat", 0) > STALE_SECONDS
+                ):
+                    hand_back(
+                        self.study,
+                        trial.number,
+                        trial.params,
+                        trial.user_attrs.get("runs_of", trial.number),
+                    )
 
     def run(self):
-        """Runs trials until the budget is reached; on KeyboardInterrupt, stops and hands back its trials."""
+        """Runs trials until the budget is reached; on KeyboardInterrupt, stops and hands back its
+        trials."""
         try:
             self.fill_slots()
             while self.active:
@@ -286,7 +337,12 @@ class Worker:
                         process.wait(timeout=STOP_GRACE_SECONDS)
                     except subprocess.TimeoutExpired:
                         signal_group(process, signal.SIGKILL)
-                hand_back(self.study, active.trial.number, active.trial.params, active.trial.user_attrs["runs_of"])
+                hand_back(
+                    self.study,
+                    active.trial.number,
+                    active.trial.params,
+                    active.trial.user_attrs["runs_of"],
+                )
             write_record(self.study, self.experiment_dir)
             raise
         write_record(self.study, self.experiment_dir)

@@ -1,5 +1,6 @@
 """Preemption: SIGTERM and SIGUSR1 (SLURM's signals) are noted when they arrive and acted on after the
-current update, by every process of a distributed run at the same update. Ctrl-C (SIGINT) stops at once."""
+current update, by every process of a distributed run at the same update. Ctrl-C (SIGINT) stops at
+once."""
 
 import signal
 
@@ -11,8 +12,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 def catch_stop_signals() -> list[int]:
     """Installs the handlers; the returned list receives the numbers of the signals that arrived."""
-    # A process started in the background by a shell script, or by a test runner's worker, inherits an ignored
-    # SIGINT, and Python then leaves Ctrl-C ignored: `kill -INT` would not stop the run.
+    # A process started in the background by a shell script, or by a test runner's worker, inherits
+    # an ignored SIGINT, and Python then leaves Ctrl-C ignored: `kill -INT` would not stop the run.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     received: list[int] = []
     for signum in STOP_SIGNALS:
@@ -22,20 +23,25 @@ def catch_stop_signals() -> list[int]:
 
 def stop_agreement(global_learner_devices: list, num_local_learner_devices: int, distributed: bool):
     """A function of `received` that is True when any process of the run received a stop signal. Every
-    process must stop after the same update, or the others would wait for it in the next collective, so
-    in a distributed run the learner devices of all processes vote with a psum."""
+    process must stop after the same update, or the others would wait for it in the next collective,
+    so in a distributed run the learner devices of all processes vote with a psum."""
     if not distributed:
         return lambda received: bool(received)
     any_process = jax.pmap(
-        lambda flag: jax.lax.psum(flag, "devices"), axis_name="devices", devices=global_learner_devices
+        lambda flag: jax.lax.psum(flag, "devices"),
+        axis_name="devices",
+        devices=global_learner_devices,
     )
 
     def agreed(received) -> bool:
-        return bool(np.asarray(any_process(np.full(num_local_learner_devices, bool(received), np.int32)))[0])
+        return bool(
+            np.asarray(any_process(np.full(num_local_learner_devices, bool(received), np.int32)))[0]
+        )
 
     return agreed
 
 
 def exit_code_of(received: list[int]) -> int:
-    """128 + the signal number, the shell's convention; a stop that a peer received is reported as SIGTERM."""
+    """128 + the signal number, the shell's convention; a stop that a peer received is reported as
+    SIGTERM."""
     return 128 + (received[0] if received else signal.SIGTERM)

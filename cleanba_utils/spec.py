@@ -1,48 +1,55 @@
-"""Experiment spec files: one TOML file describes one experiment of `python -m cleanba_utils.benchmark`.
+"""Experiment spec files: one TOML file describes one experiment of `python -m
+cleanba_utils.benchmark`.
 
-    experiment = "ppo_cartpole_search"          # optional; default: the file name without .toml
-    command = "python cleanba/cleanba_ppo.py --total-timesteps 100000"   # the script and its fixed flags
-    env_ids = ["CartPole-v1"]                   # or "atari57": the 57 games of cleanba_utils/atari57_random_human.csv
-    num_seeds = 2                               # sessions per trial and environment
-    start_seed = 1
+experiment = "ppo_cartpole_search"          # optional; default: the file name without .toml
+command = "python cleanba/cleanba_ppo.py --total-timesteps 100000"   # the script and its fixed
+flags
+env_ids = ["CartPole-v1"]                   # or "atari57": the 57 games of
+cleanba_utils/atari57_random_human.csv
+num_seeds = 2                               # sessions per trial and environment
+start_seed = 1
 
-    [space]                                     # the script flags searched; none: one trial
-    "--learning-rate" = {loguniform = [1e-4, 3e-3]}
-    "--clip-coef" = [0.1, 0.2, 0.3]             # grid values, or choices for random and tpe
-    "--update-epochs" = {int = [2, 8]}          # also {uniform = [LOW, HIGH]}
+[space]                                     # the script flags searched; none: one trial
+"--learning-rate" = {loguniform = [1e-4, 3e-3]}
+"--clip-coef" = [0.1, 0.2, 0.3]             # grid values, or choices for random and tpe
+"--update-epochs" = {int = [2, 8]}          # also {uniform = [LOW, HIGH]}
 
-    [search]
-    method = "tpe"                              # grid | random | tpe (Optuna's TPE with pruning)
-    budget = 8                                  # trials drawn by random and tpe
-    seed = 0
-    metric = "final_return"                     # final_return | auc; higher is better
-    pruner = "median"                           # tpe: none | median | successive_halving
-    report_every = 20000                        # tpe: agent steps between the intermediate results
-    startup_trials = 2                          # tpe: trials before the sampler models and the pruner prunes
+[search]
+method = "tpe"                              # grid | random | tpe (Optuna's TPE with pruning)
+budget = 8                                  # trials drawn by random and tpe
+seed = 0
+metric = "final_return"                     # final_return | auc; higher is better
+pruner = "median"                           # tpe: none | median | successive_halving
+report_every = 20000                        # tpe: agent steps between the intermediate results
+startup_trials = 2                          # tpe: trials before the sampler models and the pruner
+prunes
 
-    [resources]
-    workers = 2                                 # runs at a time (locally) or array tasks at a time (SLURM)
-    slurm_template = "cleanba.slurm_template"   # optional: submit to SLURM, with slurm_gpus_per_task,
-                                                # slurm_ntasks, slurm_nodes, slurm_total_cpus, slurm_job_name,
-                                                # slurm_partition
+[resources]
+workers = 2                                 # runs at a time (locally) or array tasks at a time
+(SLURM)
+slurm_template = "cleanba.slurm_template"   # optional: submit to SLURM, with slurm_gpus_per_task,
+# slurm_ntasks, slurm_nodes, slurm_total_cpus,
+# slurm_job_name, slurm_partition
 
-    [thresholds]                                # optional, for the analysis: steps to reach these returns
-    "CartPole-v1" = 475.0
-    [random_scores]                             # optional, for the analysis: the return of random play
-    "CartPole-v1" = 22.0
+[thresholds]                                # optional, for the analysis: steps to reach these
+returns
+"CartPole-v1" = 475.0
+[random_scores]                             # optional, for the analysis: the return of random play
+"CartPole-v1" = 22.0
 
-Merging with the launcher's command-line options: every key has one option (`command` is `--command`,
-`[space]` is `--sweep`, `search.seed` is `--sweep-seed`, `resources.slurm_template` is `--slurm-template-path`,
-the others their own name). An option fills what the spec leaves out; an option that the spec also sets is a
-clash (one `--sweep` flag in both too), an error. `--experiment` may rename a spec's experiment: the name says
-where the results go, not what runs. `--dry-run`, `--resume` and `--log-dir` say how to launch, not what, and
-are never in a spec.
+Merging with the launcher's command-line options: every key has one option (`command` is
+`--command`, `[space]` is `--sweep`, `search.seed` is `--sweep-seed`, `resources.slurm_template` is
+`--slurm-template-path`, the others their own name). An option fills what the spec leaves out; an
+option that the spec also sets is a clash (one `--sweep` flag in both too), an error. `--experiment`
+may rename a spec's experiment: the name says where the results go, not what runs. `--dry-run`,
+`--resume` and `--log-dir` say how to launch, not what, and are never in a spec.
 
-Every launch keeps its experiment folder, `runs/_experiments/<experiment>/`: `spec.toml`, the spec that gives
-exactly this launch (the command line's options merged in), and `experiment.json`, with the git commit and the
-resolved trials (flags, run names, states, metric values). `--spec runs/_experiments/<experiment>/spec.toml`
-continues the experiment where it stopped; the same file elsewhere (for example in a fresh clone, with its
-experiment.json beside it) reruns the recorded trials with the same flags.
+Every launch keeps its experiment folder, `runs/_experiments/<experiment>/`: `spec.toml`, the spec
+that gives exactly this launch (the command line's options merged in), and `experiment.json`, with
+the git commit and the resolved trials (flags, run names, states, metric values). `--spec
+runs/_experiments/<experiment>/spec.toml` continues the experiment where it stopped; the same file
+elsewhere (for example in a fresh clone, with its experiment.json beside it) reruns the recorded
+trials with the same flags.
 """
 
 import json
@@ -54,7 +61,12 @@ from pathlib import Path
 import tomli_w
 
 # Top-level keys and tables, each key with the launcher option (argparse dest) that it sets.
-TOP = {"experiment": "experiment", "command": "command", "env_ids": "env_ids", "num_seeds": "num_seeds"}
+TOP = {
+    "experiment": "experiment",
+    "command": "command",
+    "env_ids": "env_ids",
+    "num_seeds": "num_seeds",
+}
 TOP |= {"start_seed": "start_seed"}
 TABLES = {
     "search": {
@@ -69,13 +81,30 @@ TABLES = {
     "resources": {
         "workers": "workers",
         "slurm_template": "slurm_template_path",
-        **{key: key for key in ("slurm_gpus_per_task", "slurm_ntasks", "slurm_nodes", "slurm_total_cpus")},
+        **{
+            key: key
+            for key in ("slurm_gpus_per_task", "slurm_ntasks", "slurm_nodes", "slurm_total_cpus")
+        },
         **{key: key for key in ("slurm_job_name", "slurm_partition")},
     },
 }
-TYPES = {"command": str, "experiment": str, "metric": str, "pruner": str, "search": str, "slurm_job_name": str}
+TYPES = {
+    "command": str,
+    "experiment": str,
+    "metric": str,
+    "pruner": str,
+    "search": str,
+    "slurm_job_name": str,
+}
 TYPES |= {"slurm_partition": str, "slurm_template_path": str, "sweep_seed": int, "start_seed": int}
-POSITIVE = {"num_seeds", "budget", "report_every", "startup_trials", "workers", "slurm_gpus_per_task"}
+POSITIVE = {
+    "num_seeds",
+    "budget",
+    "report_every",
+    "startup_trials",
+    "workers",
+    "slurm_gpus_per_task",
+}
 POSITIVE |= {"slurm_ntasks", "slurm_nodes", "slurm_total_cpus"}
 RANGES = ("uniform", "loguniform", "int")
 ENV_SETS = {"atari57": "the 57 Atari games"}
@@ -94,15 +123,22 @@ def check_type(where: str, dest: str, value):
 
 
 def space_entry(flag: str, entry):
-    """A `[space]` entry as the launcher's sweep: (flag, ["v1", "v2"]) or (flag, (range name, low, high))."""
+    """A `[space]` entry as the launcher's sweep: (flag, ["v1", "v2"]) or (flag, (range name, low,
+    high))."""
     where = f"[space] {flag!r}"
     if isinstance(entry, list):
-        if not entry or not all(isinstance(value, str | int | float) and value != "" for value in entry):
+        if not entry or not all(
+            isinstance(value, str | int | float) and value != "" for value in entry
+        ):
             raise ValueError(f"{where} needs a non-empty list of values (numbers or strings)")
         return flag, [str(value) for value in entry]
     if isinstance(entry, dict) and len(entry) == 1 and next(iter(entry)) in RANGES:
         name, bounds = next(iter(entry.items()))
-        numbers = isinstance(bounds, list) and len(bounds) == 2 and all(type(b) in (int, float) for b in bounds)
+        numbers = (
+            isinstance(bounds, list)
+            and len(bounds) == 2
+            and all(type(b) in (int, float) for b in bounds)
+        )
         if numbers and bounds[0] < bounds[1] and (name != "loguniform" or bounds[0] > 0):
             if name != "int" or all(type(b) is int for b in bounds):
                 return flag, (name, float(bounds[0]), float(bounds[1]))
@@ -117,13 +153,20 @@ def env_ids_of(value) -> list[str]:
 
     if value == "atari57":
         return list(reference_scores())
-    if not isinstance(value, list) or not value or not all(isinstance(env_id, str) and env_id for env_id in value):
-        raise ValueError(f'env_ids must be a non-empty list of environment ids or "atari57", got {value!r}')
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(env_id, str) and env_id for env_id in value)
+    ):
+        raise ValueError(
+            f'env_ids must be a non-empty list of environment ids or "atari57", got {value!r}'
+        )
     return value
 
 
 def load(path: Path) -> tuple[dict, dict]:
-    """(launcher options, analysis tables) of the spec at `path`; a ValueError says what is wrong with it."""
+    """(launcher options, analysis tables) of the spec at `path`; a ValueError says what is wrong with
+    it."""
     try:
         document = tomllib.loads(Path(path).read_text())
     except OSError as error:
@@ -141,12 +184,16 @@ def load(path: Path) -> tuple[dict, dict]:
                 options[dest] = value
         elif key == "space":
             if not isinstance(value, dict) or not value:
-                raise ValueError("[space] is empty; give at least one flag, or leave the table out for one trial")
+                raise ValueError(
+                    "[space] is empty; give at least one flag, or leave the table out for one trial"
+                )
             options["sweep"] = [space_entry(flag, entry) for flag, entry in value.items()]
         elif key in TABLES and isinstance(value, dict):
             for name, item in value.items():
                 if name not in TABLES[key]:
-                    raise ValueError(f"unknown key {name!r} in [{key}]; known: {', '.join(TABLES[key])}")
+                    raise ValueError(
+                        f"unknown key {name!r} in [{key}]; known: {', '.join(TABLES[key])}"
+                    )
                 check_type(f"{key}.{name}", TABLES[key][name], item)
                 options[TABLES[key][name]] = item
         elif key in ("thresholds", "random_scores") and isinstance(value, dict):
@@ -154,21 +201,27 @@ def load(path: Path) -> tuple[dict, dict]:
                 raise ValueError(f"[{key}] maps environment ids to numbers")
             analysis[key] = {env_id: float(score) for env_id, score in value.items()}
         else:
-            known = [*TOP, *(f"[{table}]" for table in (*TABLES, "space", "thresholds", "random_scores"))]
+            known = [
+                *TOP,
+                *(f"[{table}]" for table in (*TABLES, "space", "thresholds", "random_scores")),
+            ]
             raise ValueError(f"unknown key {key!r} in {path}; known: {', '.join(known)}")
     options.setdefault("experiment", Path(path).stem)
     return options, analysis
 
 
 def merge(spec_options: dict, given: dict) -> dict:
-    """The spec's options with the explicitly given command-line options added; one set in both is a ValueError."""
+    """The spec's options with the explicitly given command-line options added; one set in both is a
+    ValueError."""
     merged = dict(spec_options)
     for dest, value in given.items():
         if dest == "sweep":
             in_spec = {flag for flag, _ in spec_options.get("sweep", [])}
             clashes = [flag for flag, _ in value if flag in in_spec]
             if clashes:
-                raise ValueError(f"--sweep {clashes[0]} is also in the spec's [space]; give it in one place")
+                raise ValueError(
+                    f"--sweep {clashes[0]} is also in the spec's [space]; give it in one place"
+                )
             merged["sweep"] = spec_options.get("sweep", []) + value
         elif dest in spec_options and dest != "experiment":
             raise ValueError(f"{option_name(dest)} is also set in the spec; give it in one place")
@@ -178,7 +231,8 @@ def merge(spec_options: dict, given: dict) -> dict:
 
 
 def document(options: dict, analysis: dict) -> dict:
-    """The spec file (as a TOML document) that gives exactly `options`: what the experiment folder keeps."""
+    """The spec file (as a TOML document) that gives exactly `options`: what the experiment folder
+    keeps."""
     where = {dest: key for key, dest in TOP.items()}
     tables = {table: {dest: key for key, dest in keys.items()} for table, keys in TABLES.items()}
     result = {where[dest]: options[dest] for dest in where if options.get(dest) is not None}
@@ -195,8 +249,9 @@ def bounds_of(values):
 
 
 def dumps(options: dict, analysis: dict) -> str:
-    """The spec as TOML text. The [space] table is written by hand: tomli_w writes a range, an inline table, as a
-    table of its own after the lists, but the order of the flags decides how the sampler draws."""
+    """The spec as TOML text. The [space] table is written by hand: tomli_w writes a range, an inline
+    table, as a table of its own after the lists, but the order of the flags decides how the sampler
+    draws."""
     text = tomli_w.dumps(document(options, analysis))
     if options.get("sweep"):
         lines = ["", "[space]"]
@@ -222,7 +277,9 @@ def space_text(values) -> str:
 def git_revision() -> dict:
     """The commit that the working directory is at, and whether tracked files differ from it."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
-    changes = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    changes = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+    )
     return dict(git_sha=head.stdout.strip() or "unknown", git_dirty=bool(changes.stdout.strip()))
 
 
@@ -234,8 +291,8 @@ def write_json(path: Path, record: dict):
 
 
 def prepare_folder(experiment_dir: Path, text: str, record: dict):
-    """Write the experiment folder's spec.toml and experiment.json; a folder that exists must hold the same spec
-    ([resources] aside, so that a continued experiment may run on other machines)."""
+    """Write the experiment folder's spec.toml and experiment.json; a folder that exists must hold the
+    same spec ([resources] aside, so that a continued experiment may run on other machines)."""
     spec_path = experiment_dir / "spec.toml"
     if spec_path.exists():
         before, now = tomllib.loads(spec_path.read_text()), tomllib.loads(text)

@@ -1,8 +1,8 @@
-"""A sum tree in one NumPy array: non-negative weights of a fixed number of items, where setting a batch of
-weights and drawing a batch of items in proportion to their weights cost O(log N) per item, vectorized over
-the batch. Node 1 is the root, node i has the children 2i and 2i + 1, and the leaves are the second half of
-the array (item k is node `num_leaves + k`). Every inner node is recomputed from its two children, in float64,
-so the sums never drift however many updates the tree sees."""
+"""A sum tree in one NumPy array: non-negative weights of a fixed number of items, where setting a
+batch of weights and drawing a batch of items in proportion to their weights cost O(log N) per item,
+vectorized over the batch. Node 1 is the root, node i has the children 2i and 2i + 1, and the leaves
+are the second half of the array (item k is node `num_leaves + k`). Every inner node is recomputed
+from its two children, in float64, so the sums never drift however many updates the tree sees."""
 
 import numpy as np
 
@@ -25,7 +25,8 @@ def weights(tree: np.ndarray, items) -> np.ndarray:
 
 
 def set_weights(tree: np.ndarray, items, values):
-    """Sets the weights of `items` and their ancestors' sums; an item listed twice must get one value twice."""
+    """Sets the weights of `items` and their ancestors' sums; an item listed twice must get one value
+    twice."""
     nodes = num_leaves(tree) + np.asarray(items, dtype=np.int64)
     tree[nodes] = values
     # All leaves share a depth, so the nodes climb one level per pass.
@@ -35,9 +36,9 @@ def set_weights(tree: np.ndarray, items, values):
 
 
 def find(tree: np.ndarray, targets) -> np.ndarray:
-    """The item whose interval of the cumulative weights holds each target in [0, total): a descent from
-    the root in lockstep. An item of weight zero is never returned (a child of zero sum is never entered),
-    even where float rounding puts a target on an interval's edge."""
+    """The item whose interval of the cumulative weights holds each target in [0, total): a descent
+    from the root in lockstep. An item of weight zero is never returned (a child of zero sum is
+    never entered), even where float rounding puts a target on an interval's edge."""
     targets = np.array(targets, dtype=np.float64)
     nodes = np.ones(targets.shape, dtype=np.int64)
     leaves = num_leaves(tree)
@@ -51,8 +52,8 @@ def find(tree: np.ndarray, targets) -> np.ndarray:
 
 
 def sample_stratified(tree: np.ndarray, batch_size: int, rng: np.random.Generator) -> np.ndarray:
-    """`batch_size` items, each with probability weight / total: one uniform draw in each of `batch_size`
-    equal slices of [0, total), as Schaul et al. (2016) sample a prioritized replay (lower variance than
-    independent draws, the same marginal probabilities)."""
+    """`batch_size` items, each with probability weight / total: one uniform draw in each of
+    `batch_size` equal slices of [0, total), as Schaul et al. (2016) sample a prioritized replay
+    (lower variance than independent draws, the same marginal probabilities)."""
     targets = (np.arange(batch_size) + rng.random(batch_size)) * (total(tree) / batch_size)
     return find(tree, targets)

@@ -31,9 +31,12 @@ def queue_put(q: queue.Queue, item, stop: threading.Event):
                 raise Stopped from None
 
 
-def start_thread(target, name: str, stop: threading.Event, failures: list[str], **kwargs) -> threading.Thread:
-    """Runs `target(**kwargs)` in a daemon thread; an exception is recorded in `failures` and sets `stop`,
-    so that every other thread leaves its queue wait and the process ends with the failure."""
+def start_thread(
+    target, name: str, stop: threading.Event, failures: list[str], **kwargs
+) -> threading.Thread:
+    """Runs `target(**kwargs)` in a daemon thread; an exception is recorded in `failures` and sets
+    `stop`, so that every other thread leaves its queue wait and the process ends with the failure.
+    """
 
     def guarded():
         try:

@@ -34,8 +34,19 @@ TINY = [
 ]
 
 
-def run_script(script: str, args: list, cwd, devices: int = 1, extra_env: dict | None = None, timeout: float = 300):
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **(extra_env or {}))
+def run_script(
+    script: str,
+    args: list,
+    cwd,
+    devices: int = 1,
+    extra_env: dict | None = None,
+    timeout: float = 300,
+):
+    env = dict(
+        os.environ,
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        **(extra_env or {}),
+    )
     return subprocess.run(
         [sys.executable, str(REPO / "cleanba" / script), *map(str, args)],
         cwd=cwd,
@@ -49,7 +60,9 @@ def run_script(script: str, args: list, cwd, devices: int = 1, extra_env: dict |
 def scalars(run_dir, tag: str) -> list[tuple[int, float]]:
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     events.Reload()
-    return [(e.step, e.value) for e in events.Scalars(tag)] if tag in events.Tags()["scalars"] else []
+    return (
+        [(e.step, e.value) for e in events.Scalars(tag)] if tag in events.Tags()["scalars"] else []
+    )
 
 
 def scalar_tags(run_dir) -> set:
@@ -76,7 +89,8 @@ def flatten(tree, prefix="") -> dict:
 
 
 def wait_for_line(proc, prefix: str):
-    """Reads a running script's stdout until a line starts with `prefix` (other libraries print there too)."""
+    """Reads a running script's stdout until a line starts with `prefix` (other libraries print there
+    too)."""
     for line in proc.stdout:
         if line.startswith(prefix):
             return line
@@ -105,7 +119,11 @@ def assert_policy_lag(run_dir, concurrent: bool, num_updates: int):
     for step, learner_version in learner.items():
         # learner_policy_version is logged after the update that trained on the actor's data
         expected_lag = 1 if concurrent and learner_version > 1 else 0
-        assert learner_version - 1 - actor[step] == expected_lag, (step, learner_version, actor[step])
+        assert learner_version - 1 - actor[step] == expected_lag, (
+            step,
+            learner_version,
+            actor[step],
+        )
 
 
 def fingerprint_of(result) -> str:
@@ -137,7 +155,15 @@ def run_failing(script: str, failure: str, args: list, cwd):
 def evaluate_saved_model(model_path) -> dict:
     """`python -m cleanba_utils.evaluate MODEL --episodes 2 --json`, as a user runs it."""
     result = subprocess.run(
-        [sys.executable, "-m", "cleanba_utils.evaluate", str(model_path), "--episodes", "2", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "cleanba_utils.evaluate",
+            str(model_path),
+            "--episodes",
+            "2",
+            "--json",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,

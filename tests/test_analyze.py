@@ -1,4 +1,5 @@
-"""Experiment reports: metrics on hand-made curves, whole reports of fake experiment folders, and CLI errors."""
+"""Experiment reports: metrics on hand-made curves, whole reports of fake experiment folders, and CLI
+errors."""
 
 import json
 import re
@@ -34,15 +35,21 @@ CURVE = np.array([0.0, 5.0, 15.0])  # running means of the last 2 of the returns
 def test_curve_is_a_step_function_on_the_grid():
     np.testing.assert_allclose(running_mean([0.0, 10.0, 20.0], 2), CURVE)
     np.testing.assert_array_equal(
-        on_grid(STEPS, CURVE, np.array([0, 9, 10, 15, 20, 29, 30, 31])), [np.nan, np.nan, 0, 0, 5, 5, 15, 15]
+        on_grid(STEPS, CURVE, np.array([0, 9, 10, 15, 20, 29, 30, 31])),
+        [np.nan, np.nan, 0, 0, 5, 5, 15, 15],
     )
     # Wall times out of order are sorted together with their values.
-    np.testing.assert_array_equal(on_grid([3.0, 1.0, 2.0], [30.0, 10.0, 20.0], np.array([1.5, 2.5, 3.0])), [10, 20, 30])
+    np.testing.assert_array_equal(
+        on_grid([3.0, 1.0, 2.0], [30.0, 10.0, 20.0], np.array([1.5, 2.5, 3.0])), [10, 20, 30]
+    )
 
 
 def test_auc_is_the_mean_of_the_curve_over_the_grid_points():
-    assert auc(STEPS, CURVE, np.array([0, 10, 20, 25, 30, 35])) == pytest.approx((0 + 5 + 5 + 15 + 15) / 5)
-    # Grid point i is 30 i / 99: points 0-32 lie before the first episode, 33-65 see 0, 66-98 see 5, 99 sees 15.
+    assert auc(STEPS, CURVE, np.array([0, 10, 20, 25, 30, 35])) == pytest.approx(
+        (0 + 5 + 5 + 15 + 15) / 5
+    )
+    # Grid point i is 30 i / 99: points 0-32 lie before the first episode, 33-65 see 0, 66-98 see 5,
+    # 99 sees 15.
     assert auc(STEPS, CURVE, np.linspace(0, 30, 100)) == pytest.approx((33 * 0 + 33 * 5 + 15) / 67)
 
 
@@ -96,14 +103,18 @@ def test_bootstrap_score():
     score, low, high = bootstrap_score([np.array([3.0, 3.0, 3.0])], [(0.0, 1.0)], 100, 0)
     assert score == low == high == 3.0
     # Two envs: 10 is halfway from 0 to 20, 3 halfway from 1 to 5.
-    score, low, high = bootstrap_score([np.array([10.0, 10.0]), np.array([3.0])], [(0.0, 20.0), (1.0, 5.0)], 100, 0)
+    score, low, high = bootstrap_score(
+        [np.array([10.0, 10.0]), np.array([3.0])], [(0.0, 20.0), (1.0, 5.0)], 100, 0
+    )
     assert score == pytest.approx(0.5) and low == pytest.approx(0.5) and high == pytest.approx(0.5)
     score, low, high = bootstrap_score([np.array([0.0, 10.0])], [(0.0, 1.0)], 1000, 0)
     assert score == 5.0 and low == 0.0 and high == 10.0
 
 
 def test_random_reference():
-    assert random_reference("CartPole-v1", {"random_scores": {"CartPole-v1": 22.0}}, np.array([9.0])) == (
+    assert random_reference(
+        "CartPole-v1", {"random_scores": {"CartPole-v1": 22.0}}, np.array([9.0])
+    ) == (
         22.0,
         "spec random_scores",
     )
@@ -113,10 +124,11 @@ def test_random_reference():
 
 
 def test_a_resumed_run_is_read_without_its_downtime_and_repeated_steps(tmp_path):
-    # Session 1 logs returns at steps 100..800, one every 10 s, and is stopped; its checkpoint was at step 500.
-    # Session 2 resumes from it: the SPS at step 600 after 4 s, then returns at steps 600..900, one every 5 s.
-    # Its events carry the times of its own clock, which starts when it opens its file: the time between the two
-    # sessions (here the fake 80 s of session 1 overlap it) is no part of the run's wall time.
+    # Session 1 logs returns at steps 100..800, one every 10 s, and is stopped; its checkpoint was
+    # at step 500. Session 2 resumes from it: the SPS at step 600 after 4 s, then returns at steps
+    # 600..900, one every 5 s. Its events carry the times of its own clock, which starts when it
+    # opens its file: the time between the two sessions (here the fake 80 s of session 1 overlap it)
+    # is no part of the run's wall time.
     first = tensorboardX.SummaryWriter(str(tmp_path), filename_suffix=".first")
     opened = time.time()
     for i in range(1, 9):
@@ -126,7 +138,9 @@ def test_a_resumed_run_is_read_without_its_downtime_and_repeated_steps(tmp_path)
     opened = time.time()
     second.add_scalar("charts/SPS", 50.0, 600, walltime=opened + 4)
     for i in range(6, 10):
-        second.add_scalar("charts/episodic_return", 100.0 + i, 100 * i, walltime=opened + 5 * (i - 5))
+        second.add_scalar(
+            "charts/episodic_return", 100.0 + i, 100 * i, walltime=opened + 5 * (i - 5)
+        )
     second.close()
     scalars = read_scalars(tmp_path)
     np.testing.assert_array_equal(scalars.steps, [100, 200, 300, 400, 500, 600, 700, 800, 900])
@@ -139,12 +153,15 @@ def write_run(runs_dir, run_name, returns):
     writer = tensorboardX.SummaryWriter(str(runs_dir / run_name))
     start = time.time()
     for i, value in enumerate(returns):
-        writer.add_scalar("charts/episodic_return", value, 100 * (i + 1), walltime=start + 2 * (i + 1))
+        writer.add_scalar(
+            "charts/episodic_return", value, 100 * (i + 1), walltime=start + 2 * (i + 1)
+        )
     writer.close()
 
 
 def write_experiment(tmp_path, name, method, metric, trials, spec=None):
-    """An experiment folder and its runs; `trials` is [(params, state, value, {env_id: [returns per seed]})]."""
+    """An experiment folder and its runs; `trials` is [(params, state, value, {env_id: [returns per
+    seed]})]."""
     runs_dir, records = tmp_path / "runs", []
     for number, (params, state, value, by_env) in enumerate(trials):
         runs = []
@@ -154,17 +171,26 @@ def write_experiment(tmp_path, name, method, metric, trials, spec=None):
                 if returns:
                     write_run(runs_dir, run_name, returns)
                 runs.append({"run_name": run_name, "env_id": env_id, "seed": seed, "exit_code": 0})
-        records.append({"number": number, "params": params, "state": state, "value": value, "runs": runs})
+        records.append(
+            {"number": number, "params": params, "state": state, "value": value, "runs": runs}
+        )
     experiment_dir = runs_dir / "_experiments" / name
     experiment_dir.mkdir(parents=True)
-    record = {"experiment": name, "git_sha": "abc123", "method": method, "metric": metric, "spec": spec or {}}
+    record = {
+        "experiment": name,
+        "git_sha": "abc123",
+        "method": method,
+        "metric": metric,
+        "spec": spec or {},
+    }
     (experiment_dir / "experiment.json").write_text(json.dumps({**record, "trials": records}))
     return experiment_dir
 
 
 def create_study(experiment_dir, name):
     return optuna.create_study(
-        study_name=name, storage=JournalStorage(JournalFileBackend(str(experiment_dir / "study.journal")))
+        study_name=name,
+        storage=JournalStorage(JournalFileBackend(str(experiment_dir / "study.journal"))),
     )
 
 
@@ -186,9 +212,24 @@ def test_grid_experiment_report(tmp_path, capsys):
         "grid",
         "final_return",
         [
-            ({"--learning-rate": "0.001"}, "complete", 100.0, {"CartPole-v1": [ramp(100), ramp(110)]}),
-            ({"--learning-rate": "0.01"}, "complete", 200.0, {"CartPole-v1": [ramp(200), ramp(210)]}),
-            ({"--learning-rate": "0.1"}, "pruned", None, {"CartPole-v1": [ramp(50)[:12], ramp(60)[:10]]}),
+            (
+                {"--learning-rate": "0.001"},
+                "complete",
+                100.0,
+                {"CartPole-v1": [ramp(100), ramp(110)]},
+            ),
+            (
+                {"--learning-rate": "0.01"},
+                "complete",
+                200.0,
+                {"CartPole-v1": [ramp(200), ramp(210)]},
+            ),
+            (
+                {"--learning-rate": "0.1"},
+                "pruned",
+                None,
+                {"CartPole-v1": [ramp(50)[:12], ramp(60)[:10]]},
+            ),
             ({"--learning-rate": "1.0"}, "failed", None, {"CartPole-v1": [[], []]}),
         ],
         spec={"thresholds": {"CartPole-v1": 150.0}},
@@ -200,10 +241,12 @@ def test_grid_experiment_report(tmp_path, capsys):
     assert report.startswith("# Experiment grid1")
     assert "abc123" in report and "method grid" in report
     assert ranking(report) == [1, 0, 2]
-    # Trial 1: the last 5 of 30 evenly spaced returns average 2 steps below the top: 200 - 2 * 190 / 29 = 186.897
-    # and 210 - 2 * 200 / 29 = 196.207, mean 191.55.
+    # Trial 1: the last 5 of 30 evenly spaced returns average 2 steps below the top: 200 - 2 * 190 /
+    # 29 = 186.897 and 210 - 2 * 200 / 29 = 196.207, mean 191.55.
     assert "| #1 | learning-rate=0.01 | 191.6 [" in report
-    assert "pruned, ran to step 1,200" in report  # its longer session logged 12 episodes, 100 steps apart
+    assert (
+        "pruned, ran to step 1,200" in report
+    )  # its longer session logged 12 episodes, 100 steps apart
     assert "| – | #3 | learning-rate=1.0 | – | failed, not ranked |" in report
     assert "threshold = 150 (spec thresholds)" in report
     assert "mean of the first 10 episodic returns" in report
@@ -232,7 +275,9 @@ def test_tpe_experiment_on_atari_games(tmp_path, capsys):
     distribution = optuna.distributions.FloatDistribution(1e-5, 1.0, log=True)
     for number, value in values.items():
         params = {"--learning-rate": 10.0**-number}
-        state = optuna.trial.TrialState.PRUNED if value is None else optuna.trial.TrialState.COMPLETE
+        state = (
+            optuna.trial.TrialState.PRUNED if value is None else optuna.trial.TrialState.COMPLETE
+        )
         intermediate = {1000: 0.1} if value is None else None
         study.add_trial(
             optuna.trial.create_trial(
@@ -248,18 +293,23 @@ def test_tpe_experiment_on_atari_games(tmp_path, capsys):
     report = (out_dir / "report.md").read_text()
     assert ranking(report) == [1, 2, 0, 3]
     assert "| – | #4 | learning-rate=10.0 | – | failed, not ranked |" in report
-    # Every curve rises linearly from random by a fraction `top` of the way to `high`, so its auc above random is
-    # proportional to top: trial 2 scores 0.5 / 0.9 of the best on both games.
+    # Every curve rises linearly from random by a fraction `top` of the way to `high`, so its auc
+    # above random is proportional to top: trial 2 scores 0.5 / 0.9 of the best on both games.
     assert "| 2 | #2 | learning-rate=0.01 | 0.5556 [0.5556, 0.5556] | complete |" in report
     assert "auc (normalized, mean over envs)" in report
     assert "published Atari random score" in report
     assert "## Human-normalized scores" in report and "Optimality gap" in report
     # Trial 1's final returns are the means of its ramps: Breakout (1.7 + 27.17) / 2 = 14.435, HNS
-    # (14.435 - 1.7) / (30.5 - 1.7) = 0.4422; Pong (-20.7 + 6.93) / 2 = -6.885, HNS (-6.885 + 20.7) / 35.3 = 0.3914.
+    # (14.435 - 1.7) / (30.5 - 1.7) = 0.4422; Pong (-20.7 + 6.93) / 2 = -6.885, HNS (-6.885 + 20.7)
+    # / 35.3 = 0.3914.
     assert (
-        "| #1 | 0.417 [0.417, 0.417] | 0.417 [0.417, 0.417] | 0.417 [0.417, 0.417] | 0.583 [0.583, 0.583] |" in report
+        "| #1 | 0.417 [0.417, 0.417] | 0.417 [0.417, 0.417] | 0.417 [0.417, 0.417] | 0.583 [0.583, 0.583] |"
+        in report
     )
-    assert "| parameter | importance (PED-ANOVA) |" in report and "| --learning-rate | 1.000 |" in report
+    assert (
+        "| parameter | importance (PED-ANOVA) |" in report
+        and "| --learning-rate | 1.000 |" in report
+    )
     names = [f"curves_{game}_{axis}.png" for game in games for axis in ("steps", "wall_time")]
     assert pngs_are_written(out_dir, [*names, "history.png"])
     assert not (experiment_dir / "report.md").exists()
@@ -298,8 +348,20 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, problem, message):
     experiment_dir = tmp_path / "runs" / "_experiments" / "e"
     if problem != "missing":
         experiment_dir.mkdir(parents=True)
-    trial = {"number": 0, "params": {}, "state": "complete", "value": None, "runs": [{"run_name": "r", "env_id": "E"}]}
-    record = {"experiment": "e", "method": "grid", "metric": "final_return", "spec": {}, "trials": [trial]}
+    trial = {
+        "number": 0,
+        "params": {},
+        "state": "complete",
+        "value": None,
+        "runs": [{"run_name": "r", "env_id": "E"}],
+    }
+    record = {
+        "experiment": "e",
+        "method": "grid",
+        "metric": "final_return",
+        "spec": {},
+        "trials": [trial],
+    }
     text = {
         "broken_json": "{not json",
         "no_trials_key": json.dumps({"experiment": "e"}),

@@ -75,7 +75,9 @@ def test_local_runs_every_game_and_seed_with_logs(tmp_path, fake_train):
     )
     assert result.returncode == 0, result.stderr
     runs = calls(tmp_path)
-    assert sorted((run["--env-id"], run["--seed"]) for run in runs) == sorted(itertools.product(GAMES, ["1", "2"]))
+    assert sorted((run["--env-id"], run["--seed"]) for run in runs) == sorted(
+        itertools.product(GAMES, ["1", "2"])
+    )
     for run in runs:
         run_name = f"{run['--env-id']}__fake_train__0__{run['--seed']}"
         assert run["--run-name"] == run_name and run["--group"] == "fake_train/0"
@@ -89,7 +91,9 @@ def test_local_runs_every_game_and_seed_with_logs(tmp_path, fake_train):
 
 
 def test_failing_run_fails_the_launcher(tmp_path, fake_train):
-    result = launch(tmp_path, "--env-ids", *GAMES, "--command", f"{fake_train} --fail-pong", "--workers", "2")
+    result = launch(
+        tmp_path, "--env-ids", *GAMES, "--command", f"{fake_train} --fail-pong", "--workers", "2"
+    )
     assert result.returncode == 1
     assert "2 runs: 1 exited 0, 1 failed" in result.stdout
     assert "exit 3: Pong-v5__fake_train__0__1" in result.stdout
@@ -98,7 +102,10 @@ def test_failing_run_fails_the_launcher(tmp_path, fake_train):
 def test_interrupt_stops_running_runs(tmp_path, fake_train):
     args = ["--env-ids", *GAMES, "--command", f"{fake_train} --sleep", "--workers", "2"]
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "cleanba_utils.benchmark", *args], cwd=tmp_path, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "cleanba_utils.benchmark", *args],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     wait_for(lambda: len(calls(tmp_path)) == 2)
     launcher.send_signal(signal.SIGINT)
@@ -111,7 +118,17 @@ def test_interrupt_stops_running_runs(tmp_path, fake_train):
 
 
 def test_dry_run_prints_commands_only(tmp_path, fake_train):
-    result = launch(tmp_path, "--env-ids", *GAMES, "--command", fake_train, "--num-seeds", "3", "--resume", "--dry-run")
+    result = launch(
+        tmp_path,
+        "--env-ids",
+        *GAMES,
+        "--command",
+        fake_train,
+        "--num-seeds",
+        "3",
+        "--resume",
+        "--dry-run",
+    )
     assert result.returncode == 0
     commands = [shlex.split(line) for line in result.stdout.splitlines()]
     assert len(commands) == 6 and all(command[-1] == "--resume" for command in commands)
@@ -220,7 +237,16 @@ def test_sbatch_script_has_every_command_and_requeue(tmp_path, fake_train):
     )
     assert result.returncode == 0, result.stderr
     script = result.stdout
-    local_args = ["--env-ids", *GAMES, "--command", fake_train, "--num-seeds", "2", "--resume", "--dry-run"]
+    local_args = [
+        "--env-ids",
+        *GAMES,
+        "--command",
+        fake_train,
+        "--num-seeds",
+        "2",
+        "--resume",
+        "--dry-run",
+    ]
     commands = launch(tmp_path, *local_args).stdout.splitlines()
     assert len(commands) == 4
     for index, command in enumerate(commands):
@@ -264,7 +290,12 @@ def test_sbatch_script_is_saved_submitted_and_requeues(tmp_path, fake_train):
 
     task_env = env | {"SLURM_ARRAY_TASK_ID": "2", "SLURM_JOB_ID": "42"}
     task = subprocess.Popen(
-        ["bash", str(script)], cwd=tmp_path, env=task_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env=task_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     wait_for(lambda: len(calls(tmp_path)) == 1)
     run = calls(tmp_path)[0]
@@ -283,13 +314,19 @@ VALID = ["--env-ids", "Pong-v5", "--command", "python train.py"]
     [
         (["--command", "python train.py"], "--env-ids is missing"),
         ([*VALID, "--search", "tpe", "--budget", "2"], "--search tpe needs a search space"),
-        ([*VALID, "--search", "tpe", "--budget", "2", "--sweep", "--lr=1,2"], "--pruner needs --report-every"),
+        (
+            [*VALID, "--search", "tpe", "--budget", "2", "--sweep", "--lr=1,2"],
+            "--pruner needs --report-every",
+        ),
         ([*VALID, "--report-every", "100"], "--report-every is for --search tpe only"),
         ([*VALID, "--sweep", "--learning-rate"], "bad --sweep"),
         ([*VALID, "--sweep", "--lr=uniform(1)"], "bad range"),
         ([*VALID, "--sweep", "--lr=uniform(1,2)"], "need --search random"),
         ([*VALID, "--sweep", "--seed=1,2"], "set by the launcher"),
-        (["--env-ids", "Pong-v5", "--command", "python train.py --seed 1"], "--command sets --seed"),
+        (
+            ["--env-ids", "Pong-v5", "--command", "python train.py --seed 1"],
+            "--command sets --seed",
+        ),
         ([*VALID, "--workers", "0"], "argument --workers"),
         ([*VALID, "--num-seeds", "-1"], "argument --num-seeds"),
         ([*VALID, "--budget", "2"], "go together"),

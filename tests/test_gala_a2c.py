@@ -1,5 +1,5 @@
-"""cleanba_gala_a2c.py: the returns against a Python loop, the async mailbox on scripted message orders, then
-short real runs in subprocesses (4 simulated CPU devices, one per agent)."""
+"""cleanba_gala_a2c.py: the returns against a Python loop, the async mailbox on scripted message
+orders, then short real runs in subprocesses (4 simulated CPU devices, one per agent)."""
 
 import threading
 import time
@@ -12,8 +12,20 @@ from helpers import assert_refused, fingerprint_of, run_failing, run_script, sca
 
 from cleanba import cleanba_gala_a2c as gala
 
-# 4 agents x 2 envs x 4 steps = 32 steps per update; gradient similarity (a second compilation) only on request.
-TINY = ["--env-id", "CartPole-v1", "--hiddens", 16, "--local-num-envs", 2, "--num-steps", 4, "--log-frequency", 5]
+# 4 agents x 2 envs x 4 steps = 32 steps per update; gradient similarity (a second compilation) only
+# on request.
+TINY = [
+    "--env-id",
+    "CartPole-v1",
+    "--hiddens",
+    16,
+    "--local-num-envs",
+    2,
+    "--num-steps",
+    4,
+    "--log-frequency",
+    5,
+]
 TINY += ["--similarity-every", 1000]
 STEPS_PER_UPDATE = 32
 
@@ -63,7 +75,9 @@ def test_mailbox_overwrites_an_unread_message_and_keeps_one_per_peer():
     assert mailbox.overwritten == 1
     assert mailbox.take([], stop) == []  # read messages are gone
     mailbox.post(message(3, 3))  # the slot was read: nothing overwritten
-    assert [(m.sender, m.version) for m in mailbox.take([], stop)] == [(3, 3)] and mailbox.overwritten == 1
+    assert [(m.sender, m.version) for m in mailbox.take([], stop)] == [
+        (3, 3)
+    ] and mailbox.overwritten == 1
 
 
 def test_staleness_bound_waits_only_after_tau_updates_without_a_message():
@@ -103,7 +117,10 @@ def ring_matrix(num_agents, num_peers):
 def initial_agent_params(args):
     """(agents, parameters): every agent's initial parameters, flattened."""
     _, state, _ = gala.init_state(args, gala.sizes_of(args))
-    leaves = [np.asarray(x, np.float64).reshape(args.num_agents, -1) for x in gala.jax.tree.leaves(state.params)]
+    leaves = [
+        np.asarray(x, np.float64).reshape(args.num_agents, -1)
+        for x in gala.jax.tree.leaves(state.params)
+    ]
     return np.concatenate(leaves, axis=1)
 
 
@@ -114,16 +131,21 @@ def logged(run_dir, tag):
 def test_gossip_alone_converges_to_the_initial_average_at_the_second_eigenvalue_rate(tmp_path):
     updates, num_peers = 12, 1
     args = [*TINY, "--learning-rate", 0, "--total-timesteps", updates * STEPS_PER_UPDATE]
-    result = run_script("cleanba_gala_a2c.py", [*args, "--run-name", "gossip", "--save-model"], tmp_path, devices=4)
+    result = run_script(
+        "cleanba_gala_a2c.py", [*args, "--run-name", "gossip", "--save-model"], tmp_path, devices=4
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "gossip"
     w = ring_matrix(4, num_peers)
-    assert np.allclose(w.sum(0), 1) and np.allclose(w.sum(1), 1)  # doubly stochastic: the average is kept
+    assert np.allclose(w.sum(0), 1) and np.allclose(
+        w.sum(1), 1
+    )  # doubly stochastic: the average is kept
     second = sorted(np.abs(np.linalg.eigvals(w)))[-2]
     distances = logged(run_dir, "stats/consensus_distance")
     assert len(distances) == updates
-    # The ring is circulant, hence normal: the root-mean-square distance shrinks by |λ2| per update exactly, once
-    # the components of the smaller eigenvalues are gone (|λ| = 0 for these rings: after one update).
+    # The ring is circulant, hence normal: the root-mean-square distance shrinks by |λ2| per update
+    # exactly, once the components of the smaller eigenvalues are gone (|λ| = 0 for these rings:
+    # after one update).
     np.testing.assert_allclose(distances[2:] / distances[1:-1], second, rtol=1e-3)
     x0 = initial_agent_params(gala.parse_args([str(a) for a in args]))
     expected = [
@@ -143,7 +165,15 @@ def learning_runs(tmp_path_factory):
     results = []
     for name in ["first", "second"]:
         cwd = tmp_path_factory.mktemp(name)
-        args = [*TINY, "--total-timesteps", 30 * STEPS_PER_UPDATE, "--similarity-every", 5, "--run-name", "learn"]
+        args = [
+            *TINY,
+            "--total-timesteps",
+            30 * STEPS_PER_UPDATE,
+            "--similarity-every",
+            5,
+            "--run-name",
+            "learn",
+        ]
         result = run_script("cleanba_gala_a2c.py", args, cwd, devices=4)
         assert result.returncode == 0, result.stderr[-3000:]
         results.append((result, cwd / "runs" / "learn", args))
@@ -156,9 +186,9 @@ def test_sync_gossip_is_deterministic(learning_runs):
 
 
 def test_with_learning_the_distance_to_consensus_stays_in_the_bound_of_the_ring(learning_runs):
-    """With deviations e_t from the average, e_t = W e_(t-1) + (u_t - ū_t)/(1 + k), u_t the local RMSProp steps.
-    RMSProp moves a parameter by at most lr / sqrt(1 - decay) per update, so with P parameters
-    ‖u_i‖ <= lr sqrt(P) / sqrt(1 - decay), and since W is normal the RMS distance obeys
+    """With deviations e_t from the average, e_t = W e_(t-1) + (u_t - ū_t)/(1 + k), u_t the local
+    RMSProp steps. RMSProp moves a parameter by at most lr / sqrt(1 - decay) per update, so with P
+    parameters ‖u_i‖ <= lr sqrt(P) / sqrt(1 - decay), and since W is normal the RMS distance obeys
     d_t <= |λ2| d_(t-1) + lr sqrt(P) / (sqrt(1 - decay) (1 + k))."""
     _, run_dir, args = learning_runs[0]
     x0 = initial_agent_params(gala.parse_args([str(a) for a in args]))
@@ -170,8 +200,12 @@ def test_with_learning_the_distance_to_consensus_stays_in_the_bound_of_the_ring(
     for distance in distances:
         bound = second * bound + step
         assert distance <= bound * (1 + 1e-4), (distance, bound)
-    assert distances[-1] > 0  # the agents learn different things: they do not collapse onto one point
-    share = logged(run_dir, "stats/consensus_share")  # the ε-ball relative to ‖x̄‖ contracts from the start
+    assert (
+        distances[-1] > 0
+    )  # the agents learn different things: they do not collapse onto one point
+    share = logged(
+        run_dir, "stats/consensus_share"
+    )  # the ε-ball relative to ‖x̄‖ contracts from the start
     assert share[-1] < share[0] / 10, share
     similarities = logged(run_dir, "stats/gradient_similarity")
     assert len(similarities) == 6 and np.all(np.abs(similarities) <= 1)
@@ -179,24 +213,49 @@ def test_with_learning_the_distance_to_consensus_stays_in_the_bound_of_the_ring(
 
 
 def test_allreduce_agents_hold_identical_parameters_after_every_update(tmp_path):
-    args = [*TINY, "--topology", "allreduce", "--total-timesteps", 10 * STEPS_PER_UPDATE, "--run-name", "allreduce"]
-    result = run_script("cleanba_gala_a2c.py", [*args, "--checkpoint-every", 10], tmp_path, devices=4)
+    args = [
+        *TINY,
+        "--topology",
+        "allreduce",
+        "--total-timesteps",
+        10 * STEPS_PER_UPDATE,
+        "--run-name",
+        "allreduce",
+    ]
+    result = run_script(
+        "cleanba_gala_a2c.py", [*args, "--checkpoint-every", 10], tmp_path, devices=4
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "allreduce"
     assert logged(run_dir, "stats/consensus_spread").tolist() == [0.0] * 10
     # Independently of the logged statistics: the checkpoint holds every agent's state.
     (checkpoint,) = (run_dir / "checkpoints").glob("*.ckpt")
     saved = flax.serialization.msgpack_restore(checkpoint.read_bytes()[64:])["state"]["params"]
-    flat = np.concatenate([np.asarray(x).reshape(4, -1) for x in gala.jax.tree.leaves(saved)], axis=1)
+    flat = np.concatenate(
+        [np.asarray(x).reshape(4, -1) for x in gala.jax.tree.leaves(saved)], axis=1
+    )
     assert np.all(flat == flat[0])
     x0 = initial_agent_params(gala.parse_args([str(a) for a in args]))
-    assert np.all(x0 == x0[0]) and np.max(np.abs(flat[0] - x0[0])) > 1e-3  # one shared policy, and it learned
+    assert (
+        np.all(x0 == x0[0]) and np.max(np.abs(flat[0] - x0[0])) > 1e-3
+    )  # one shared policy, and it learned
 
 
 def test_async_gossip_runs_and_measures_staleness(tmp_path):
-    args = [*TINY, "--gossip", "async", "--staleness-bound", 2, "--total-timesteps", 20 * STEPS_PER_UPDATE]
+    args = [
+        *TINY,
+        "--gossip",
+        "async",
+        "--staleness-bound",
+        2,
+        "--total-timesteps",
+        20 * STEPS_PER_UPDATE,
+    ]
     result = run_script(
-        "cleanba_gala_a2c.py", [*args, "--similarity-every", 5, "--run-name", "async"], tmp_path, devices=4
+        "cleanba_gala_a2c.py",
+        [*args, "--similarity-every", 5, "--run-name", "async"],
+        tmp_path,
+        devices=4,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "async"
@@ -206,7 +265,9 @@ def test_async_gossip_runs_and_measures_staleness(tmp_path):
         mixed = logged(run_dir, f"stats/agent_{agent}/messages_mixed")
         assert len(mixed) == 20 and set(mixed) <= {0, 1}
         # Receiver's update minus the sender's when it sent (negative when the sender is ahead).
-        assert len(staleness) == np.count_nonzero(mixed) >= 10 and np.all(staleness == np.round(staleness))
+        assert len(staleness) == np.count_nonzero(mixed) >= 10 and np.all(
+            staleness == np.round(staleness)
+        )
     assert len(logged(run_dir, "stats/consensus_distance_max")) >= 1
 
 
@@ -215,7 +276,10 @@ def test_a_crashing_agent_ends_the_process_promptly(tmp_path, monkeypatch, mode)
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
     start = time.time()
     result = run_failing(
-        "cleanba_gala_a2c", "actor", [*TINY, "--gossip", mode, "--total-timesteps", 1_000_000], tmp_path
+        "cleanba_gala_a2c",
+        "actor",
+        [*TINY, "--gossip", mode, "--total-timesteps", 1_000_000],
+        tmp_path,
     )
     assert result.returncode == 1 and "environment exploded" in result.stderr
     assert time.time() - start < 60
@@ -226,7 +290,10 @@ def test_too_few_devices_is_one_line_naming_xla_flags(capsys):
         gala.validate_layout(gala.parse_args(["--num-agents", "3"]))  # this process sees one device
     lines = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(lines) == 1, lines
-    assert "XLA_FLAGS=--xla_force_host_platform_device_count=3" in lines[0] and "--num-agents" in lines[0]
+    assert (
+        "XLA_FLAGS=--xla_force_host_platform_device_count=3" in lines[0]
+        and "--num-agents" in lines[0]
+    )
 
 
 BAD_INPUTS = [
@@ -254,20 +321,36 @@ def test_bad_input_is_refused_with_one_line(capsys, args, option):
     assert_refused(gala, args, option, capsys)
 
 
-# CartPole-v1 with the default 4 agents x 16 environments, 100k steps, seed 1. A uniformly random policy averages
-# about 22 (the first 20 episodes to end, the short ones, average 12-13). Sync gossip is reproducible and nothing
-# depends on the run's length, so the first 100k steps of the benchmark's 200k-step runs are this run (checked:
-# the same 3252 episodes for seed 1). Measured 2026-11-21: the last 20 episodes average 68.1, 59.4 and 58.7 for
-# seeds 1-3, and the runs reach 188-219 at 200k (benchmark/results/learning_gala_cpu.md). 40 leaves a margin for
-# float differences between machines, while a learner that stopped learning stays near 22.
+# CartPole-v1 with the default 4 agents x 16 environments, 100k steps, seed 1. A uniformly random
+# policy averages about 22 (the first 20 episodes to end, the short ones, average 12-13). Sync
+# gossip is reproducible and nothing depends on the run's length, so the first 100k steps of the
+# benchmark's 200k-step runs are this run (checked: the same 3252 episodes for seed 1). Measured
+# 2026-11-21: the last 20 episodes average 68.1, 59.4 and 58.7 for seeds 1-3, and the runs reach
+# 188-219 at 200k (benchmark/results/learning_gala_cpu.md). 40 leaves a margin for float differences
+# between machines, while a learner that stopped learning stays near 22.
 RANDOM_POLICY_RETURN = 22
 THRESHOLD = 40
 
 
 def test_sync_gossip_learns_cartpole(tmp_path):
-    args = ["--env-id", "CartPole-v1", "--hiddens", 64, 64, "--total-timesteps", 100_000, "--log-frequency", 1000]
-    result = run_script("cleanba_gala_a2c.py", [*args, "--run-name", "learning"], tmp_path, devices=4)
+    args = [
+        "--env-id",
+        "CartPole-v1",
+        "--hiddens",
+        64,
+        64,
+        "--total-timesteps",
+        100_000,
+        "--log-frequency",
+        1000,
+    ]
+    result = run_script(
+        "cleanba_gala_a2c.py", [*args, "--run-name", "learning"], tmp_path, devices=4
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    returns = [value for _, value in sorted(scalars(tmp_path / "runs" / "learning", "charts/episodic_return"))]
+    returns = [
+        value
+        for _, value in sorted(scalars(tmp_path / "runs" / "learning", "charts/episodic_return"))
+    ]
     assert np.mean(returns[:20]) < 2 * RANDOM_POLICY_RETURN
     assert np.mean(returns[-20:]) > THRESHOLD, np.mean(returns[-20:])

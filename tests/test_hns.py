@@ -42,7 +42,10 @@ def read_rows(path):
 
 
 def point_estimates(per_game):
-    return {name: value for name, (value, _) in aggregate({"algo": per_game}, reps=10, seed=0)["algo"].items()}
+    return {
+        name: value
+        for name, (value, _) in aggregate({"algo": per_game}, reps=10, seed=0)["algo"].items()
+    }
 
 
 def test_hns_is_zero_for_random_and_one_for_human():
@@ -64,7 +67,12 @@ def test_metrics_with_equal_seeds_match_hand_computation_and_rliable():
     per_game = {"A": np.array([0.0, 1.0]), "B": np.array([0.5, 2.5]), "C": np.array([0.2, 0.4])}
     # Game means 0.5, 1.5, 0.3. IQM trims int(6 / 4) = 1 score from each end of
     # 0, 0.2, 0.4, 0.5, 1, 2.5. Scores clipped at 1 sum to 3.1 over 6 runs.
-    expected = {"median": 0.5, "iqm": (0.2 + 0.4 + 0.5 + 1.0) / 4, "mean": 2.3 / 3, "optimality_gap": 1 - 3.1 / 6}
+    expected = {
+        "median": 0.5,
+        "iqm": (0.2 + 0.4 + 0.5 + 1.0) / 4,
+        "mean": 2.3 / 3,
+        "optimality_gap": 1 - 3.1 / 6,
+    }
     assert point_estimates(per_game) == pytest.approx(expected)
     matrix = np.stack(list(per_game.values()), axis=1)
     assert expected["iqm"] == pytest.approx(metrics.aggregate_iqm(matrix))
@@ -95,7 +103,9 @@ def test_bootstrap_interval_contains_point_and_narrows_with_more_seeds():
     game_means = np.linspace(0.2, 1.2, 6)
 
     def intervals(seeds):
-        per_game = {f"game{i}": rng.normal(mean, 0.5, size=seeds) for i, mean in enumerate(game_means)}
+        per_game = {
+            f"game{i}": rng.normal(mean, 0.5, size=seeds) for i, mean in enumerate(game_means)
+        }
         return aggregate({"algo": per_game}, reps=500, seed=0)["algo"]
 
     few, many = intervals(3), intervals(30)
@@ -113,29 +123,50 @@ def test_collect_reads_spec_and_tensorboard_events(tmp_path, capsys):
     write_run(runs, "cleanba_impala", "Pong-v5", 1, [-21, -20, -19])
     (runs / "_launcher").mkdir()  # not a run folder: no spec.json
     scores, curves = tmp_path / "scores.csv", tmp_path / "curves.csv"
-    args = ["--runs-dir", str(runs), "--scores-out", str(scores), "--curves-out", str(curves), "--last-n", "2"]
+    args = [
+        "--runs-dir",
+        str(runs),
+        "--scores-out",
+        str(scores),
+        "--curves-out",
+        str(curves),
+        "--last-n",
+        "2",
+    ]
     main(["collect", *args, "--label", "cleanba_ppo=PPO"])
     assert read_rows(scores) == [
         {"algorithm": "PPO", "env_id": "Breakout-v5", "seed": "1", "score": "4.5"},
         {"algorithm": "PPO", "env_id": "Breakout-v5", "seed": "2", "score": "3.0"},
         {"algorithm": "cleanba_impala", "env_id": "Pong-v5", "seed": "1", "score": "-19.5"},
     ]
-    first_run = [row for row in read_rows(curves) if row["algorithm"] == "PPO" and row["seed"] == "1"]
+    first_run = [
+        row for row in read_rows(curves) if row["algorithm"] == "PPO" and row["seed"] == "1"
+    ]
     assert [int(row["global_step"]) for row in first_run] == [100, 200, 300, 400, 500]
     assert [float(row["score"]) for row in first_run] == [1.0, 1.5, 2.5, 3.5, 4.5]
-    np.testing.assert_allclose([float(row["wall_time_s"]) for row in first_run], [0, 10, 20, 30, 40], atol=1.0)
+    np.testing.assert_allclose(
+        [float(row["wall_time_s"]) for row in first_run], [0, 10, 20, 30, 40], atol=1.0
+    )
     assert len(read_rows(curves)) == 10
 
     main(["collect", *args, "--metric", "eval"])
-    assert read_rows(scores) == [{"algorithm": "cleanba_ppo", "env_id": "Breakout-v5", "seed": "1", "score": "15.0"}]
+    assert read_rows(scores) == [
+        {"algorithm": "cleanba_ppo", "env_id": "Breakout-v5", "seed": "1", "score": "15.0"}
+    ]
     warnings = capsys.readouterr().err.splitlines()
     assert len(warnings) == 2 and all("logged no eval/episodic_return" in line for line in warnings)
 
 
 def test_aggregate_prints_table_and_json(tmp_path, capsys):
-    # HNS: Breakout 1 and 0 (mean 0.5), Pong 1 and 1 (mean 1); median and mean of the game means 0.75.
+    # HNS: Breakout 1 and 0 (mean 0.5), Pong 1 and 1 (mean 1); median and mean of the game means
+    # 0.75.
     scores = tmp_path / "scores.csv"
-    rows = ["PPO,Breakout-v5,1,30.5", "PPO,Breakout-v5,2,1.7", "PPO,Pong-v5,1,14.6", "PPO,Pong-v5,2,14.6"]
+    rows = [
+        "PPO,Breakout-v5,1,30.5",
+        "PPO,Breakout-v5,2,1.7",
+        "PPO,Pong-v5,1,14.6",
+        "PPO,Pong-v5,2,14.6",
+    ]
     scores.write_text(SCORES_HEADER + "\n".join(rows))
     main(["aggregate", "--scores", str(scores), "--reps", "50", "--json"])
     result = json.loads(capsys.readouterr().out)["PPO"]
@@ -158,9 +189,37 @@ def test_plot_writes_every_figure(tmp_path):
             for seed in (1, 2):
                 write_run(runs, exp_name, env_id, seed, rng.uniform(-20, 30, size=20).round())
     scores, curves, plots = tmp_path / "scores.csv", tmp_path / "curves.csv", tmp_path / "plots"
-    main(["collect", "--runs-dir", str(runs), "--scores-out", str(scores), "--curves-out", str(curves)])
-    main(["plot", "--scores", str(scores), "--curves", str(curves), "--out-dir", str(plots), "--reps", "20"])
-    names = ["hns_vs_steps", "hns_vs_wall_time", "aggregate_intervals", "performance_profile", "per_game_curves"]
+    main(
+        [
+            "collect",
+            "--runs-dir",
+            str(runs),
+            "--scores-out",
+            str(scores),
+            "--curves-out",
+            str(curves),
+        ]
+    )
+    main(
+        [
+            "plot",
+            "--scores",
+            str(scores),
+            "--curves",
+            str(curves),
+            "--out-dir",
+            str(plots),
+            "--reps",
+            "20",
+        ]
+    )
+    names = [
+        "hns_vs_steps",
+        "hns_vs_wall_time",
+        "aggregate_intervals",
+        "performance_profile",
+        "per_game_curves",
+    ]
     for name in names:
         assert (plots / f"{name}.png").stat().st_size > 0
 
@@ -168,7 +227,12 @@ def test_plot_writes_every_figure(tmp_path):
 @pytest.mark.parametrize(
     "scores_csv, args, expected",
     [
-        pytest.param(None, ["aggregate", "--scores", "{tmp}/no.csv"], "no.csv does not exist", id="missing file"),
+        pytest.param(
+            None,
+            ["aggregate", "--scores", "{tmp}/no.csv"],
+            "no.csv does not exist",
+            id="missing file",
+        ),
         pytest.param(
             "algorithm,env_id,score\nPPO,Pong-v5,1\n",
             ["aggregate", "--scores", "{tmp}/scores.csv"],
@@ -181,11 +245,23 @@ def test_plot_writes_every_figure(tmp_path):
             "'CartPole-v1' is not one of the 57 Atari games",
             id="unknown game",
         ),
-        pytest.param(SCORES_HEADER, ["aggregate", "--scores", "{tmp}/scores.csv"], "has no rows", id="no scores"),
-        pytest.param(None, ["aggregate"], "arguments are required: --scores", id="missing argument"),
-        pytest.param(None, ["collect", "--runs-dir", "{tmp}/runs"], "has no run folders", id="empty runs dir"),
         pytest.param(
-            None, ["collect", "--runs-dir", "{tmp}/runs", "--label", "ppo"], "is not EXP_NAME=LABEL", id="bad label"
+            SCORES_HEADER,
+            ["aggregate", "--scores", "{tmp}/scores.csv"],
+            "has no rows",
+            id="no scores",
+        ),
+        pytest.param(
+            None, ["aggregate"], "arguments are required: --scores", id="missing argument"
+        ),
+        pytest.param(
+            None, ["collect", "--runs-dir", "{tmp}/runs"], "has no run folders", id="empty runs dir"
+        ),
+        pytest.param(
+            None,
+            ["collect", "--runs-dir", "{tmp}/runs", "--label", "ppo"],
+            "is not EXP_NAME=LABEL",
+            id="bad label",
         ),
     ],
 )
@@ -193,7 +269,12 @@ def test_cli_mistakes_are_one_line_with_exit_code_2(tmp_path, scores_csv, args, 
     (tmp_path / "runs").mkdir()
     if scores_csv is not None:
         (tmp_path / "scores.csv").write_text(scores_csv)
-    command = [sys.executable, "-m", "cleanba_utils.hns", *(arg.format(tmp=tmp_path) for arg in args)]
+    command = [
+        sys.executable,
+        "-m",
+        "cleanba_utils.hns",
+        *(arg.format(tmp=tmp_path) for arg in args),
+    ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1

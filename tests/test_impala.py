@@ -20,10 +20,12 @@ from helpers import (
 from cleanba import cleanba_impala as impala
 
 
-def python_vtrace(values, rewards, terminations, truncations, rhos, gamma, lam, rho_bar, pg_rho_bar):
-    """Espeholt et al. (2018) eq. 1 as the explicit sum, one environment:
-    v_s = V(x_s) + sum_{t >= s} gamma^(t-s) (c_s ... c_{t-1}) rho_t delta_t, with c_i = lam min(1, rho_i),
-    delta_t = r_t + gamma V(x_{t+1}) - V(x_t), the sum stopping at the episode's last step."""
+def python_vtrace(
+    values, rewards, terminations, truncations, rhos, gamma, lam, rho_bar, pg_rho_bar
+):
+    """Espeholt et al. (2018) eq. 1 as the explicit sum, one environment: v_s = V(x_s) + sum_{t >= s}
+    gamma^(t-s) (c_s ... c_{t-1}) rho_t delta_t, with c_i = lam min(1, rho_i), delta_t = r_t + gamma
+    V(x_{t+1}) - V(x_t), the sum stopping at the episode's last step."""
     num_steps = len(rewards)
     targets = []
     for s in range(num_steps):
@@ -37,8 +39,8 @@ def python_vtrace(values, rewards, terminations, truncations, rhos, gamma, lam, 
         targets.append(target)
     advantages = []
     for s in range(num_steps):
-        # The policy gradient bootstraps from v_{s+1}; at a cut trace (episode end or rollout end) only
-        # V(x_{s+1}) is left, and lam mixes the two as it does in the targets.
+        # The policy gradient bootstraps from v_{s+1}; at a cut trace (episode end or rollout end)
+        # only V(x_{s+1}) is left, and lam mixes the two as it does in the targets.
         if terminations[s]:
             next_value = 0.0
         elif truncations[s] or s == num_steps - 1:
@@ -73,7 +75,9 @@ def test_vtrace_matches_python_sum(lam, rho_bar, pg_rho_bar):
     rhos = np.exp(rng.normal(scale=0.7, size=num_steps))
     terminations = rng.random(num_steps) < 0.1
     truncations = (rng.random(num_steps) < 0.1) & ~terminations
-    targets, advantages = run_vtrace(values, rewards, terminations, truncations, rhos, 0.99, lam, rho_bar, pg_rho_bar)
+    targets, advantages = run_vtrace(
+        values, rewards, terminations, truncations, rhos, 0.99, lam, rho_bar, pg_rho_bar
+    )
     expected_targets, expected_advantages = python_vtrace(
         values, rewards, terminations, truncations, rhos, 0.99, lam, rho_bar, pg_rho_bar
     )
@@ -82,11 +86,14 @@ def test_vtrace_matches_python_sum(lam, rho_bar, pg_rho_bar):
 
 
 def test_vtrace_hand_computed():
-    # gamma 0.5, V = (1, 2, 4, 8), r = (1, 1, 2), rho = (2, 0.5, 1) clipped to (1, 0.5, 1), c = the same.
-    # delta_0 = 1 * (1 + 0.5 * 2 - 1) = 1, delta_1 = 0.5 * (1 + 0.5 * 4 - 2) = 0.5, delta_2 = 2 + 0.5 * 8 - 4 = 2.
-    # v_2 = 4 + 2 = 6; v_1 = 2 + 0.5 + 0.5 * 0.5 * (6 - 4) = 3; v_0 = 1 + 1 + 0.5 * 1 * (3 - 2) = 2.5.
-    # Advantages rho_s (r_s + 0.5 v_{s+1} - V_s): 1 + 1.5 - 1 = 1.5, 0.5 * (1 + 3 - 2) = 1, 2 + 4 - 4 = 2.
-    targets, advantages = run_vtrace([1, 2, 4, 8], [1, 1, 2], [0, 0, 0], [0, 0, 0], [2.0, 0.5, 1.0], 0.5, 1.0, 1.0, 1.0)
+    # gamma 0.5, V = (1, 2, 4, 8), r = (1, 1, 2), rho = (2, 0.5, 1) clipped to (1, 0.5, 1), c = the
+    # same. delta_0 = 1 * (1 + 0.5 * 2 - 1) = 1, delta_1 = 0.5 * (1 + 0.5 * 4 - 2) = 0.5, delta_2 =
+    # 2 + 0.5 * 8 - 4 = 2. v_2 = 4 + 2 = 6; v_1 = 2 + 0.5 + 0.5 * 0.5 * (6 - 4) = 3; v_0 = 1 + 1 +
+    # 0.5 * 1 * (3 - 2) = 2.5. Advantages rho_s (r_s + 0.5 v_{s+1} - V_s): 1 + 1.5 - 1 = 1.5, 0.5 *
+    # (1 + 3 - 2) = 1, 2 + 4 - 4 = 2.
+    targets, advantages = run_vtrace(
+        [1, 2, 4, 8], [1, 1, 2], [0, 0, 0], [0, 0, 0], [2.0, 0.5, 1.0], 0.5, 1.0, 1.0, 1.0
+    )
     np.testing.assert_allclose(targets, [2.5, 3.0, 6.0], rtol=1e-6)
     np.testing.assert_allclose(advantages, [1.5, 1.0, 2.0], rtol=1e-6)
 
@@ -94,10 +101,10 @@ def test_vtrace_hand_computed():
 def test_loss_handles_termination_truncation_and_reset_steps():
     # One environment, on-policy (rho = 1), gamma 0.5: step 1 terminates, step 2 is its reset step
     # (observation: episode 1's last), step 4 is truncated, step 5 is its reset step (observation:
-    # episode 2's last), observation 6 starts episode 3. Reset steps carry numbers that must not leak.
-    # v_1 = r_1 = 2 (no bootstrap from V_2 = 50); v_0 = 1 + 0.5 * 2 = 2;
-    # v_4 = 4 + 0.5 * V_5 = 8 (bootstrap from the truncated episode's last observation); v_3 = 3 + 0.5 * 8 = 7.
-    # Advantages v_s - V_s here: 1, 0, 4, 4.
+    # episode 2's last), observation 6 starts episode 3. Reset steps carry numbers that must not
+    # leak. v_1 = r_1 = 2 (no bootstrap from V_2 = 50); v_0 = 1 + 0.5 * 2 = 2; v_4 = 4 + 0.5 * V_5 =
+    # 8 (bootstrap from the truncated episode's last observation); v_3 = 3 + 0.5 * 8 = 7. Advantages
+    # v_s - V_s here: 1, 0, 4, 4.
     rewards = jnp.array([[1.0, 2.0, 100.0, 3.0, 4.0, 100.0]])
     values = jnp.array([1.0, 2.0, 50.0, 3.0, 4.0, 8.0, 60.0])
     logits = jnp.zeros((7, 2))
@@ -113,7 +120,15 @@ def test_loss_handles_termination_truncation_and_reset_steps():
     )
     args = impala.Args(gamma=0.5, ent_coef=0.01, vf_coef=0.5)
     targets, advantages = impala.vtrace(
-        values, rewards[0], mb["terminations"][0], mb["truncations"][0], jnp.zeros(6), 0.5, 1.0, 1.0, 1.0
+        values,
+        rewards[0],
+        mb["terminations"][0],
+        mb["truncations"][0],
+        jnp.zeros(6),
+        0.5,
+        1.0,
+        1.0,
+        1.0,
     )
     np.testing.assert_allclose(targets[valid[0] > 0], [2.0, 2.0, 7.0, 8.0])
     np.testing.assert_allclose(advantages[valid[0] > 0], [1.0, 0.0, 4.0, 4.0])
@@ -129,7 +144,9 @@ def test_loss_handles_termination_truncation_and_reset_steps():
     logits_grad, values_grad = map(np.asarray, grads)
     for index in (2, 5, 6):
         assert not np.any(logits_grad[index]) and values_grad[index] == 0, index
-    np.testing.assert_allclose(values_grad[[0, 1, 3, 4]], -0.5 * np.array([1.0, 0.0, 4.0, 4.0]) / 4, rtol=1e-6)
+    np.testing.assert_allclose(
+        values_grad[[0, 1, 3, 4]], -0.5 * np.array([1.0, 0.0, 4.0, 4.0]) / 4, rtol=1e-6
+    )
 
 
 def test_minibatch_membership_depends_on_global_env_index_only():
@@ -138,7 +155,9 @@ def test_minibatch_membership_depends_on_global_env_index_only():
     halves = [impala.minibatch_ids(key, jnp.arange(8) + k, 4) for k in (0, 8)]
     np.testing.assert_array_equal(together, np.concatenate(halves))
     # Every block of 4 consecutive envs sends one env to each minibatch, in an order that varies.
-    assert all(sorted(block) == [0, 1, 2, 3] for block in np.asarray(together).reshape(4, 4).tolist())
+    assert all(
+        sorted(block) == [0, 1, 2, 3] for block in np.asarray(together).reshape(4, 4).tolist()
+    )
     assert len({tuple(block) for block in np.asarray(together).reshape(4, 4).tolist()}) > 1
 
 
@@ -171,7 +190,12 @@ def test_sync_run_has_lag_zero_and_summary(sync_run):
     assert_policy_lag(run_dir, concurrent=False, num_updates=4)
     spec = json.loads((run_dir / "spec.json").read_text())
     assert spec["args"]["concurrency"] is False and spec["args"]["clip_rho_threshold"] == 1.0
-    assert spec["sizes"] == {"num_envs": 8, "batch_size": 128, "minibatch_size": 64, "num_updates": 4}
+    assert spec["sizes"] == {
+        "num_envs": 8,
+        "batch_size": 128,
+        "minibatch_size": 64,
+        "num_updates": 4,
+    }
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (
         result.stdout.strip().splitlines()[-1].startswith("params_fingerprint=")
@@ -183,7 +207,9 @@ def test_save_load_evaluate_round_trip(sync_run):
     _, run_dir = sync_run
     evaluation = evaluate_saved_model(run_dir / "cleanba_impala.cleanba_model")
     assert evaluation["env_id"] == "Breakout-v5" and len(evaluation["returns"]) == 2
-    assert sorted(evaluation["returns"]) == sorted(v for _, v in scalars(run_dir, "eval/episodic_return"))
+    assert sorted(evaluation["returns"]) == sorted(
+        v for _, v in scalars(run_dir, "eval/episodic_return")
+    )
 
 
 def test_a_failing_actor_ends_the_process(tmp_path):
@@ -201,7 +227,10 @@ BAD_INPUTS = [
     (["--vtrace-lambda", "1.5"], "--vtrace-lambda"),
     (["--update-epochs", "2"], "--update-epochs"),
     (["--num-minibatches", "0"], "--num-minibatches"),
-    (["--local-num-envs", "8", "--num-minibatches", "2", "--gradient-accumulation-steps", "3"], "--num-minibatches"),
+    (
+        ["--local-num-envs", "8", "--num-minibatches", "2", "--gradient-accumulation-steps", "3"],
+        "--num-minibatches",
+    ),
     (["--vf-coef", "nan"], "--vf-coef"),
 ]
 

@@ -50,7 +50,14 @@ SCRIPTS = {
 }
 LAYOUTS = {
     "one_learner": ["--local-num-envs", 8, "--num-actor-threads", 1, "--learner-device-ids", 1],
-    "one_learner_again": ["--local-num-envs", 8, "--num-actor-threads", 1, "--learner-device-ids", 1],
+    "one_learner_again": [
+        "--local-num-envs",
+        8,
+        "--num-actor-threads",
+        1,
+        "--learner-device-ids",
+        1,
+    ],
     "two_learners": ["--local-num-envs", 8, "--num-actor-threads", 1, "--learner-device-ids", 1, 2],
     "two_threads": ["--local-num-envs", 4, "--num-actor-threads", 2, "--learner-device-ids", 1],
 }

@@ -1,6 +1,6 @@
-"""The learner update of both scripts on a fixed synthetic rollout, in this process: the rolled `lax.scan`
-(the GPU path) and the Python loop over one compiled microbatch step (the CPU path) give the same
-parameters, and so does a minibatch split into microbatches with gradient accumulation."""
+"""The learner update of both scripts on a fixed synthetic rollout, in this process: the rolled
+`lax.scan` (the GPU path) and the Python loop over one compiled microbatch step (the CPU path) give
+the same parameters, and so does a minibatch split into microbatches with gradient accumulation."""
 
 import dataclasses
 
@@ -13,8 +13,9 @@ from cleanba import cleanba_impala, cleanba_ppo
 from cleanba_utils.run_files import first_replica, replicate
 
 NUM_ENVS, NUM_STEPS = 8, 8
-# Measured 2026-11-21 on CPU (max abs parameter difference after one update of 4 Adam / 2 RMSProp steps at
-# learning rate 1e-3): rolled vs loop 8e-8 (PPO) and 3e-8 (IMPALA); 2 or 4 microbatches vs 1: 3e-8 for both.
+# Measured 2026-11-21 on CPU (max abs parameter difference after one update of 4 Adam / 2 RMSProp
+# steps at learning rate 1e-3): rolled vs loop 8e-8 (PPO) and 3e-8 (IMPALA); 2 or 4 microbatches vs
+# 1: 3e-8 for both.
 ATOL = 1e-6
 SCRIPTS = {
     "ppo": (cleanba_ppo, dict(update_epochs=2, num_minibatches=2, clip_coef=0.2)),
@@ -23,8 +24,8 @@ SCRIPTS = {
 
 
 def synthetic_rollout(script, seed=0):
-    """One actor's rollout as the learner receives it: (1 learner device, envs, steps, ...), with episode
-    ends and envpool's reset steps."""
+    """One actor's rollout as the learner receives it: (1 learner device, envs, steps, ...), with
+    episode ends and envpool's reset steps."""
     rng = np.random.default_rng(seed)
     num_obs = NUM_STEPS + (script is cleanba_impala)
     terminations = rng.random((NUM_ENVS, NUM_STEPS)) < 0.1
@@ -61,7 +62,10 @@ def initial_state(script, **options):
 def params_after_update(name, rolled, gradient_accumulation_steps=1):
     script, options = SCRIPTS[name]
     args, state = initial_state(
-        script, learning_rate=1e-3, gradient_accumulation_steps=gradient_accumulation_steps, **options
+        script,
+        learning_rate=1e-3,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        **options,
     )
     devices = jax.local_devices()[:1]
     update = script.make_update(args, devices, rolled=rolled)
@@ -91,7 +95,9 @@ def test_rolled_scan_and_python_loop_agree(reference):
 @pytest.mark.parametrize("steps", [2, 4])
 def test_gradient_accumulation_equals_whole_minibatches(reference, steps):
     name, params, metrics = reference
-    accumulated_params, accumulated_metrics = params_after_update(name, rolled=False, gradient_accumulation_steps=steps)
+    accumulated_params, accumulated_metrics = params_after_update(
+        name, rolled=False, gradient_accumulation_steps=steps
+    )
     assert max_abs_difference(params, accumulated_params) < ATOL
     # Losses are reported per optimizer step, whatever the number of microbatches.
     for key in metrics:
@@ -100,7 +106,12 @@ def test_gradient_accumulation_equals_whole_minibatches(reference, steps):
 
 def test_gradient_accumulation_with_the_rolled_scan(reference):
     name, params, _ = reference
-    assert max_abs_difference(params, params_after_update(name, rolled=True, gradient_accumulation_steps=2)[0]) < ATOL
+    assert (
+        max_abs_difference(
+            params, params_after_update(name, rolled=True, gradient_accumulation_steps=2)[0]
+        )
+        < ATOL
+    )
 
 
 def test_dataclass_fields_have_docstrings():
@@ -108,5 +119,9 @@ def test_dataclass_fields_have_docstrings():
     for script, _ in SCRIPTS.values():
         source = open(script.__file__).read()
         for field in dataclasses.fields(script.Args):
-            line = next(i for i, text in enumerate(source.splitlines()) if text.startswith(f"    {field.name}:"))
+            line = next(
+                i
+                for i, text in enumerate(source.splitlines())
+                if text.startswith(f"    {field.name}:")
+            )
             assert source.splitlines()[line + 1].strip().startswith('"""'), field.name

@@ -1,39 +1,55 @@
-"""Both scripts must learn CartPole-v1, PPO as well as CleanRL's PPO does with CleanRL's own settings.
+"""Every script must learn CartPole-v1. Provisional: thresholds are being remeasured over seeds 1-10."""
 
-PPO runs CleanRL `ppo.py`'s CartPole-v1 hyperparameters (see benchmark/parity_cartpole.py) for 200k steps, seed
-1. Measured 2026-11-21 (`python benchmark/parity_cartpole.py --variants cleanrl shared_torso --seeds 1 2 3
---timesteps 200000`), the mean of the last 20 episodes: 448, 430 and 416 for seeds 1-3; the shared-torso network that
-PPO had before (revision ca8dbf1, no value clipping) gave 254, 171 and 242. A threshold of 350 catches that gap
-with 66 or more to spare on either side.
-
-IMPALA runs the paper's settings with a small MLP and 2 x 4 environments for 100k steps, seed 1: its separate MLPs
-reach a running mean of 195 by 45k steps on seeds 1-3 (benchmark/results/learning_cpu.md), and this run's last 20
-episodes averaged 304 at 100k steps (2026-11-22); 60 leaves a wide margin for float differences between machines,
-while a learner that stopped learning (or learns from the wrong data) stays near random play, about 22."""
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 from helpers import run_script, scalars
 
+
+class LearningTest(NamedTuple):
+    script: str
+    args: list
+    devices: int
+    threshold: float
+
+
+def learning_score(returns) -> float:
+    """The mean of the last 20 episodes' returns (in step order)."""
+    return float(np.mean(returns[-20:]))
+
+
 COMMON = "--env-id CartPole-v1 --hiddens 64 64 --local-num-envs 4 --seed 1 --log-frequency 1000 --run-name learning"
 CLEANRL_PPO = " --num-actor-threads 1 --num-steps 128 --clip-coef 0.2 --clip-vloss --gradient-accumulation-steps 1"
-CLEANRL_PPO += " --total-timesteps 200000"
-RANDOM_POLICY_RETURN = 22
-PPO_THRESHOLD = 350
-IMPALA_THRESHOLD = 60
-
-
-@pytest.mark.parametrize(
-    "script, args, threshold",
-    [
-        ("cleanba_ppo.py", COMMON + CLEANRL_PPO, PPO_THRESHOLD),
-        ("cleanba_impala.py", COMMON + " --total-timesteps 100000", IMPALA_THRESHOLD),
-    ],
+APEX = (
+    " --num-steps 8 --learning-starts 1000 --buffer-size 20000 --batch-size 32 --updates-per-rollout 4"
+    " --learning-rate 1e-3 --target-update-period 200 --total-timesteps 30000"
 )
-def test_script_learns_cartpole(tmp_path, script, args, threshold):
-    result = run_script(script, args.split(), tmp_path)
+GALA = "--env-id CartPole-v1 --hiddens 64 64 --total-timesteps 100000 --log-frequency 1000 --seed 1 --run-name learning"
+LEARNING_TESTS = {
+    "ppo": LearningTest(
+        "cleanba_ppo.py", (COMMON + CLEANRL_PPO + " --total-timesteps 200000").split(), 1, 350
+    ),
+    "impala": LearningTest(
+        "cleanba_impala.py", (COMMON + " --total-timesteps 100000").split(), 1, 60
+    ),
+    "apex_dqn": LearningTest(
+        "cleanba_apex_dqn.py", (COMMON.replace("--seed 1", "--seed 2") + APEX).split(), 1, 100
+    ),
+    "gala_a2c": LearningTest("cleanba_gala_a2c.py", GALA.split(), 4, 40),
+}
+RANDOM_POLICY_RETURN = 22
+
+
+@pytest.mark.parametrize("name", list(LEARNING_TESTS))
+def test_script_learns_cartpole(tmp_path, name):
+    test = LEARNING_TESTS[name]
+    result = run_script(test.script, test.args, tmp_path, devices=test.devices)
     assert result.returncode == 0, result.stderr[-3000:]
     # Sorted by step: actor threads log their episodes in either order.
-    returns = [value for _, value in sorted(scalars(tmp_path / "runs" / "learning", "charts/episodic_return"))]
+    returns = [
+        value
+        for _, value in sorted(scalars(tmp_path / "runs" / "learning", "charts/episodic_return"))
+    ]
     assert np.mean(returns[:20]) < 2 * RANDOM_POLICY_RETURN
-    assert np.mean(returns[-20:]) > threshold, np.mean(returns[-20:])
+    assert learning_score(returns) > test.threshold, learning_score(returns)

@@ -43,7 +43,9 @@ def test_parse_error_is_one_line_and_exit_2(capsys):
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_non_finite_floats_are_refused_even_where_any_sign_is_allowed(capsys, value):
     with pytest.raises(SystemExit) as exit_:
-        parsing.check_signs(parsing.parse_args(Options, ["--rate", value]), positive=[], non_negative=[])
+        parsing.check_signs(
+            parsing.parse_args(Options, ["--rate", value]), positive=[], non_negative=[]
+        )
     assert exit_.value.code == 2 and "--rate must be a finite number" in capsys.readouterr().err
 
 
@@ -125,13 +127,17 @@ def test_saved_model_holds_script_args_and_params(tmp_path):
 
 def replicated_state(value: float):
     """A TrainState as the learner holds it: one replica per learner device (here one)."""
-    state = TrainState.create(apply_fn=None, params={"w": np.full(3, value, np.float32)}, tx=optax.sgd(0.1))
+    state = TrainState.create(
+        apply_fn=None, params={"w": np.full(3, value, np.float32)}, tx=optax.sgd(0.1)
+    )
     return run_files.replicate(state, jax.local_devices()[:1]), state
 
 
 def test_checkpoint_round_trip_keeps_the_newest_two(tmp_path):
     for update in (1, 2, 3):
-        checkpoints.save_checkpoint(str(tmp_path), replicated_state(float(update))[0], dict(update=update, seed=7))
+        checkpoints.save_checkpoint(
+            str(tmp_path), replicated_state(float(update))[0], dict(update=update, seed=7)
+        )
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
         "update_000000002.ckpt",
         "update_000000003.ckpt",
@@ -143,19 +149,30 @@ def test_checkpoint_round_trip_keeps_the_newest_two(tmp_path):
 
 def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
     for update in (1, 2):
-        checkpoints.save_checkpoint(str(tmp_path), replicated_state(float(update))[0], dict(update=update))
+        checkpoints.save_checkpoint(
+            str(tmp_path), replicated_state(float(update))[0], dict(update=update)
+        )
     newest = tmp_path / "checkpoints" / "update_000000002.ckpt"
     data = bytearray(newest.read_bytes())
     data[-5] ^= 0xFF
     newest.write_bytes(bytes(data))
     state, counters = checkpoints.load_checkpoint(str(tmp_path), replicated_state(0.0)[1])
-    assert counters["update"] == 1 and state.params["w"][0] == 1.0 and "damaged" in capsys.readouterr().err
-    assert checkpoints.load_checkpoint(str(tmp_path / "elsewhere"), replicated_state(0.0)[1]) is None
+    assert (
+        counters["update"] == 1
+        and state.params["w"][0] == 1.0
+        and "damaged" in capsys.readouterr().err
+    )
+    assert (
+        checkpoints.load_checkpoint(str(tmp_path / "elsewhere"), replicated_state(0.0)[1]) is None
+    )
 
 
 def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, capsys):
     checkpoints.save_checkpoint(str(tmp_path), replicated_state(1.0)[0], dict(update=1, seed=1))
-    assert checkpoints.resume_from(str(tmp_path), replicated_state(0.0)[1], dict(seed=1))[1]["update"] == 1
+    assert (
+        checkpoints.resume_from(str(tmp_path), replicated_state(0.0)[1], dict(seed=1))[1]["update"]
+        == 1
+    )
     with pytest.raises(SystemExit) as exit_:
         checkpoints.resume_from(str(tmp_path), replicated_state(0.0)[1], dict(seed=2))
     assert exit_.value.code == 2 and "of another run" in capsys.readouterr().err
@@ -165,9 +182,13 @@ def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, capsys):
 
 
 def test_stop_signals_are_noted_not_acted_on():
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, *signals.STOP_SIGNALS)}
+    previous = {
+        signum: signal.getsignal(signum) for signum in (signal.SIGINT, *signals.STOP_SIGNALS)
+    }
     try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a process started in the background inherits it
+        signal.signal(
+            signal.SIGINT, signal.SIG_IGN
+        )  # as a process started in the background inherits it
         received = signals.catch_stop_signals()
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         os.kill(os.getpid(), signal.SIGUSR1)
@@ -175,7 +196,10 @@ def test_stop_signals_are_noted_not_acted_on():
         assert received == [signal.SIGUSR1]
         assert signals.stop_agreement([], 1, distributed=False)(received)
         assert not signals.stop_agreement([], 1, distributed=False)([])
-        assert signals.exit_code_of(received) == 128 + signal.SIGUSR1 and signals.exit_code_of([]) == 143
+        assert (
+            signals.exit_code_of(received) == 128 + signal.SIGUSR1
+            and signals.exit_code_of([]) == 143
+        )
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -185,8 +209,9 @@ def test_stop_signals_are_noted_not_acted_on():
 
 
 def test_episodes_count_rewards_and_steps_but_not_reset_steps(tmp_path):
-    # Env 0: rewards 1, 2, then done (return 3, length 2 at step 2); its next step is envpool's reset
-    # step (reward 100 ignored), then reward 4. Env 1 plays on: return 0 + 5 + 6 + 7 + 8 when done at step 4.
+    # Env 0: rewards 1, 2, then done (return 3, length 2 at step 2); its next step is envpool's
+    # reset step (reward 100 ignored), then reward 4. Env 1 plays on: return 0 + 5 + 6 + 7 + 8 when
+    # done at step 4.
     writer = SummaryWriter(str(tmp_path))
     episodes = Episodes(writer, [], np.zeros(2), np.zeros(2, dtype=np.int64))
     for step, (rewards, done, is_reset) in enumerate(
@@ -197,7 +222,9 @@ def test_episodes_count_rewards_and_steps_but_not_reset_steps(tmp_path):
             ([4, 8], [False, True], [False, False]),
         ]
     ):
-        episodes.step(np.array(rewards, float), np.array(done), np.array(is_reset), global_step=step)
+        episodes.step(
+            np.array(rewards, float), np.array(done), np.array(is_reset), global_step=step
+        )
     assert episodes.recent_returns == [3.0, 26.0]
     np.testing.assert_array_equal(episodes.returns, [4.0, 0.0])
     np.testing.assert_array_equal(episodes.lengths, [1, 0])

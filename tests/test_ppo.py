@@ -54,15 +54,23 @@ def test_gae_matches_python_loop():
         0.99,
         0.95,
     )
-    expected_advantages, expected_returns = python_gae(rewards, values, terminations, truncations, 0.99, 0.95)
+    expected_advantages, expected_returns = python_gae(
+        rewards, values, terminations, truncations, 0.99, 0.95
+    )
     np.testing.assert_allclose(advantages, expected_advantages, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(returns, expected_returns, rtol=1e-5, atol=1e-5)
 
 
 def test_gae_hand_computed_truncation_bootstraps_and_termination_does_not():
-    # step 0 truncated: A0 = 1 + 0.5 * V1 - V0 (no trace from step 1); step 1 terminated: A1 = 2 - V1.
+    # step 0 truncated: A0 = 1 + 0.5 * V1 - V0 (no trace from step 1); step 1 terminated: A1 = 2 -
+    # V1.
     advantages, _ = ppo.gae(
-        jnp.array([1.0, 2.0]), jnp.array([0.5, 4.0, 8.0]), jnp.array([0.0, 1.0]), jnp.array([1.0, 0.0]), 0.5, 1.0
+        jnp.array([1.0, 2.0]),
+        jnp.array([0.5, 4.0, 8.0]),
+        jnp.array([0.0, 1.0]),
+        jnp.array([1.0, 0.0]),
+        0.5,
+        1.0,
     )
     np.testing.assert_allclose(advantages, [1 + 0.5 * 4.0 - 0.5, 2.0 - 4.0])
 
@@ -95,19 +103,21 @@ def test_ppo_loss_hand_computed():
     np.testing.assert_allclose(metrics["policy_loss"], (-1.1 + 0.9) / 2, rtol=1e-6)
     np.testing.assert_allclose(metrics["value_loss"], (0.5 * 2.0**2 + 0.0) / 2, rtol=1e-6)
     np.testing.assert_allclose(metrics["entropy"], np.log(2), rtol=1e-6)
-    np.testing.assert_allclose(metrics["approx_kl"], ((1 - np.log(2)) + (-0.5 + np.log(2))) / 2, rtol=1e-5)
+    np.testing.assert_allclose(
+        metrics["approx_kl"], ((1 - np.log(2)) + (-0.5 + np.log(2))) / 2, rtol=1e-5
+    )
     np.testing.assert_allclose(metrics["clipfrac"], 1.0)
     np.testing.assert_allclose(loss, -0.1 - 0.01 * np.log(2) + 0.5 * 1.0, rtol=1e-5)
 
 
 def test_clipped_value_loss_hand_computed():
     # New value V (the parameters here), rollout value V_old, return R, clip 0.2; per-sample loss is
-    # max((V - R)^2, (V_old + clip(V - V_old, -0.2, 0.2) - R)^2):
-    # Sample 0: V 1, V_old 0.5, R 3: max((1 - 3)^2, (0.7 - 3)^2) = max(4, 5.29) = 5.29, clip saturated: no gradient.
-    # Sample 1: V 0, V_old 0.5, R 0: max(0, (0.3 - 0)^2) = 0.09, clip saturated: no gradient.
-    # Sample 2: V 1, V_old 0, R -1: max((1 + 1)^2, (0.2 + 1)^2) = max(4, 1.44) = 4, gradient of
-    #   vf_coef * 0.5 * (V - R)^2 / count = 0.5 * (1 + 1) / 3 = 1/3.
-    # Sample 3 is a reset step (valid = 0). value_loss = 0.5 * (5.29 + 0.09 + 4) / 3 = 1.563333...
+    # max((V - R)^2, (V_old + clip(V - V_old, -0.2, 0.2) - R)^2): Sample 0: V 1, V_old 0.5, R 3:
+    # max((1 - 3)^2, (0.7 - 3)^2) = max(4, 5.29) = 5.29, clip saturated: no gradient. Sample 1: V 0,
+    # V_old 0.5, R 0: max(0, (0.3 - 0)^2) = 0.09, clip saturated: no gradient. Sample 2: V 1, V_old
+    # 0, R -1: max((1 + 1)^2, (0.2 + 1)^2) = max(4, 1.44) = 4, gradient of
+    # vf_coef * 0.5 * (V - R)^2 / count = 0.5 * (1 + 1) / 3 = 1/3. Sample 3 is a reset step (valid =
+    # 0). value_loss = 0.5 * (5.29 + 0.09 + 4) / 3 = 1.563333...
     values = jnp.array([1.0, 0.0, 1.0, 50.0])
     mb = dict(
         obs=jnp.zeros((1, 4, 1)),
@@ -141,7 +151,10 @@ def test_clipped_value_loss_hand_computed():
 def test_action_sampling_depends_on_env_index_not_batch():
     logits = jnp.zeros((6, 18))
     together = ppo.sample_actions(logits, ppo.jax.random.PRNGKey(0), 7, jnp.arange(6))
-    halves = [ppo.sample_actions(logits[:3], ppo.jax.random.PRNGKey(0), 7, jnp.arange(3) + k) for k in (0, 3)]
+    halves = [
+        ppo.sample_actions(logits[:3], ppo.jax.random.PRNGKey(0), 7, jnp.arange(3) + k)
+        for k in (0, 3)
+    ]
     np.testing.assert_array_equal(together, np.concatenate(halves))
     assert len(set(np.asarray(together).tolist())) > 1
 
@@ -165,7 +178,9 @@ def sync_run(tmp_path_factory):
         "--run-name",
         "sync",
     ]
-    result = run_script("cleanba_ppo.py", args, cwd, extra_env={"WANDB_MODE": "offline", "WANDB_DIR": str(cwd)})
+    result = run_script(
+        "cleanba_ppo.py", args, cwd, extra_env={"WANDB_MODE": "offline", "WANDB_DIR": str(cwd)}
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result, cwd / "runs" / "sync", cwd
 
@@ -178,8 +193,15 @@ def test_spec_and_summary(sync_run):
     result, run_dir, _ = sync_run
     spec = json.loads((run_dir / "spec.json").read_text())
     assert spec["args"]["total_timesteps"] == 512 and spec["args"]["concurrency"] is False
-    assert spec["sizes"] == {"num_envs": 8, "batch_size": 128, "minibatch_size": 64, "num_updates": 4}
-    assert {"jax", "flax", "optax", "envpool", "numpy"} <= spec["versions"].keys() and "git_sha" in spec
+    assert spec["sizes"] == {
+        "num_envs": 8,
+        "batch_size": 128,
+        "minibatch_size": 64,
+        "num_updates": 4,
+    }
+    assert {"jax", "flax", "optax", "envpool", "numpy"} <= spec[
+        "versions"
+    ].keys() and "git_sha" in spec
     summary = json.loads((run_dir / "summary.json").read_text())
     assert len(summary["params_fingerprint"]) == 64 and fingerprint_of(result)
     assert summary["global_step"] == 512 and summary["learner_policy_version"] == 4
@@ -192,7 +214,9 @@ def test_save_load_evaluate_round_trip(sync_run):
     evaluation = evaluate_saved_model(run_dir / "cleanba_ppo.cleanba_model")
     assert evaluation["env_id"] == "Breakout-v5" and len(evaluation["returns"]) == 2
     # Same model, same default seed: the script's own evaluation and the loaded model's agree.
-    assert sorted(evaluation["returns"]) == sorted(v for _, v in scalars(run_dir, "eval/episodic_return"))
+    assert sorted(evaluation["returns"]) == sorted(
+        v for _, v in scalars(run_dir, "eval/episodic_return")
+    )
 
 
 def test_wandb_offline_run_is_written(sync_run):
@@ -201,7 +225,9 @@ def test_wandb_offline_run_is_written(sync_run):
     assert len(offline_runs) == 1 and list(offline_runs[0].glob("*.wandb"))
 
 
-@pytest.mark.parametrize("failure,message", [("actor", "environment exploded"), ("learner", "learner exploded")])
+@pytest.mark.parametrize(
+    "failure,message", [("actor", "environment exploded"), ("learner", "learner exploded")]
+)
 def test_a_failing_thread_ends_the_process(tmp_path, failure, message):
     args = [*TINY, "--local-num-envs", 4, "--total-timesteps", 100_000, "--concurrency"]
     start = time.time()
@@ -216,24 +242,29 @@ def test_out_of_device_memory_is_one_line_naming_the_options_and_exit_2(tmp_path
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: the device ran out of memory"), lines
-    assert all(option in lines[0] for option in ["--local-num-envs", "--num-minibatches", "--gradient-accumulation"])
+    assert all(
+        option in lines[0]
+        for option in ["--local-num-envs", "--num-minibatches", "--gradient-accumulation"]
+    )
 
 
 def test_an_actor_that_skips_a_parameter_fetch_trips_the_lag_check(tmp_path):
-    # Sync mode expects lag 0; the actor's second rollout comes from policy 0 while the learner is at 1.
+    # Sync mode expects lag 0; the actor's second rollout comes from policy 0 while the learner is
+    # at 1.
     args = [*TINY, "--local-num-envs", 4, "--num-actor-threads", 1, "--total-timesteps", 640]
     result = run_failing("cleanba_ppo", "lag", args, tmp_path)
     assert result.returncode == 1
-    assert "update 2: rollout 2 from policy 0 while the learner is at 1 (lag 1, expected 0)" in result.stderr
+    assert (
+        "update 2: rollout 2 from policy 0 while the learner is at 1 (lag 1, expected 0)"
+        in result.stderr
+    )
 
 
 def test_ctrl_c_exits_cleanly_with_logs_flushed(tmp_path):
     args = [*TINY, "--local-num-envs", 4, "--total-timesteps", 100_000, "--run-name", "interrupted"]
-    # Started with SIGINT ignored (kept across exec), as a shell script's background job or a test runner's
-    # worker starts it.
-    ignoring_sigint = (
-        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); os.execv(sys.argv[1], sys.argv[1:])"
-    )
+    # Started with SIGINT ignored (kept across exec), as a shell script's background job or a test
+    # runner's worker starts it.
+    ignoring_sigint = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); os.execv(sys.argv[1], sys.argv[1:])"
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -256,7 +287,8 @@ def test_ctrl_c_exits_cleanly_with_logs_flushed(tmp_path):
     assert scalars(tmp_path / "runs" / "interrupted", "stats/learner_policy_version")
 
 
-# Through a real process (2 CPU devices): exit code, one line, no traceback, nothing written, quickly.
+# Through a real process (2 CPU devices): exit code, one line, no traceback, nothing written,
+# quickly.
 PROCESS_BAD_INPUTS = [
     (["--env-id", "NoSuchGame-v5"], "--env-id"),
     (["--learner-device-ids", "0", "1", "--local-num-envs", "3"], "--local-num-envs"),
@@ -279,7 +311,10 @@ BAD_INPUTS = [
     (["--learning-rate", "nan"], "--learning-rate"),
     (["--clip-coef", "inf"], "--clip-coef"),
     (["--gradient-accumulation-steps", "0"], "--gradient-accumulation-steps"),
-    (["--num-steps", "16", "--num-minibatches", "4", "--gradient-accumulation-steps", "3"], "--num-steps"),
+    (
+        ["--num-steps", "16", "--num-minibatches", "4", "--gradient-accumulation-steps", "3"],
+        "--num-steps",
+    ),
     (["--resume"], "--resume"),
     (["--process-id", "1"], "--process-id"),
 ]

@@ -1,4 +1,5 @@
-"""Multi-process runs, a lost peer, preemption with checkpoint and resume: the machinery both scripts share."""
+"""Multi-process runs, a lost peer, preemption with checkpoint and resume: the machinery both scripts
+share."""
 
 import json
 import os
@@ -24,7 +25,10 @@ from helpers import (
 )
 
 # Each script's tiny arguments and how far its parameters may drift between layouts.
-SCRIPTS = {"cleanba_ppo.py": (TINY, PPO_LAYOUT_ATOL), "cleanba_impala.py": (IMPALA_TINY, IMPALA_LAYOUT_ATOL)}
+SCRIPTS = {
+    "cleanba_ppo.py": (TINY, PPO_LAYOUT_ATOL),
+    "cleanba_impala.py": (IMPALA_TINY, IMPALA_LAYOUT_ATOL),
+}
 GLOBAL = [
     "--total-timesteps",
     384,
@@ -77,29 +81,47 @@ def test_two_processes_match_one_process_with_two_learner_devices(tmp_path, scri
     tiny, layout_atol = SCRIPTS[script]
     start = time.time()
     processes = start_processes(
-        script, [*tiny, *GLOBAL, "--local-num-envs", 4, "--save-model", "--run-name", "two"], tmp_path
+        script,
+        [*tiny, *GLOBAL, "--local-num-envs", 4, "--save-model", "--run-name", "two"],
+        tmp_path,
     )
     results = [p.communicate(timeout=300) for p in processes]
     wall_time = time.time() - start
     for p, (_, stderr) in zip(processes, results):
         assert p.returncode == 0, stderr[-3000:]
-    fingerprints = {fingerprint_of(subprocess.CompletedProcess([], 0, stdout, "")) for stdout, _ in results}
+    fingerprints = {
+        fingerprint_of(subprocess.CompletedProcess([], 0, stdout, "")) for stdout, _ in results
+    }
     assert len(fingerprints) == 1
     print(f"two-process run: {wall_time:.1f}s wall time")
 
     single = run_script(
         script,
-        [*tiny, *GLOBAL, "--local-num-envs", 8, "--save-model", "--learner-device-ids", 1, 2, "--run-name", "one"],
+        [
+            *tiny,
+            *GLOBAL,
+            "--local-num-envs",
+            8,
+            "--save-model",
+            "--learner-device-ids",
+            1,
+            2,
+            "--run-name",
+            "one",
+        ],
         tmp_path,
         devices=3,
     )
     assert single.returncode == 0, single.stderr[-3000:]
     # Only process 0 writes the run folder.
-    assert json.loads((tmp_path / "runs" / "two" / "spec.json").read_text())["sizes"]["num_envs"] == 8
+    assert (
+        json.loads((tmp_path / "runs" / "two" / "spec.json").read_text())["sizes"]["num_envs"] == 8
+    )
     model = script.replace(".py", ".cleanba_model")
     assert (
         max_abs_difference(
-            load_params(tmp_path / "runs" / "two" / model), load_params(tmp_path / "runs" / "one" / model)
+            load_params(tmp_path / "runs" / "two" / model),
+            load_params(tmp_path / "runs" / "one" / model),
         )
         < layout_atol
     )
@@ -107,16 +129,20 @@ def test_two_processes_match_one_process_with_two_learner_devices(tmp_path, scri
 
 def test_a_killed_peer_ends_the_run(tmp_path):
     processes = start_processes(
-        "cleanba_ppo.py", [*TINY, *GLOBAL, "--local-num-envs", 4, "--total-timesteps", 100_000], tmp_path
+        "cleanba_ppo.py",
+        [*TINY, *GLOBAL, "--local-num-envs", 4, "--total-timesteps", 100_000],
+        tmp_path,
     )
     wait_for_line(processes[0], "update 1/")
     processes[1].kill()
     killed_at = time.time()
     _, stderr = processes[0].communicate(timeout=90)
     assert processes[0].returncode != 0 and time.time() - killed_at < 60
-    # JAX's coordination service names the lost peer when its heartbeats stop; a collective that fails
-    # first gives our line instead.
-    assert "stopped sending heartbeats):\n1\n" in stderr or "distributed run broken" in stderr, stderr[-3000:]
+    # JAX's coordination service names the lost peer when its heartbeats stop; a collective that
+    # fails first gives our line instead.
+    assert "stopped sending heartbeats):\n1\n" in stderr or "distributed run broken" in stderr, (
+        stderr[-3000:]
+    )
 
 
 def checkpoint_files(run_dir) -> list:
@@ -125,8 +151,8 @@ def checkpoint_files(run_dir) -> list:
 
 @pytest.fixture(scope="module")
 def preempted_run(request, tmp_path_factory):
-    """A run of the script given as parameter, stopped by SIGTERM after its third update, with a checkpoint
-    after every update."""
+    """A run of the script given as parameter, stopped by SIGTERM after its third update, with a
+    checkpoint after every update."""
     script = request.param
     cwd = tmp_path_factory.mktemp("preempted")
     args = [
@@ -150,7 +176,9 @@ def preempted_run(request, tmp_path_factory):
     wait_for_line(proc, "update 3/")
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM and "continue with --resume" in stderr, stderr[-3000:]
+    assert proc.returncode == 128 + signal.SIGTERM and "continue with --resume" in stderr, stderr[
+        -3000:
+    ]
     return script, cwd, args
 
 
@@ -187,7 +215,21 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(preempted_run,
 
 
 def test_resume_without_checkpoint_starts_fresh(tmp_path):
-    args = [*TINY, "--local-num-envs", 4, "--total-timesteps", 128, "--resume", "--run-name", "fresh"]
+    args = [
+        *TINY,
+        "--local-num-envs",
+        4,
+        "--total-timesteps",
+        128,
+        "--resume",
+        "--run-name",
+        "fresh",
+    ]
     result = run_script("cleanba_ppo.py", args, tmp_path)
     assert result.returncode == 0 and "resuming" not in result.stdout
-    assert json.loads((tmp_path / "runs" / "fresh" / "summary.json").read_text())["learner_policy_version"] == 1
+    assert (
+        json.loads((tmp_path / "runs" / "fresh" / "summary.json").read_text())[
+            "learner_policy_version"
+        ]
+        == 1
+    )
