@@ -2,6 +2,7 @@
 preemption signals, checkpoints, episode statistics and the end of the run. The script keeps its
 algorithm, its actors and its learner loop; `Run` holds what the loop needs besides."""
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -99,20 +100,41 @@ class Run:
             self.checkpoint(state, update)
         return 0
 
-    def run_learner(self, loop) -> int:
-        """Runs the learner's `loop` (which returns an exit code): Ctrl-C is exit 130, a queue wait
-        given up because another thread failed is exit 1, and an exception of its own is recorded as
-        a failure."""
+    @contextlib.contextmanager
+    def learner_loop(self, threads: list):
+        """Wraps the learner's loop, which sets the yielded `LoopEnd.exit_code` when it stops early (a
+        stop signal). Ctrl-C is exit 130, a queue wait given up because another thread failed is exit
+        1, and an exception of the loop is recorded as a failure; on leaving, `exit_if_stopped` stops
+        the threads and ends the process unless the loop ran to its end."""
+        end = LoopEnd()
         try:
-            return loop()
+            yield end
         except KeyboardInterrupt:
             print("interrupted: stopping threads and flushing logs", file=sys.stderr)
-            return 130
+            end.exit_code = 130
         except Stopped:
-            return 1
+            end.exit_code = 1
         except Exception:
             self.record_failure()
-            return 0
+        self.exit_if_stopped(end.exit_code, threads)
+
+    def sps(self, global_step: int) -> int:
+        """Environment steps per second of this session (a resumed run counts from its resume)."""
+        first_step = self.counters["update"] * self.sizes.steps_per_update
+        return int((global_step - first_step) / (time.time() - self.start_time))
+
+    def print_progress(self, update: int, global_step: int, details: str):
+        """The console line of an update: progress, speed, the mean of the last 100 returns, the
+        script's `details`, and the time left at this session's pace."""
+        first_update = self.counters["update"]
+        seconds_per_update = (time.time() - self.start_time) / max(update - first_update, 1)
+        eta_minutes = (self.sizes.num_updates - update) * seconds_per_update / 60
+        mean_return = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
+        print(
+            f"update {update}/{self.sizes.num_updates} step={global_step} "
+            f"SPS={self.sps(global_step)} return={mean_return} {details} ETA={eta_minutes:.1f}min",
+            flush=True,
+        )
 
     def record_failure(self):
         """Called in the learner's `except Exception`: the traceback, and in a distributed run the hint
@@ -143,7 +165,7 @@ class Run:
         num_episodes, seed)` is the script's own), summary.json and the fingerprint as the last line
         of stdout."""
         args, wall_time_s = self.args, self.wall_time()
-        global_step = learner_policy_version * self.sizes.batch_size
+        global_step = learner_policy_version * self.sizes.steps_per_update
         fingerprint = run_files.params_fingerprint(params)
         if args.save_model and self.is_main:
             print(
@@ -188,7 +210,8 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
         os.makedirs(run_dir, exist_ok=True)
         spec_name = f"spec_resume_{resumed_update}.json" if resumed_update else "spec.json"
         run_files.write_json(
-            os.path.join(run_dir, spec_name), run_files.run_spec(args, sizes, name, script_path)
+            os.path.join(run_dir, spec_name),
+            run_files.run_description(args, sizes, name, script_path),
         )
     if args.track and is_main:
         import wandb
@@ -204,7 +227,7 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
             id=name if args.resume else None,
             resume="allow" if args.resume else None,
         )
-    purge_step = resumed_update * sizes.batch_size + 1 if resumed_update else None
+    purge_step = resumed_update * sizes.steps_per_update + 1 if resumed_update else None
     # Flushed every few seconds (tensorboardX's default is 2 minutes): a search's pruner reads the
     # events while the run goes on.
     writer = SummaryWriter(run_dir, write_to_disk=is_main, purge_step=purge_step, flush_secs=5)
@@ -232,6 +255,13 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
 def run_dir_of(args) -> str | None:
     """The folder of a named run (where --resume looks for checkpoints)."""
     return os.path.join("runs", args.run_name) if args.run_name else None
+
+
+@dataclasses.dataclass
+class LoopEnd:
+    """How the learner's loop ended: 0 when it ran to its last update, else the process's exit code."""
+
+    exit_code: int = 0
 
 
 @dataclasses.dataclass

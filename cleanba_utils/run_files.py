@@ -59,7 +59,7 @@ def git_sha(path: str):
     return result.stdout.strip() or None
 
 
-def run_spec(args, sizes, run_name: str, script_path: str) -> dict:
+def run_description(args, sizes, run_name: str, script_path: str) -> dict:
     """Enough to rerun the run: every argument, the derived sizes, the code version and the library
     versions."""
     return dict(

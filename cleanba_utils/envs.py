@@ -1,0 +1,34 @@
+"""envpool environments as every script makes them: which tasks are Atari games, the Atari protocol of
+Machado et al. (2018), and how many worker threads an envpool instance gets."""
+
+import os
+
+import envpool
+
+MACHADO_ATARI = dict(
+    repeat_action_probability=0.25,
+    full_action_space=True,
+    episodic_life=False,
+    noop_max=1,
+    max_episode_steps=27_000,
+    reward_clip=True,
+)
+"""Sticky actions, the full action space, no life-loss signal, one no-op at reset at most, 108k frames
+(27k agent steps) per episode at most, rewards clipped to their sign for learning (the logged returns
+are unclipped)."""
+
+
+def is_atari(env_id: str) -> bool:
+    """envpool's Atari tasks are the ones whose config has sticky actions."""
+    return "repeat_action_probability" in envpool.make_spec(env_id).config._fields
+
+
+def envpool_num_threads(requested: int | None, num_envs: int, instances: int) -> int:
+    """Worker threads of one of `instances` envpool instances that share this process's CPUs: the
+    `requested` number, else an equal share of the CPUs (at least 1, at most one per environment).
+    The results never depend on it."""
+    if requested:
+        return requested
+    # sched_getaffinity counts the CPUs this process may use (a SLURM allocation), not the node's.
+    cpus_per_instance = len(os.sched_getaffinity(0)) // instances
+    return max(1, min(num_envs, cpus_per_instance))
