@@ -30,7 +30,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from measure import run_measured
 
-from cleanba_utils.hns import collect
+from cleanba_utils.experiments.hns import collect
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_SIZED = [
@@ -58,7 +58,7 @@ LAST_N = 100
 # steps 250k k .. 250k (k + 1)); the values are the means over its 5 seeds of google/dopamine
 # baselines/atari/data/breakout.json (commit 8842298).
 REFERENCES = [
-    ("random play", "any", "1.7", "cleanba_utils/atari57_random_human.csv"),
+    ("random play", "any", "1.7", "cleanba_utils/experiments/atari57_random_human.csv"),
     (
         "Dopamine DQN, iteration 1",
         "250k-500k",

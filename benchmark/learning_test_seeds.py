@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from test_learning import LEARNING_TESTS, learning_score  # noqa: E402
 
-from cleanba_utils.events import read_scalars  # noqa: E402
+from cleanba_utils.experiments.events import read_scalars  # noqa: E402
 
 
 def with_overrides(args: list[str], overrides: list[str]) -> list[str]:

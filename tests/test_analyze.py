@@ -12,7 +12,7 @@ import tensorboardX
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from cleanba_utils.analyze import (
+from cleanba_utils.experiments.analyze import (
     auc,
     bootstrap_score,
     consistency,
@@ -26,7 +26,7 @@ from cleanba_utils.analyze import (
     stability,
     steps_to_threshold,
 )
-from cleanba_utils.events import read_scalars, running_mean
+from cleanba_utils.experiments.events import read_scalars, running_mean
 
 STEPS = np.array([10, 20, 30])
 CURVE = np.array([0.0, 5.0, 15.0])  # running means of the last 2 of the returns 0, 10, 20

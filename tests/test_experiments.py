@@ -14,8 +14,8 @@ import pytest
 from helpers import launch
 from optuna.trial import TrialState
 
-from cleanba_utils import search, spec
-from cleanba_utils.hns import reference_scores
+from cleanba_utils.experiments import search, spec
+from cleanba_utils.experiments.hns import reference_scores
 
 REPO = Path(__file__).resolve().parents[1]
 VALID = """
@@ -188,7 +188,15 @@ def test_a_handed_back_trial_is_resumed_and_counted_once(tmp_path):
     assert states == [TrialState.FAIL, TrialState.WAITING]
     retry = study.ask()
     assert search.suggest(retry, sweeps) == flags and retry.user_attrs["runs_of"] == trial.number
-    worker = search.Worker(study, dict(budget=2), None, tmp_path, tmp_path, 1)
+    plan = search.SearchPlan(sweeps=sweeps, budget=2, report_every=None, metric="final_return")
+    worker = search.Worker(
+        study=study,
+        plan=plan,
+        runs_of=None,
+        experiment_dir=tmp_path,
+        log_dir=tmp_path,
+        workers=1,
+    )
     assert worker.wants_trial()  # two trials, but the handed-back one and its retry count once
     study.tell(retry, 1.0)
     study.tell(study.ask(), 2.0)
@@ -267,7 +275,7 @@ def test_search_prunes_and_the_report_ranks_the_trials(tmp_path):
         assert list((tmp_path / "runs" / run["run_name"] / "checkpoints").iterdir())
     assert spec.load(experiment_dir / "spec.toml")[0]["budget"] == 4
     analyzed = subprocess.run(
-        [sys.executable, "-m", "cleanba_utils.analyze", str(experiment_dir), "--reps", "200"],
+        [sys.executable, "-m", "cleanba_utils.experiments.analyze", str(experiment_dir), "--reps", "200"],
         capture_output=True,
         text=True,
     )

@@ -12,7 +12,7 @@ import pytest
 import tensorboardX
 from rliable import metrics
 
-from cleanba_utils.hns import aggregate, hns, main, reference_scores
+from cleanba_utils.experiments.hns import aggregate, hns, main, reference_scores
 
 REPO = Path(__file__).resolve().parents[1]
 METRIC_NAMES = {"median", "iqm", "mean", "optimality_gap"}
@@ -272,7 +272,7 @@ def test_cli_mistakes_are_one_line_with_exit_code_2(tmp_path, scores_csv, args, 
     command = [
         sys.executable,
         "-m",
-        "cleanba_utils.hns",
+        "cleanba_utils.experiments.hns",
         *(arg.format(tmp=tmp_path) for arg in args),
     ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
