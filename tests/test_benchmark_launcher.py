@@ -47,7 +47,8 @@ def fake_train(tmp_path):
 
 
 def calls(tmp_path):
-    """Every fake training run so far, as {flag: the token after it} plus its whole argv under "argv"."""
+    """Every fake training run so far, as {flag: the token after it} plus its whole argv under
+    "argv"."""
     records = [json.loads(path.read_text()) for path in sorted((tmp_path / "calls").glob("*.json"))]
     return [dict(itertools.pairwise(argv)) | {"argv": argv} for argv in records]
 

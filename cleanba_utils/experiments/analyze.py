@@ -348,7 +348,8 @@ def plot_history(header, trials, study, path):
 def hns_lines(results, order, reps, seed):
     finals = {env: result.values["final_return"] for env, result in results.items()}
     by_trial = {
-        f"#{n}": {env: hns.hns(env, f[n]) for env, f in finals.items() if n in f} for n in order
+        f"#{n}": {env: hns.human_normalized(env, f[n]) for env, f in finals.items() if n in f}
+        for n in order
     }
     rows = [
         [
@@ -403,7 +404,7 @@ def ranking_lines(header, trials, ranked, sessions, several):
     ]
 
 
-def analyze(args):
+def write_report(args):
     """Writes the report and its PNGs; returns the report's path."""
     header, spec, trials = read_experiment(args.experiment_dir)
     runs_dir = args.experiment_dir.parent.parent
@@ -515,7 +516,7 @@ def main(argv=None):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             warnings.simplefilter("ignore", UserWarning)
-            print(analyze(args))
+            print(write_report(args))
     except ValueError as error:
         fail(str(error), prog="analyze")
 

@@ -57,7 +57,7 @@ def reference_scores():
     }
 
 
-def hns(env_id, score):
+def human_normalized(env_id, score):
     """Human-normalized score: 0 is a uniformly random agent, 1 is a human player."""
     if env_id not in reference_scores():
         raise ValueError(
@@ -241,7 +241,7 @@ def scores_by_game(rows):
     grouped = {}
     for row in rows:
         grouped.setdefault(row["algorithm"], {}).setdefault(row["env_id"], []).append(
-            hns(row["env_id"], row["score"])
+            human_normalized(row["env_id"], row["score"])
         )
     return {
         alg: {env: np.array(games[env]) for env in sorted(games)}
@@ -281,7 +281,7 @@ def hns_curves(runs, x, reps, seed):
         grid, scores = on_common_grid([runs[key] for key in keys], x)
         per_game = {}
         for (_, env_id, _), score in zip(keys, scores):
-            per_game.setdefault(env_id, []).append(hns(env_id, score))
+            per_game.setdefault(env_id, []).append(human_normalized(env_id, score))
         results[algorithm] = (
             grid,
             *estimate([np.array(s) for s in per_game.values()], median_and_iqm, reps, seed),
