@@ -55,6 +55,8 @@ from pathlib import Path
 
 import tomli_w
 
+from cleanba_utils.experiments.sweeps import DISTRIBUTIONS
+
 # Top-level keys and tables, each key with the launcher option (argparse dest) that it sets.
 TOP = {
     "experiment": "experiment",
@@ -107,7 +109,6 @@ POSITIVE = {
     "slurm_nodes",
     "slurm_total_cpus",
 }
-RANGES = ("uniform", "loguniform", "int")
 # What an experiment's `metric` may be; the analysis defines them (analyze.py).
 METRICS = ("final_return", "auc")
 ENV_SETS = {"atari57": "the 57 Atari games"}
@@ -135,7 +136,7 @@ def space_entry(flag: str, entry):
         ):
             raise ValueError(f"{where} needs a non-empty list of values (numbers or strings)")
         return flag, [str(value) for value in entry]
-    if isinstance(entry, dict) and len(entry) == 1 and next(iter(entry)) in RANGES:
+    if isinstance(entry, dict) and len(entry) == 1 and next(iter(entry)) in DISTRIBUTIONS:
         name, bounds = next(iter(entry.items()))
         numbers = (
             isinstance(bounds, list)
