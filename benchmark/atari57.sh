@@ -22,7 +22,7 @@ case "$variant" in sync) concurrency=--no-concurrency; name=${algorithm}_sync ;;
                    async) concurrency=--concurrency; name=$algorithm ;;
                    *) echo "$usage" >&2; exit 2 ;; esac
 cd "$(dirname "$0")/.."  # the repository root
-mapfile -t GAMES < <(tail -n +2 cleanba_utils/atari57_random_human.csv | cut -d, -f1)
+mapfile -t GAMES < <(tail -n +2 cleanba_utils/experiments/atari57_random_human.csv | cut -d, -f1)
 case "$setting" in
     base)
         LAUNCH=(${RESUME:-})
@@ -38,7 +38,7 @@ case "$setting" in
 esac
 experiment=${name}_$setting
 
-python -m cleanba_utils.benchmark --env-ids "${GAMES[@]}" --num-seeds 3 \
+python -m cleanba_utils.experiments.launch --env-ids "${GAMES[@]}" --num-seeds 3 \
     --experiment "$experiment" --workers "${WORKERS:-1}" "${LAUNCH[@]}" ${DRY_RUN:-} \
     --command "python cleanba/cleanba_$algorithm.py --exp-name $experiment $concurrency $DEVICES \
         --num-actor-threads 2 --local-num-envs 60 --envpool-num-threads $ENVPOOL_THREADS ${TRACK:-}"

@@ -27,7 +27,7 @@ import numpy as np
 from measure import command_line
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from cleanba_utils.events import running_mean
+from cleanba_utils.experiments.events import running_mean
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "cleanba" / "cleanba_apex_dqn.py"

@@ -1,13 +1,11 @@
-"""Evidence that both scripts learn Atari, on a CPU: Breakout-v5 with IMPALA (1M agent steps) and PPO
-(300k).
+"""Evidence that both scripts learn Atari, on a CPU: Breakout-v5 with IMPALA (1M agent steps) and
+PPO (300k).
 
-python benchmark/learning_atari_cpu.py                    # every run, then the report (about 2 h on
-2 cores)
-python benchmark/learning_atari_cpu.py --runs impala_breakout   # one run (a finished run is never
-rerun;
-# one stopped by SIGTERM continues
-# from its checkpoint)
-python benchmark/learning_atari_cpu.py --report-only      # the report from the runs in --work-dir
+    python benchmark/learning_atari_cpu.py       # every run, then the report (about 2 h on 2 cores)
+    python benchmark/learning_atari_cpu.py --runs impala_breakout  # one run (a finished run is
+                                                 # never rerun; one stopped by SIGTERM continues
+                                                 # from its checkpoint)
+    python benchmark/learning_atari_cpu.py --report-only  # the report from the runs in --work-dir
 
 Every hyperparameter is the script's default (the paper's) except the network, reduced for a CPU
 (`--channels 4 8 --hiddens 64`), the environments (2 actor threads x 8) and the steps. Writes
@@ -30,7 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from measure import run_measured
 
-from cleanba_utils.hns import collect
+from cleanba_utils.experiments.hns import collect
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_SIZED = [
@@ -58,7 +56,7 @@ LAST_N = 100
 # steps 250k k .. 250k (k + 1)); the values are the means over its 5 seeds of google/dopamine
 # baselines/atari/data/breakout.json (commit 8842298).
 REFERENCES = [
-    ("random play", "any", "1.7", "cleanba_utils/atari57_random_human.csv"),
+    ("random play", "any", "1.7", "cleanba_utils/experiments/atari57_random_human.csv"),
     (
         "Dopamine DQN, iteration 1",
         "250k-500k",
@@ -106,7 +104,8 @@ def run(name: str, work_dir: Path):
 
 def report(names: list[str], work_dir: Path, out_dir: Path, date: str, note: str):
     _, curve_rows = collect(work_dir / "runs", "episodic_return", LAST_N, {})
-    rows, curves = [], {}
+    rows = []
+    curves = {}
     for name in names:
         script, _ = RUNS[name]
         summary_path = work_dir / "runs" / name / "summary.json"
@@ -161,13 +160,14 @@ def report(names: list[str], work_dir: Path, out_dir: Path, date: str, note: str
     fig.savefig(out_dir / "learning_atari_cpu.png", dpi=110)
     plt.close(fig)
     table = [
-        f"| run | steps | episodes | final return (last {LAST_N}) | best running mean | wall time (min) | SPS "
-        "| peak RSS (GiB) |",
+        f"| run | steps | episodes | final return (last {LAST_N}) | best running mean "
+        "| wall time (min) | SPS | peak RSS (GiB) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     table += [
-        f"| {r['run']} | {r['steps']:,} | {r['episodes']} | {r['final_return']:.1f} | {r['best_return']:.1f} | "
-        f"{r['wall_time_min']:.0f} | {r['sps']} | {r['peak_rss_gib']:.1f} |"
+        f"| {r['run']} | {r['steps']:,} | {r['episodes']} | {r['final_return']:.1f} "
+        f"| {r['best_return']:.1f} | {r['wall_time_min']:.0f} | {r['sps']} "
+        f"| {r['peak_rss_gib']:.1f} |"
         for r in rows
     ]
     references = ["| Breakout reference | agent steps | score | source |", "|---|---|---|---|"]
@@ -177,8 +177,9 @@ def report(names: list[str], work_dir: Path, out_dir: Path, date: str, note: str
     commands = "\n".join("python " + " ".join(command_of(name)) for name in names)
     (out_dir / "learning_atari_cpu.md").write_text(
         f"# Atari learning on a CPU ({date})\n\n"
-        f"Machine: {platform.machine()}, 2 CPU cores, 24 GiB, Python {platform.python_version()}. Made by "
-        f"`python benchmark/learning_atari_cpu.py`, which ran (from the repository root):\n\n```\n{commands}\n```\n\n"
+        f"Machine: {platform.machine()}, 2 CPU cores, 24 GiB, Python {platform.python_version()}. "
+        "Made by `python benchmark/learning_atari_cpu.py`, which ran (from the repository root):"
+        f"\n\n```\n{commands}\n```\n\n"
         + "\n".join(table)
         + (f"\n\n{note}" if note else "")
         + "\n\n"
@@ -206,7 +207,13 @@ def main():
         for name in options.runs:
             run(name, options.work_dir)
     played = [name for name in RUNS if (options.work_dir / f"{name}.measured.json").exists()]
-    report(played, options.work_dir, options.out_dir, options.date, options.note)
+    report(
+        names=played,
+        work_dir=options.work_dir,
+        out_dir=options.out_dir,
+        date=options.date,
+        note=options.note,
+    )
 
 
 if __name__ == "__main__":

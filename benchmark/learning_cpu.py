@@ -1,8 +1,8 @@
 """Evidence that every script learns, on a CPU: CartPole-v1 x 3 seeds per script (Atari:
 learning_atari_cpu.py).
 
-python benchmark/learning_cpu.py                      # about 10 min on 2 cores
-python benchmark/learning_cpu.py --seeds 1 2 3 --date 2026-11-21
+    python benchmark/learning_cpu.py                      # about 10 min on 2 cores
+    python benchmark/learning_cpu.py --seeds 1 2 3 --date 2026-11-21
 
 Writes benchmark/results/learning_cpu.md (the table), learning_cpu_cartpole.png and
 learning_cpu_scores.csv. Every hyperparameter is the script's default (the paper's Atari settings),
@@ -25,7 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from cleanba_utils.hns import collect
+from cleanba_utils.experiments.hns import collect
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = ["cleanba_ppo", "cleanba_impala"]
@@ -89,7 +89,8 @@ def main():
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmark" / "results")
     parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
     options = parser.parse_args()
-    runs_dir, log_dir = options.work_dir / "runs", options.work_dir / "logs"
+    runs_dir = options.work_dir / "runs"
+    log_dir = options.work_dir / "logs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     options.out_dir.mkdir(parents=True, exist_ok=True)
@@ -149,8 +150,8 @@ def main():
     plot(curves, "CartPole-v1", options.out_dir / "learning_cpu_cartpole.png")
 
     table = [
-        "| script | env | seed | steps | final return (last 100 episodes) | steps to threshold | SPS "
-        "| wall time (min) |",
+        "| script | env | seed | steps | final return (last 100 episodes) | steps to threshold "
+        "| SPS | wall time (min) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -160,18 +161,20 @@ def main():
             else f"not reached (≥ {THRESHOLDS[r['env_id']]:g})"
         )
         table.append(
-            f"| {r['algorithm']} | {r['env_id']} | {r['seed']} | {r['steps']:,} | {r['final_return']} | "
-            f"{threshold} | {r['sps']} | {r['wall_time_min']} |"
+            f"| {r['algorithm']} | {r['env_id']} | {r['seed']} | {r['steps']:,} "
+            f"| {r['final_return']} | {threshold} | {r['sps']} | {r['wall_time_min']} |"
         )
     command_lines = "\n".join(
         f"python cleanba/{script}.py {' '.join(args)}" for script, args in commands
     )
     (options.out_dir / "learning_cpu.md").write_text(
         f"# CPU learning benchmark ({options.date})\n\n"
-        f"Machine: {platform.processor() or platform.machine()}, 2 CPU cores, Python {platform.python_version()}. "
+        f"Machine: {platform.processor() or platform.machine()}, 2 CPU cores, "
+        f"Python {platform.python_version()}. "
         f"Made by `python benchmark/learning_cpu.py {' '.join(sys.argv[1:])}`, which ran:\n\n"
         f"```\n{command_lines}\n```\n\n" + "\n".join(table) + "\n\n"
-        "![CartPole](learning_cpu_cartpole.png)\n\nAtari: [learning_atari_cpu.md](learning_atari_cpu.md).\n"
+        "![CartPole](learning_cpu_cartpole.png)\n\n"
+        "Atari: [learning_atari_cpu.md](learning_atari_cpu.md).\n"
     )
     print((options.out_dir / "learning_cpu.md").read_text())
 

@@ -30,7 +30,7 @@ import numpy as np
 from measure import command_line
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from cleanba_utils.hns import collect
+from cleanba_utils.experiments.hns import collect
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = {

@@ -13,7 +13,8 @@ from pathlib import Path
 
 MEASURE = (
     "import resource, subprocess, sys; code = subprocess.run(sys.argv[2:]).returncode; "
-    "open(sys.argv[1], 'w').write(f'{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss} {code}')"
+    "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss; "
+    "open(sys.argv[1], 'w').write(f'{peak} {code}')"
 )
 
 
@@ -36,7 +37,8 @@ def run_measured(command: list[str], cwd: Path, log_path: Path, env: dict | None
 def command_line(argv: list[str]) -> str:
     """The benchmark command a report quotes: `python SCRIPT ARGS` without the report's own prose
     (--note)."""
-    shown, skip = [], False
+    shown = []
+    skip = False
     for arg in argv[1:]:
         if not skip and arg != "--note":
             shown.append(arg)

@@ -36,7 +36,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from measure import run_measured
 
-from cleanba_utils.hns import collect
+from cleanba_utils.experiments.hns import collect
 
 REPO = Path(__file__).resolve().parents[1]
 CLEANRL = (

@@ -1,6 +1,6 @@
-"""Checkpoints of the learner: msgpack files with a sha256 checksum in front, written under a temporary
-name and renamed into place, so that a crash while writing leaves the previous one intact and a
-damaged file is recognized and skipped on resume."""
+"""Checkpoints of the learner: msgpack files with a sha256 checksum in front, written under a
+temporary name and renamed into place, so that a crash while writing leaves the previous one intact
+and a damaged file is recognized and skipped on resume."""
 
 import glob
 import hashlib
@@ -49,14 +49,14 @@ def load_checkpoint(run_dir: str, state):
 
 
 def resume_from(run_dir: str, state, identity: dict):
-    """Like `load_checkpoint`, but refuses (exit 2) a checkpoint whose `identity` (the global sizes and
-    the seed) differs from this run's: resuming it would silently change the experiment."""
+    """Like `load_checkpoint`, but refuses (exit 2) a checkpoint whose `identity` (the global sizes
+    and the seed) differs from this run's: resuming it would silently change the experiment."""
     checkpoint = load_checkpoint(run_dir, state)
     if checkpoint:
         saved = {key: checkpoint[1].get(key) for key in identity}
         if saved != identity:
             fail(
-                f"--resume: the checkpoint of {run_dir} is of another run ({saved}, this run {identity}); "
-                "resume with the same global hyperparameters"
+                f"--resume: the checkpoint of {run_dir} is of another run ({saved}, "
+                f"this run {identity}); resume with the same global hyperparameters"
             )
     return checkpoint

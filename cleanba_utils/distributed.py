@@ -1,5 +1,5 @@
-"""Multi-process runs: joining `jax.distributed` (from SLURM's environment or three explicit options)
-and the devices that the learner's pmap spans across processes."""
+"""Multi-process runs: joining `jax.distributed` (from SLURM's environment or three explicit
+options) and the devices that the learner's pmap spans across processes."""
 
 import jax
 
@@ -13,8 +13,8 @@ HEARTBEAT_TIMEOUT_SECONDS = 30
 
 
 def join(args):
-    """Joins the run with --distributed; a failure to join is the user's configuration: one line, exit
-    2."""
+    """Joins the run with --distributed; a failure to join is the user's configuration: one line,
+    exit 2."""
     if not args.distributed:
         return
     try:
@@ -26,8 +26,8 @@ def join(args):
         )
     except (ValueError, RuntimeError) as error:
         fail(
-            f"--distributed could not join the run ({str(error).splitlines()[0]}); run it under SLURM or "
-            "give --coordinator-address, --num-processes and --process-id"
+            f"--distributed could not join the run ({str(error).splitlines()[0]}); "
+            "run it under SLURM or give --coordinator-address, --num-processes and --process-id"
         )
 
 

@@ -1,5 +1,5 @@
-"""envpool environments as every script makes them: which tasks are Atari games, the Atari protocol of
-Machado et al. (2018), and how many worker threads an envpool instance gets."""
+"""envpool environments as every script makes them: which tasks are Atari games, the Atari protocol
+of Machado et al. (2018), and how many worker threads an envpool instance gets."""
 
 import os
 
@@ -13,9 +13,9 @@ MACHADO_ATARI = dict(
     max_episode_steps=27_000,
     reward_clip=True,
 )
-"""Sticky actions, the full action space, no life-loss signal, one no-op at reset at most, 108k frames
-(27k agent steps) per episode at most, rewards clipped to their sign for learning (the logged returns
-are unclipped)."""
+"""Sticky actions, the full action space, no life-loss signal, one no-op at reset at most, 108k
+frames (27k agent steps) per episode at most, rewards clipped to their sign for learning (the
+logged returns are unclipped)."""
 
 
 def is_atari(env_id: str) -> bool:

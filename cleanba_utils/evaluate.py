@@ -58,8 +58,9 @@ def main(argv=None):
     if options.json:
         print(json.dumps({"env_id": args.env_id, "returns": returns}))
     else:
+        mean_return = np.mean(returns)
         print(
-            f"{args.env_id}: mean return {np.mean(returns):.2f} over {len(returns)} episodes: {returns}"
+            f"{args.env_id}: mean return {mean_return:.2f} over {len(returns)} episodes: {returns}"
         )
 
 

@@ -1,6 +1,9 @@
-"""The command line of a training script: tyro's parser with one-line errors, and the checks that every
-script's `validate` and `validate_layout` share. A user's mistake is one line on stderr and exit
-code 2."""
+"""The command line of a training script: tyro's parser with one-line errors, and the checks that
+every script's `validate` and `validate_layout` share. A user's mistake is one line on stderr and
+exit code 2, in the scripts and in the experiment tools alike (`fail`).
+
+JAX, envpool and tyro are imported by the functions that use them: the experiment tools import
+`fail` alone, and a launcher's dry run should not wait seconds for them."""
 
 import contextlib
 import dataclasses
@@ -9,13 +12,12 @@ import math
 import sys
 from typing import NoReturn
 
-import envpool
-import jax
-import tyro
 
-
-def fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
+def fail(message: str, prog: str | None = None) -> NoReturn:
+    """A user's mistake: `error: message` on stderr (`prog: error: message` for a named command-line
+    tool), exit code 2, no traceback."""
+    prefix = f"{prog}: error" if prog else "error"
+    print(f"{prefix}: {message}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -25,6 +27,8 @@ def flag(name: str) -> str:
 
 def parse_args(args_type, argv=None):
     """tyro's parser, with its multi-line error box reduced to its one line of substance."""
+    import tyro
+
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
@@ -39,7 +43,8 @@ def parse_args(args_type, argv=None):
 
 
 def check_signs(args, positive: list[str], non_negative: list[str]):
-    """Every float option must be finite (NaN passes any comparison); then the signs the script names."""
+    """Every float option must be finite (NaN passes any comparison); then the signs the script
+    names."""
     for field in dataclasses.fields(args):
         value = getattr(args, field.name)
         if isinstance(value, float) and not math.isfinite(value):
@@ -61,16 +66,20 @@ def check_in(args, name: str, low: float, high: float, low_open: bool = False):
 def check_run_options(args):
     """The options every script has: the distributed run, resume, envpool, the network and the
     environment."""
+    import envpool
+
     distributed_options = [args.coordinator_address, args.num_processes, args.process_id]
     if any(o is not None for o in distributed_options) and not (
         args.distributed and all(o is not None for o in distributed_options)
     ):
         fail(
-            "--coordinator-address, --num-processes and --process-id go together, with --distributed"
+            "--coordinator-address, --num-processes and --process-id go together, "
+            "with --distributed"
         )
     if args.num_processes is not None and not 0 <= args.process_id < args.num_processes:
         fail(
-            f"--process-id must be in 0 .. {args.num_processes - 1} (--num-processes), got {args.process_id}"
+            f"--process-id must be in 0 .. {args.num_processes - 1} (--num-processes), "
+            f"got {args.process_id}"
         )
     if args.resume and args.run_name is None:
         fail("--resume needs --run-name: the run folder whose checkpoints to continue from")
@@ -86,9 +95,11 @@ def check_run_options(args):
         )
 
 
-def check_devices(args, num_updates: int, batch_size: int):
-    """The checks that need the devices and the number of processes, before any environment or device
-    work."""
+def check_devices(args, num_updates: int, steps_per_update: int):
+    """The checks that need the devices and the number of processes, before any environment or
+    device work."""
+    import jax
+
     num_devices = len(jax.local_devices())
     for name in ["actor_device_ids", "learner_device_ids"]:
         ids = getattr(args, name)
@@ -99,19 +110,21 @@ def check_devices(args, num_updates: int, batch_size: int):
             )
     if args.local_num_envs % len(args.learner_device_ids):
         fail(
-            f"--local-num-envs {args.local_num_envs} must be divisible by the number of learner devices "
-            f"({len(args.learner_device_ids)}): each learner device takes an equal share of every rollout"
+            f"--local-num-envs {args.local_num_envs} must be divisible by the number of learner "
+            f"devices ({len(args.learner_device_ids)}): each learner device takes an equal share "
+            "of every rollout"
         )
     if num_updates < 1:
         fail(
-            f"--total-timesteps {args.total_timesteps} is less than one rollout ({batch_size} steps = "
-            "num envs x num steps); raise it or shrink --local-num-envs / --num-steps"
+            f"--total-timesteps {args.total_timesteps} is less than one rollout "
+            f"({steps_per_update} steps = num envs x num steps); raise it or shrink "
+            "--local-num-envs / --num-steps"
         )
 
 
 def available_memory() -> int | None:
-    """Bytes of memory the kernel can give without swapping (MemAvailable), or None where it does not
-    say."""
+    """Bytes of memory the kernel can give without swapping (MemAvailable), or None where it does
+    not say."""
     try:
         with open("/proc/meminfo") as f:
             return next(
@@ -125,11 +138,14 @@ def check_memory(args, name: str, needed_bytes: int, reserve_bytes: int):
     """Refuses a buffer of `needed_bytes`, sized by the option `name`, that would not fit in the
     available memory with `reserve_bytes` left for the rest of the process: one line now rather than
     a crash when it fills."""
-    available, value = available_memory(), getattr(args, name)
+    available = available_memory()
+    value = getattr(args, name)
     if available is not None and needed_bytes + reserve_bytes > available:
-        fits = max(0, int((available - reserve_bytes) / (needed_bytes / value)))
+        bytes_each = needed_bytes / value
+        fits = max(0, int((available - reserve_bytes) / bytes_each))
         fail(
-            f"{flag(name)} {value} needs {needed_bytes / 2**30:.1f} GiB ({needed_bytes / value:.0f} bytes each) but "
-            f"{available / 2**30:.1f} GiB of memory is available, {reserve_bytes / 2**30:.0f} GiB of which is kept "
-            f"for the rest of the run; lower {flag(name)} to at most {fits}"
+            f"{flag(name)} {value} needs {needed_bytes / 2**30:.1f} GiB ({bytes_each:.0f} bytes "
+            f"each) but {available / 2**30:.1f} GiB of memory is available, "
+            f"{reserve_bytes / 2**30:.0f} GiB of which is kept for the rest of the run; "
+            f"lower {flag(name)} to at most {fits}"
         )

@@ -1,6 +1,6 @@
-"""One training run's plumbing, shared by every script: its folder and logs, the stop of all threads,
-preemption signals, checkpoints, episode statistics and the end of the run. The script keeps its
-algorithm, its actors and its learner loop; `Run` holds what the loop needs besides."""
+"""One training run's plumbing, shared by every script: its folder and logs, the stop of all
+threads, preemption signals, checkpoints, episode statistics and the end of the run. The script
+keeps its algorithm, its actors and its learner loop; `Run` holds what the loop needs besides."""
 
 import contextlib
 import dataclasses
@@ -26,7 +26,9 @@ MEMORY_OPTIONS = {
     "local_num_envs": "fewer --local-num-envs",
     "batch_size": "a smaller --batch-size",
     "num_minibatches": "more --num-minibatches",
-    "gradient_accumulation_steps": "more --gradient-accumulation-steps (the same result in less memory)",
+    "gradient_accumulation_steps": (
+        "more --gradient-accumulation-steps (the same result in less memory)"
+    ),
 }
 
 
@@ -57,8 +59,8 @@ class Run:
     """the returns of the last 100 finished episodes, for the console"""
     start_time: float = dataclasses.field(default_factory=time.time)
     host_copy: object = run_files.first_replica
-    """what a checkpoint saves of the learner state: its first replica where the learner devices hold
-    copies of one state; a script whose devices hold different states gathers them (on every
+    """what a checkpoint saves of the learner state: its first replica where the learner devices
+    hold copies of one state; a script whose devices hold different states gathers them (on every
     process: a collective)"""
 
     @property
@@ -81,7 +83,7 @@ class Run:
     def checkpoint(self, state, update: int):
         state = self.host_copy(state)
         if self.is_main:
-            counters = dict(self.counters, update=update, wall_time_s=self.wall_time())
+            counters = {**self.counters, "update": update, "wall_time_s": self.wall_time()}
             save_checkpoint(self.dir, state, counters, host_copy=lambda host_state: host_state)
 
     def after_update(self, state, update: int) -> int:
@@ -92,7 +94,8 @@ class Run:
         if self.stop_agreed(self.received_signals) and not last:
             self.checkpoint(state, update)
             print(
-                f"stopped by a signal after update {update}; checkpoint saved, continue with --resume",
+                f"stopped by a signal after update {update}; checkpoint saved, "
+                "continue with --resume",
                 file=sys.stderr,
             )
             return signals.exit_code_of(self.received_signals)
@@ -102,10 +105,10 @@ class Run:
 
     @contextlib.contextmanager
     def learner_loop(self, threads: list):
-        """Wraps the learner's loop, which sets the yielded `LoopEnd.exit_code` when it stops early (a
-        stop signal). Ctrl-C is exit 130, a queue wait given up because another thread failed is exit
-        1, and an exception of the loop is recorded as a failure; on leaving, `exit_if_stopped` stops
-        the threads and ends the process unless the loop ran to its end."""
+        """Wraps the learner's loop, which sets the yielded `LoopEnd.exit_code` when it stops early
+        (a stop signal). Ctrl-C is exit 130, a queue wait given up because another thread failed is
+        exit 1, and an exception of the loop is recorded as a failure; on leaving, `exit_if_stopped`
+        stops the threads and ends the process unless the loop ran to its end."""
         end = LoopEnd()
         try:
             yield end
@@ -137,16 +140,16 @@ class Run:
         )
 
     def record_failure(self):
-        """Called in the learner's `except Exception`: the traceback, and in a distributed run the hint
-        that a peer may have gone (JAX's coordination service names it)."""
+        """Called in the learner's `except Exception`: the traceback, and in a distributed run the
+        hint that a peer may have gone (JAX's coordination service names it)."""
         self.failures.append(
             traceback.format_exc()
             + (distributed.BROKEN_RUN + "\n" if self.args.distributed else "")
         )
 
     def exit_if_stopped(self, exit_code: int, threads: list):
-        """Stops and joins the threads; ends the process with the failures (exit 1) or `exit_code` if
-        not 0."""
+        """Stops and joins the threads; ends the process with the failures (exit 1) or `exit_code`
+        if not 0."""
         self.stop.set()
         for thread in threads:
             thread.join(timeout=10)
@@ -164,7 +167,8 @@ class Run:
         """After the last update: the model file, the evaluation episodes (`evaluate(params, args,
         num_episodes, seed)` is the script's own), summary.json and the fingerprint as the last line
         of stdout."""
-        args, wall_time_s = self.args, self.wall_time()
+        args = self.args
+        wall_time_s = self.wall_time()
         global_step = learner_policy_version * self.sizes.steps_per_update
         fingerprint = run_files.params_fingerprint(params)
         if args.save_model and self.is_main:
@@ -259,14 +263,16 @@ def run_dir_of(args) -> str | None:
 
 @dataclasses.dataclass
 class LoopEnd:
-    """How the learner's loop ended: 0 when it ran to its last update, else the process's exit code."""
+    """How the learner's loop ended: 0 when it ran to its last update, else the process's exit
+    code."""
 
     exit_code: int = 0
 
 
 @dataclasses.dataclass
 class Episodes:
-    """The running return and length of each of an actor's environments; a finished episode is logged."""
+    """The running return and length of each of an actor's environments; a finished episode is
+    logged."""
 
     writer: SummaryWriter
     recent_returns: deque

@@ -1,5 +1,5 @@
-"""The files of a run and what they hold: spec.json, the model file, and the parameter fingerprint that
-summary.json and the last line of stdout give."""
+"""The files of a run and what they hold: spec.json, the model file, and the parameter fingerprint
+that summary.json and the last line of stdout give."""
 
 import dataclasses
 import hashlib

@@ -1,6 +1,6 @@
-"""Preemption: SIGTERM and SIGUSR1 (SLURM's signals) are noted when they arrive and acted on after the
-current update, by every process of a distributed run at the same update. Ctrl-C (SIGINT) stops at
-once."""
+"""Preemption: SIGTERM and SIGUSR1 (SLURM's signals) are noted when they arrive and acted on after
+the current update, by every process of a distributed run at the same update. Ctrl-C (SIGINT) stops
+at once."""
 
 import signal
 
@@ -22,9 +22,9 @@ def catch_stop_signals() -> list[int]:
 
 
 def stop_agreement(global_learner_devices: list, num_local_learner_devices: int, distributed: bool):
-    """A function of `received` that is True when any process of the run received a stop signal. Every
-    process must stop after the same update, or the others would wait for it in the next collective,
-    so in a distributed run the learner devices of all processes vote with a psum."""
+    """A function of `received` that is True when any process of the run received a stop signal.
+    Every process must stop after the same update, or the others would wait for it in the next
+    collective, so in a distributed run the learner devices of all processes vote with a psum."""
     if not distributed:
         return lambda received: bool(received)
     any_process = jax.pmap(

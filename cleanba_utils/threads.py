@@ -1,5 +1,5 @@
-"""Threads that never hang: queue operations that give up once any thread has failed, and a runner that
-turns a thread's exception into a stop of the whole process."""
+"""Threads that never hang: queue operations that give up once any thread has failed, and a runner
+that turns a thread's exception into a stop of the whole process."""
 
 import queue
 import threading

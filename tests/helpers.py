@@ -247,9 +247,9 @@ script.queue_get = skipping_queue_get
 
 
 def launch(cwd, *args, env=None, timeout=600):
-    """`python -m cleanba_utils.benchmark ARGS` in `cwd`."""
+    """`python -m cleanba_utils.experiments.launch ARGS` in `cwd`."""
     return subprocess.run(
-        [sys.executable, "-m", "cleanba_utils.benchmark", *map(str, args)],
+        [sys.executable, "-m", "cleanba_utils.experiments.launch", *map(str, args)],
         cwd=cwd,
         env=env,
         capture_output=True,

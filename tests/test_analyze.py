@@ -1,5 +1,5 @@
-"""Experiment reports: metrics on hand-made curves, whole reports of fake experiment folders, and CLI
-errors."""
+"""Experiment reports: metrics on hand-made curves, whole reports of fake experiment folders, and
+CLI errors."""
 
 import json
 import re
@@ -12,7 +12,7 @@ import tensorboardX
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from cleanba_utils.analyze import (
+from cleanba_utils.experiments.analyze import (
     auc,
     bootstrap_score,
     consistency,
@@ -26,7 +26,7 @@ from cleanba_utils.analyze import (
     stability,
     steps_to_threshold,
 )
-from cleanba_utils.events import read_scalars, running_mean
+from cleanba_utils.experiments.events import read_scalars, running_mean
 
 STEPS = np.array([10, 20, 30])
 CURVE = np.array([0.0, 5.0, 15.0])  # running means of the last 2 of the returns 0, 10, 20
@@ -149,7 +149,8 @@ def test_a_resumed_run_is_read_without_its_downtime_and_repeated_steps(tmp_path)
 
 
 def write_run(runs_dir, run_name, returns):
-    """TensorBoard events as a training script writes them: one episode every 100 steps and 2 seconds."""
+    """TensorBoard events as a training script writes them: one episode every 100 steps and 2
+    seconds."""
     writer = tensorboardX.SummaryWriter(str(runs_dir / run_name))
     start = time.time()
     for i, value in enumerate(returns):
@@ -162,7 +163,8 @@ def write_run(runs_dir, run_name, returns):
 def write_experiment(tmp_path, name, method, metric, trials, spec=None):
     """An experiment folder and its runs; `trials` is [(params, state, value, {env_id: [returns per
     seed]})]."""
-    runs_dir, records = tmp_path / "runs", []
+    runs_dir = tmp_path / "runs"
+    records = []
     for number, (params, state, value, by_env) in enumerate(trials):
         runs = []
         for env_id, seeds in by_env.items():
@@ -207,11 +209,11 @@ def pngs_are_written(out_dir, names):
 def test_grid_experiment_report(tmp_path, capsys):
     ramp = lambda top: list(np.linspace(10, top, 30))
     experiment_dir = write_experiment(
-        tmp_path,
-        "grid1",
-        "grid",
-        "final_return",
-        [
+        tmp_path=tmp_path,
+        name="grid1",
+        method="grid",
+        metric="final_return",
+        trials=[
             (
                 {"--learning-rate": "0.001"},
                 "complete",
@@ -270,7 +272,9 @@ def test_tpe_experiment_on_atari_games(tmp_path, capsys):
         state = "pruned" if top is None else "complete"
         trials.append(({"--learning-rate": str(10.0**-number)}, state, top, by_env))
     trials.append(({"--learning-rate": "10.0"}, "failed", None, {}))
-    experiment_dir = write_experiment(tmp_path, name, "tpe", "auc", trials)
+    experiment_dir = write_experiment(
+        tmp_path=tmp_path, name=name, method="tpe", metric="auc", trials=trials
+    )
     study = create_study(experiment_dir, name)
     distribution = optuna.distributions.FloatDistribution(1e-5, 1.0, log=True)
     for number, value in values.items():
@@ -302,10 +306,11 @@ def test_tpe_experiment_on_atari_games(tmp_path, capsys):
     # Trial 1's final returns are the means of its ramps: Breakout (1.7 + 27.17) / 2 = 14.435, HNS
     # (14.435 - 1.7) / (30.5 - 1.7) = 0.4422; Pong (-20.7 + 6.93) / 2 = -6.885, HNS (-6.885 + 20.7)
     # / 35.3 = 0.3914.
-    assert (
-        "| #1 | 0.417 [0.417, 0.417] | 0.417 [0.417, 0.417] | 0.417 [0.417, 0.417] | 0.583 [0.583, 0.583] |"
-        in report
+    hns_row = (
+        "| #1 | 0.417 [0.417, 0.417] | 0.417 [0.417, 0.417] | 0.417 [0.417, 0.417] "
+        "| 0.583 [0.583, 0.583] |"
     )
+    assert hns_row in report
     assert (
         "| parameter | importance (PED-ANOVA) |" in report
         and "| --learning-rate | 1.000 |" in report
@@ -325,7 +330,9 @@ def test_tpe_experiment_on_atari_games(tmp_path, capsys):
 )
 def test_importances_that_cannot_be_computed_leave_a_line(tmp_path, capsys, study_name, message):
     trial = ({}, "complete", 1.0, {"CartPole-v1": [[1.0, 2.0]]})
-    experiment_dir = write_experiment(tmp_path, "tpe2", "tpe", "final_return", [trial])
+    experiment_dir = write_experiment(
+        tmp_path=tmp_path, name="tpe2", method="tpe", metric="final_return", trials=[trial]
+    )
     if study_name:
         study = create_study(experiment_dir, study_name)
         study.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=1.0))

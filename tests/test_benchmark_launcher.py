@@ -10,7 +10,7 @@ import time
 import pytest
 from helpers import launch
 
-from cleanba_utils.benchmark import grid_settings, parse_sweep, random_settings
+from cleanba_utils.experiments.sweeps import grid_settings, parse_sweep, random_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATE = os.path.join(REPO, "cleanba.slurm_template")
@@ -47,7 +47,8 @@ def fake_train(tmp_path):
 
 
 def calls(tmp_path):
-    """Every fake training run so far, as {flag: the token after it} plus its whole argv under "argv"."""
+    """Every fake training run so far, as {flag: the token after it} plus its whole argv under
+    "argv"."""
     records = [json.loads(path.read_text()) for path in sorted((tmp_path / "calls").glob("*.json"))]
     return [dict(itertools.pairwise(argv)) | {"argv": argv} for argv in records]
 
@@ -102,7 +103,7 @@ def test_failing_run_fails_the_launcher(tmp_path, fake_train):
 def test_interrupt_stops_running_runs(tmp_path, fake_train):
     args = ["--env-ids", *GAMES, "--command", f"{fake_train} --sleep", "--workers", "2"]
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "cleanba_utils.benchmark", *args],
+        [sys.executable, "-m", "cleanba_utils.experiments.launch", *args],
         cwd=tmp_path,
         stderr=subprocess.PIPE,
         text=True,
@@ -337,5 +338,5 @@ VALID = ["--env-ids", "Pong-v5", "--command", "python train.py"]
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     result = launch(tmp_path, *args)
     assert result.returncode == 2
-    assert result.stderr.startswith("benchmark: error: ") and message in result.stderr
+    assert result.stderr.startswith("launch: error: ") and message in result.stderr
     assert len(result.stderr.splitlines()) == 1 and result.stdout == ""

@@ -1,6 +1,6 @@
-"""Experiments as files: spec parsing and merging, the Atari-57 specs against benchmark/atari57.sh, the
-Optuna worker's hand-back and replay, and one real search with pruning and its report, end to end.
-"""
+"""Experiments as files: spec parsing and merging, the Atari-57 specs against benchmark/atari57.sh,
+the Optuna worker's hand-back and replay, and one real search with pruning and its report, end to
+end."""
 
 import json
 import os
@@ -14,8 +14,8 @@ import pytest
 from helpers import launch
 from optuna.trial import TrialState
 
-from cleanba_utils import search, spec
-from cleanba_utils.hns import reference_scores
+from cleanba_utils.experiments import search, spec
+from cleanba_utils.experiments.hns import reference_scores
 
 REPO = Path(__file__).resolve().parents[1]
 VALID = """
@@ -64,8 +64,8 @@ def test_spec_is_parsed_into_launcher_options(tmp_path):
 
 
 def test_folder_copy_gives_the_same_options(tmp_path):
-    """The spec that the experiment folder keeps, the command line's options merged in, loads back to
-    them."""
+    """The spec that the experiment folder keeps, the command line's options merged in, loads back
+    to them."""
     options, analysis = spec.load(write(tmp_path, VALID))
     merged = spec.merge(options, {"workers": 2, "sweep": [("--ent-coef", ["0", "0.01"])]})
     copy = write(tmp_path, spec.dumps(merged, analysis), "copy.toml")
@@ -188,7 +188,15 @@ def test_a_handed_back_trial_is_resumed_and_counted_once(tmp_path):
     assert states == [TrialState.FAIL, TrialState.WAITING]
     retry = study.ask()
     assert search.suggest(retry, sweeps) == flags and retry.user_attrs["runs_of"] == trial.number
-    worker = search.Worker(study, dict(budget=2), None, tmp_path, tmp_path, 1)
+    plan = search.SearchPlan(sweeps=sweeps, budget=2, report_every=None, metric="final_return")
+    worker = search.Worker(
+        study=study,
+        plan=plan,
+        runs_of=None,
+        experiment_dir=tmp_path,
+        log_dir=tmp_path,
+        workers=1,
+    )
     assert worker.wants_trial()  # two trials, but the handed-back one and its retry count once
     study.tell(retry, 1.0)
     study.tell(study.ask(), 2.0)
@@ -216,8 +224,8 @@ def test_replay_enqueues_the_recorded_flags_in_order(tmp_path):
 # 282 at 40k). The seeded TPE draws 2.5e-3 first (later draws of it reuse that trial's runs), then
 # 1e-6, which the median pruner (1 complete trial needed) stops at its first report.
 SEARCH = f"""
-command = "{sys.executable} {REPO}/cleanba/cleanba_ppo.py --hiddens 64 64 --local-num-envs 4 --num-actor-threads 1 \
---num-steps 128 --clip-vloss --total-timesteps 40000 --log-frequency 1000"
+command = "{sys.executable} {REPO}/cleanba/cleanba_ppo.py --hiddens 64 64 --local-num-envs 4 \
+--num-actor-threads 1 --num-steps 128 --clip-vloss --total-timesteps 40000 --log-frequency 1000"
 env_ids = ["CartPole-v1"]
 num_seeds = 2
 
@@ -267,7 +275,14 @@ def test_search_prunes_and_the_report_ranks_the_trials(tmp_path):
         assert list((tmp_path / "runs" / run["run_name"] / "checkpoints").iterdir())
     assert spec.load(experiment_dir / "spec.toml")[0]["budget"] == 4
     analyzed = subprocess.run(
-        [sys.executable, "-m", "cleanba_utils.analyze", str(experiment_dir), "--reps", "200"],
+        [
+            sys.executable,
+            "-m",
+            "cleanba_utils.experiments.analyze",
+            str(experiment_dir),
+            "--reps",
+            "200",
+        ],
         capture_output=True,
         text=True,
     )

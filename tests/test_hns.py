@@ -12,7 +12,7 @@ import pytest
 import tensorboardX
 from rliable import metrics
 
-from cleanba_utils.hns import aggregate, hns, main, reference_scores
+from cleanba_utils.experiments.hns import aggregate, human_normalized, main, reference_scores
 
 REPO = Path(__file__).resolve().parents[1]
 METRIC_NAMES = {"median", "iqm", "mean", "optimality_gap"}
@@ -50,17 +50,17 @@ def point_estimates(per_game):
 
 def test_hns_is_zero_for_random_and_one_for_human():
     # Breakout: random 1.7, human 30.5; Pong: random -20.7, human 14.6.
-    assert hns("Breakout-v5", 1.7) == pytest.approx(0.0)
-    assert hns("Breakout-v5", 30.5) == pytest.approx(1.0)
-    assert hns("Breakout-v5", 16.1) == pytest.approx(0.5)  # (16.1 - 1.7) / 28.8
-    assert hns("Pong-v5", -3.05) == pytest.approx(0.5)  # (-3.05 + 20.7) / 35.3
-    np.testing.assert_allclose(hns("Breakout-v5", np.array([1.7, 59.3])), [0.0, 2.0])
+    assert human_normalized("Breakout-v5", 1.7) == pytest.approx(0.0)
+    assert human_normalized("Breakout-v5", 30.5) == pytest.approx(1.0)
+    assert human_normalized("Breakout-v5", 16.1) == pytest.approx(0.5)  # (16.1 - 1.7) / 28.8
+    assert human_normalized("Pong-v5", -3.05) == pytest.approx(0.5)  # (-3.05 + 20.7) / 35.3
+    np.testing.assert_allclose(human_normalized("Breakout-v5", np.array([1.7, 59.3])), [0.0, 2.0])
     assert len(reference_scores()) == 57
 
 
 def test_unknown_game_is_refused():
     with pytest.raises(ValueError, match="'CartPole-v1' is not one of the 57 Atari games"):
-        hns("CartPole-v1", 100.0)
+        human_normalized("CartPole-v1", 100.0)
 
 
 def test_metrics_with_equal_seeds_match_hand_computation_and_rliable():
@@ -108,7 +108,8 @@ def test_bootstrap_interval_contains_point_and_narrows_with_more_seeds():
         }
         return aggregate({"algo": per_game}, reps=500, seed=0)["algo"]
 
-    few, many = intervals(3), intervals(30)
+    few = intervals(3)
+    many = intervals(30)
     assert set(few) == METRIC_NAMES
     for name in METRIC_NAMES:
         for value, (lower, upper) in (few[name], many[name]):
@@ -118,11 +119,21 @@ def test_bootstrap_interval_contains_point_and_narrows_with_more_seeds():
 
 def test_collect_reads_spec_and_tensorboard_events(tmp_path, capsys):
     runs = tmp_path / "runs"
-    write_run(runs, "cleanba_ppo", "Breakout-v5", 1, [1, 2, 3, 4, 5], eval_returns=[10, 20])
-    write_run(runs, "cleanba_ppo", "Breakout-v5", 2, [2, 4])
-    write_run(runs, "cleanba_impala", "Pong-v5", 1, [-21, -20, -19])
+    write_run(
+        runs_dir=runs,
+        exp_name="cleanba_ppo",
+        env_id="Breakout-v5",
+        seed=1,
+        returns=[1, 2, 3, 4, 5],
+        eval_returns=[10, 20],
+    )
+    write_run(runs_dir=runs, exp_name="cleanba_ppo", env_id="Breakout-v5", seed=2, returns=[2, 4])
+    write_run(
+        runs_dir=runs, exp_name="cleanba_impala", env_id="Pong-v5", seed=1, returns=[-21, -20, -19]
+    )
     (runs / "_launcher").mkdir()  # not a run folder: no spec.json
-    scores, curves = tmp_path / "scores.csv", tmp_path / "curves.csv"
+    scores = tmp_path / "scores.csv"
+    curves = tmp_path / "curves.csv"
     args = [
         "--runs-dir",
         str(runs),
@@ -187,8 +198,16 @@ def test_plot_writes_every_figure(tmp_path):
     for exp_name in ("cleanba_ppo", "cleanba_impala"):
         for env_id in ("Breakout-v5", "Pong-v5"):
             for seed in (1, 2):
-                write_run(runs, exp_name, env_id, seed, rng.uniform(-20, 30, size=20).round())
-    scores, curves, plots = tmp_path / "scores.csv", tmp_path / "curves.csv", tmp_path / "plots"
+                write_run(
+                    runs_dir=runs,
+                    exp_name=exp_name,
+                    env_id=env_id,
+                    seed=seed,
+                    returns=rng.uniform(-20, 30, size=20).round(),
+                )
+    scores = tmp_path / "scores.csv"
+    curves = tmp_path / "curves.csv"
+    plots = tmp_path / "plots"
     main(
         [
             "collect",
@@ -272,7 +291,7 @@ def test_cli_mistakes_are_one_line_with_exit_code_2(tmp_path, scores_csv, args, 
     command = [
         sys.executable,
         "-m",
-        "cleanba_utils.hns",
+        "cleanba_utils.experiments.hns",
         *(arg.format(tmp=tmp_path) for arg in args),
     ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -1,41 +1,36 @@
-"""Experiment spec files: one TOML file describes one experiment of `python -m
-cleanba_utils.benchmark`.
+"""Experiment spec files: one TOML file describes one experiment of
+`python -m cleanba_utils.experiments.launch`.
 
-experiment = "ppo_cartpole_search"          # optional; default: the file name without .toml
-command = "python cleanba/cleanba_ppo.py --total-timesteps 100000"   # the script and its fixed
-flags
-env_ids = ["CartPole-v1"]                   # or "atari57": the 57 games of
-cleanba_utils/atari57_random_human.csv
-num_seeds = 2                               # sessions per trial and environment
-start_seed = 1
+    experiment = "ppo_cartpole_search"  # optional; default: the file name without .toml
+    command = "python cleanba/cleanba_ppo.py --total-timesteps 100000"  # script and fixed flags
+    env_ids = ["CartPole-v1"]  # or "atari57": the 57 games of atari57_random_human.csv
+    num_seeds = 2              # sessions per trial and environment
+    start_seed = 1
 
-[space]                                     # the script flags searched; none: one trial
-"--learning-rate" = {loguniform = [1e-4, 3e-3]}
-"--clip-coef" = [0.1, 0.2, 0.3]             # grid values, or choices for random and tpe
-"--update-epochs" = {int = [2, 8]}          # also {uniform = [LOW, HIGH]}
+    [space]                    # the script flags searched; none: one trial
+    "--learning-rate" = {loguniform = [1e-4, 3e-3]}
+    "--clip-coef" = [0.1, 0.2, 0.3]     # grid values, or choices for random and tpe
+    "--update-epochs" = {int = [2, 8]}  # also {uniform = [LOW, HIGH]}
 
-[search]
-method = "tpe"                              # grid | random | tpe (Optuna's TPE with pruning)
-budget = 8                                  # trials drawn by random and tpe
-seed = 0
-metric = "final_return"                     # final_return | auc; higher is better
-pruner = "median"                           # tpe: none | median | successive_halving
-report_every = 20000                        # tpe: agent steps between the intermediate results
-startup_trials = 2                          # tpe: trials before the sampler models and the pruner
-prunes
+    [search]
+    method = "tpe"             # grid | random | tpe (Optuna's TPE with pruning)
+    budget = 8                 # trials drawn by random and tpe
+    seed = 0
+    metric = "final_return"    # final_return | auc; higher is better
+    pruner = "median"          # tpe: none | median | successive_halving
+    report_every = 20000       # tpe: agent steps between the intermediate results
+    startup_trials = 2         # tpe: trials before the sampler models and the pruner prunes
 
-[resources]
-workers = 2                                 # runs at a time (locally) or array tasks at a time
-(SLURM)
-slurm_template = "cleanba.slurm_template"   # optional: submit to SLURM, with slurm_gpus_per_task,
-# slurm_ntasks, slurm_nodes, slurm_total_cpus,
-# slurm_job_name, slurm_partition
+    [resources]
+    workers = 2                # runs at a time (locally) or array tasks at a time (SLURM)
+    slurm_template = "cleanba.slurm_template"  # optional: submit to SLURM, with
+    # slurm_gpus_per_task, slurm_ntasks, slurm_nodes, slurm_total_cpus, slurm_job_name,
+    # slurm_partition
 
-[thresholds]                                # optional, for the analysis: steps to reach these
-returns
-"CartPole-v1" = 475.0
-[random_scores]                             # optional, for the analysis: the return of random play
-"CartPole-v1" = 22.0
+    [thresholds]               # optional, for the analysis: steps to reach these returns
+    "CartPole-v1" = 475.0
+    [random_scores]            # optional, for the analysis: the return of random play
+    "CartPole-v1" = 22.0
 
 Merging with the launcher's command-line options: every key has one option (`command` is
 `--command`, `[space]` is `--sweep`, `search.seed` is `--sweep-seed`, `resources.slurm_template` is
@@ -60,14 +55,16 @@ from pathlib import Path
 
 import tomli_w
 
+from cleanba_utils.experiments.sweeps import DISTRIBUTIONS
+
 # Top-level keys and tables, each key with the launcher option (argparse dest) that it sets.
 TOP = {
     "experiment": "experiment",
     "command": "command",
     "env_ids": "env_ids",
     "num_seeds": "num_seeds",
+    "start_seed": "start_seed",
 }
-TOP |= {"start_seed": "start_seed"}
 TABLES = {
     "search": {
         "method": "search",
@@ -81,11 +78,12 @@ TABLES = {
     "resources": {
         "workers": "workers",
         "slurm_template": "slurm_template_path",
-        **{
-            key: key
-            for key in ("slurm_gpus_per_task", "slurm_ntasks", "slurm_nodes", "slurm_total_cpus")
-        },
-        **{key: key for key in ("slurm_job_name", "slurm_partition")},
+        "slurm_gpus_per_task": "slurm_gpus_per_task",
+        "slurm_ntasks": "slurm_ntasks",
+        "slurm_nodes": "slurm_nodes",
+        "slurm_total_cpus": "slurm_total_cpus",
+        "slurm_job_name": "slurm_job_name",
+        "slurm_partition": "slurm_partition",
     },
 }
 TYPES = {
@@ -95,8 +93,11 @@ TYPES = {
     "pruner": str,
     "search": str,
     "slurm_job_name": str,
+    "slurm_partition": str,
+    "slurm_template_path": str,
+    "sweep_seed": int,
+    "start_seed": int,
 }
-TYPES |= {"slurm_partition": str, "slurm_template_path": str, "sweep_seed": int, "start_seed": int}
 POSITIVE = {
     "num_seeds",
     "budget",
@@ -104,9 +105,12 @@ POSITIVE = {
     "startup_trials",
     "workers",
     "slurm_gpus_per_task",
+    "slurm_ntasks",
+    "slurm_nodes",
+    "slurm_total_cpus",
 }
-POSITIVE |= {"slurm_ntasks", "slurm_nodes", "slurm_total_cpus"}
-RANGES = ("uniform", "loguniform", "int")
+# What an experiment's `metric` may be; the analysis defines them (analyze.py).
+METRICS = ("final_return", "auc")
 ENV_SETS = {"atari57": "the 57 Atari games"}
 
 
@@ -132,7 +136,7 @@ def space_entry(flag: str, entry):
         ):
             raise ValueError(f"{where} needs a non-empty list of values (numbers or strings)")
         return flag, [str(value) for value in entry]
-    if isinstance(entry, dict) and len(entry) == 1 and next(iter(entry)) in RANGES:
+    if isinstance(entry, dict) and len(entry) == 1 and next(iter(entry)) in DISTRIBUTIONS:
         name, bounds = next(iter(entry.items()))
         numbers = (
             isinstance(bounds, list)
@@ -143,13 +147,15 @@ def space_entry(flag: str, entry):
             if name != "int" or all(type(b) is int for b in bounds):
                 return flag, (name, float(bounds[0]), float(bounds[1]))
     raise ValueError(
-        f"{where} must be a list of values or one range: {{uniform = [LOW, HIGH]}}, {{loguniform = [LOW, HIGH]}} "
-        "(LOW > 0) or {int = [LOW, HIGH]} (integers), with LOW < HIGH"
+        f"{where} must be a list of values or one range: {{uniform = [LOW, HIGH]}}, "
+        "{loguniform = [LOW, HIGH]} (LOW > 0) or {int = [LOW, HIGH]} (integers), with LOW < HIGH"
     )
 
 
 def env_ids_of(value) -> list[str]:
-    from cleanba_utils.hns import reference_scores
+    # Imported here: hns's plotting and statistics libraries take seconds to import, which every
+    # launch would pay.
+    from cleanba_utils.experiments.hns import reference_scores
 
     if value == "atari57":
         return list(reference_scores())
@@ -165,15 +171,16 @@ def env_ids_of(value) -> list[str]:
 
 
 def load(path: Path) -> tuple[dict, dict]:
-    """(launcher options, analysis tables) of the spec at `path`; a ValueError says what is wrong with
-    it."""
+    """(launcher options, analysis tables) of the spec at `path`; a ValueError says what is wrong
+    with it."""
     try:
         document = tomllib.loads(Path(path).read_text())
     except OSError as error:
         raise ValueError(f"cannot read the spec {path}: {error.strerror}") from None
     except tomllib.TOMLDecodeError as error:
         raise ValueError(f"{path} is not valid TOML: {error}") from None
-    options, analysis = {}, {}
+    options = {}
+    analysis = {}
     for key, value in document.items():
         if key in TOP:
             dest = TOP[key]
@@ -211,8 +218,8 @@ def load(path: Path) -> tuple[dict, dict]:
 
 
 def merge(spec_options: dict, given: dict) -> dict:
-    """The spec's options with the explicitly given command-line options added; one set in both is a
-    ValueError."""
+    """The spec's options with the explicitly given command-line options added; one set in both is
+    a ValueError."""
     merged = dict(spec_options)
     for dest, value in given.items():
         if dest == "sweep":
@@ -249,9 +256,9 @@ def bounds_of(values):
 
 
 def dumps(options: dict, analysis: dict) -> str:
-    """The spec as TOML text. The [space] table is written by hand: tomli_w writes a range, an inline
-    table, as a table of its own after the lists, but the order of the flags decides how the sampler
-    draws."""
+    """The spec as TOML text. The [space] table is written by hand: tomli_w writes a range, an
+    inline table, as a table of its own after the lists, but the order of the flags decides how the
+    sampler draws."""
     text = tomli_w.dumps(document(options, analysis))
     if options.get("sweep"):
         lines = ["", "[space]"]
@@ -283,7 +290,7 @@ def git_revision() -> dict:
     return dict(git_sha=head.stdout.strip() or "unknown", git_dirty=bool(changes.stdout.strip()))
 
 
-def write_json(path: Path, record: dict):
+def write_json_atomically(path: Path, record: dict):
     # Atomic: analysis and other search workers may read the file at any time.
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
     temporary.write_text(json.dumps(record, indent=1))
@@ -291,24 +298,28 @@ def write_json(path: Path, record: dict):
 
 
 def prepare_folder(experiment_dir: Path, text: str, record: dict):
-    """Write the experiment folder's spec.toml and experiment.json; a folder that exists must hold the
-    same spec ([resources] aside, so that a continued experiment may run on other machines)."""
+    """Write the experiment folder's spec.toml and experiment.json; a folder that exists must hold
+    the same spec ([resources] aside, so that a continued experiment may run on other machines)."""
     spec_path = experiment_dir / "spec.toml"
     if spec_path.exists():
-        before, now = tomllib.loads(spec_path.read_text()), tomllib.loads(text)
-        before.pop("resources", None), now.pop("resources", None)
+        before = tomllib.loads(spec_path.read_text())
+        now = tomllib.loads(text)
+        before.pop("resources", None)
+        now.pop("resources", None)
         if before != now:
             raise ValueError(
-                f"{experiment_dir} holds another spec for this experiment name; choose another --experiment "
-                "name, or remove that folder"
+                f"{experiment_dir} holds another spec for this experiment name; choose another "
+                "--experiment name, or remove that folder"
             )
     experiment_dir.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(text)
     path = experiment_dir / "experiment.json"
     trials = json.loads(path.read_text()).get("trials", []) if path.exists() else []
-    write_json(path, {**record, **git_revision(), "spec": tomllib.loads(text), "trials": trials})
+    write_json_atomically(
+        path, {**record, **git_revision(), "spec": tomllib.loads(text), "trials": trials}
+    )
 
 
 def write_trials(experiment_dir: Path, trials: list[dict]):
     path = experiment_dir / "experiment.json"
-    write_json(path, {**json.loads(path.read_text()), "trials": trials})
+    write_json_atomically(path, {**json.loads(path.read_text()), "trials": trials})

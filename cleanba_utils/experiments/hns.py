@@ -1,9 +1,11 @@
 """Human-normalized scores (HNS) of Atari runs: collect them from run folders, aggregate them with
 stratified bootstrap confidence intervals, and plot them.
 
-python -m cleanba_utils.hns collect --runs-dir runs --scores-out scores.csv --curves-out curves.csv
-python -m cleanba_utils.hns aggregate --scores scores.csv
-python -m cleanba_utils.hns plot --scores scores.csv --curves curves.csv --out-dir plots
+    python -m cleanba_utils.experiments.hns collect --runs-dir runs --scores-out scores.csv \\
+        --curves-out curves.csv
+    python -m cleanba_utils.experiments.hns aggregate --scores scores.csv
+    python -m cleanba_utils.experiments.hns plot --scores scores.csv --curves curves.csv \\
+        --out-dir plots
 
 The metrics follow Agarwal et al. (2021), "Deep Reinforcement Learning at the Edge of the
 Statistical Precipice": median and mean are taken over games of each game's mean HNS across seeds;
@@ -22,16 +24,15 @@ import json
 import math
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import scipy.stats
 from rliable import metrics
 
-from cleanba_utils import cli
-from cleanba_utils.events import read_scalars, running_mean
+from cleanba_utils.experiments import cli
+from cleanba_utils.experiments.events import GRID_POINTS, read_scalars, running_mean
+from cleanba_utils.experiments.figures import save_figure
+from cleanba_utils.parsing import fail
 
 TAGS = {"episodic_return": "charts/episodic_return", "eval": "eval/episodic_return"}
 SCORE_COLUMNS = {"algorithm": str, "env_id": str, "seed": int, "score": float}
@@ -43,22 +44,20 @@ CURVE_COLUMNS = {
     "wall_time_s": float,
     "score": float,
 }
-GRID_POINTS = 100
 
 
 @functools.cache
 def reference_scores():
     """{env_id: (random score, human score)} for the 57 Atari games."""
-    text = (
-        importlib.resources.files("cleanba_utils").joinpath("atari57_random_human.csv").read_text()
-    )
+    csv_file = importlib.resources.files("cleanba_utils.experiments") / "atari57_random_human.csv"
+    text = csv_file.read_text()
     return {
         row["env_id"]: (float(row["random"]), float(row["human"]))
         for row in csv.DictReader(text.splitlines())
     }
 
 
-def hns(env_id, score):
+def human_normalized(env_id, score):
     """Human-normalized score: 0 is a uniformly random agent, 1 is a human player."""
     if env_id not in reference_scores():
         raise ValueError(
@@ -78,7 +77,7 @@ def iqm(scores):
 
 # rliable's aggregate_iqm trims over every axis at once, but learning curves need one IQM per grid
 # point, hence `iqm` above; rliable's median and mean already reduce only the (runs, games) axes.
-METRICS = {
+AGGREGATES = {
     "median": metrics.aggregate_median,
     "iqm": iqm,
     "mean": metrics.aggregate_mean,
@@ -88,16 +87,16 @@ LABELS = {"median": "Median", "iqm": "IQM", "mean": "Mean", "optimality_gap": "O
 
 
 def all_metrics(scores):
-    return np.array([metric(scores) for metric in METRICS.values()])
+    return np.array([statistic(scores) for statistic in AGGREGATES.values()])
 
 
 def median_and_iqm(scores):
-    return np.stack([METRICS["median"](scores), METRICS["iqm"](scores)])
+    return np.stack([AGGREGATES["median"](scores), AGGREGATES["iqm"](scores)])
 
 
 def balance(per_game):
-    """Stacks per-game arrays of seeds into a (runs, games, ...) array in which every game weighs the
-    same: each game's seeds are repeated up to the least common multiple of the seed counts."""
+    """Stacks per-game arrays of seeds into a (runs, games, ...) array in which every game weighs
+    the same: each game's seeds are repeated up to the least common multiple of the seed counts."""
     runs = math.lcm(*(len(seeds) for seeds in per_game))
     return np.stack([np.repeat(seeds, runs // len(seeds), axis=0) for seeds in per_game], axis=1)
 
@@ -107,13 +106,15 @@ def balance(per_game):
 # generator passed explicitly keeps the intervals reproducible from `--seed`. rliable gives the
 # point metrics.
 def bootstrap(per_game, reps, rng):
-    """Stratified bootstrap samples: each game resamples its own seeds, so no game ever drops out."""
+    """Stratified bootstrap samples: each game resamples its own seeds, so no game ever drops
+    out."""
     for _ in range(reps):
         yield balance([seeds[rng.integers(len(seeds), size=len(seeds))] for seeds in per_game])
 
 
 def estimate(per_game, statistic, reps, seed):
-    """Point estimate and 95% bootstrap interval (lower, upper) of `statistic` of balanced scores."""
+    """Point estimate and 95% bootstrap interval (lower, upper) of `statistic` of balanced
+    scores."""
     samples = np.array(
         [statistic(sample) for sample in bootstrap(per_game, reps, np.random.default_rng(seed))]
     )
@@ -125,19 +126,19 @@ def aggregate(by_algorithm, reps, seed):
     results = {}
     for algorithm, games in by_algorithm.items():
         point, interval = estimate(list(games.values()), all_metrics, reps, seed)
-        results[algorithm] = {name: (point[i], interval[:, i]) for i, name in enumerate(METRICS)}
+        results[algorithm] = {name: (point[i], interval[:, i]) for i, name in enumerate(AGGREGATES)}
     return results
 
 
-def read_spec(run_dir):
+def run_identity(run_dir):
     """(exp_name, env_id, seed) from the spec.json a training script wrote into its run folder."""
     try:
         args = json.loads((run_dir / "spec.json").read_text())["args"]
         return args["exp_name"], args["env_id"], int(args["seed"])
     except (ValueError, KeyError, TypeError):
         raise ValueError(
-            f"{run_dir / 'spec.json'} is not a training spec with args.exp_name, args.env_id and args.seed; "
-            "fix it or move that run out of the runs folder"
+            f"{run_dir / 'spec.json'} is not a training spec with args.exp_name, args.env_id and "
+            "args.seed; fix it or move that run out of the runs folder"
         ) from None
 
 
@@ -145,11 +146,14 @@ def collect(runs_dir, metric, last_n, labels):
     """Score rows and learning-curve rows of every run folder under `runs_dir`."""
     if not runs_dir.is_dir():
         raise ValueError(
-            f"{runs_dir} is not a folder; pass the folder the training scripts wrote runs to (--runs-dir)"
+            f"{runs_dir} is not a folder; pass the folder the training scripts wrote runs to "
+            "(--runs-dir)"
         )
-    scores, curves, seen = [], [], {}
+    scores = []
+    curves = []
+    seen = {}
     for run_dir in sorted(spec.parent for spec in runs_dir.glob("*/spec.json")):
-        exp_name, env_id, seed = read_spec(run_dir)
+        exp_name, env_id, seed = run_identity(run_dir)
         key = (labels.get(exp_name, exp_name), env_id, seed)
         if key in seen:
             raise ValueError(
@@ -174,7 +178,7 @@ def collect(runs_dir, metric, last_n, labels):
                     }
                 )
         if metric not in logged:
-            warn(f"skipping {run_dir}: it logged no {TAGS[metric]}")
+            cli.warn(f"skipping {run_dir}: it logged no {TAGS[metric]}", prog="hns")
             continue
         finals = (
             logged[metric].values[-last_n:]
@@ -190,9 +194,8 @@ def collect(runs_dir, metric, last_n, labels):
         raise ValueError(
             f"no run folder under {runs_dir} logged {TAGS[metric]}; check --runs-dir and --metric"
         )
-    return sorted(scores, key=lambda r: tuple(r.values())), sorted(
-        curves, key=lambda r: tuple(r.values())
-    )
+    in_order = lambda row: tuple(row.values())
+    return sorted(scores, key=in_order), sorted(curves, key=in_order)
 
 
 def write_csv(path, columns, rows):
@@ -207,7 +210,8 @@ def read_csv(path, columns):
     """Rows of a CSV written by `collect`, each value converted to its column's type."""
     if not path.is_file():
         raise ValueError(
-            f"{path} does not exist; write it with `python -m cleanba_utils.hns collect`"
+            f"{path} does not exist; write it with `python -m cleanba_utils.experiments.hns "
+            "collect`"
         )
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
@@ -215,7 +219,8 @@ def read_csv(path, columns):
         if missing:
             raise ValueError(
                 f"{path} lacks the column(s) {', '.join(missing)}; "
-                f"expected {','.join(columns)} as written by `python -m cleanba_utils.hns collect`"
+                f"expected {','.join(columns)} as written by "
+                "`python -m cleanba_utils.experiments.hns collect`"
             )
         rows = []
         for line, row in enumerate(reader, start=2):
@@ -223,7 +228,8 @@ def read_csv(path, columns):
                 rows.append({column: kind(row[column]) for column, kind in columns.items()})
             except (TypeError, ValueError):
                 raise ValueError(
-                    f"{path} line {line} has a missing or malformed value; expected {','.join(columns)}"
+                    f"{path} line {line} has a missing or malformed value; "
+                    f"expected {','.join(columns)}"
                 ) from None
     if not rows:
         raise ValueError(f"{path} has no rows; collect some finished runs first")
@@ -235,7 +241,7 @@ def scores_by_game(rows):
     grouped = {}
     for row in rows:
         grouped.setdefault(row["algorithm"], {}).setdefault(row["env_id"], []).append(
-            hns(row["env_id"], row["score"])
+            human_normalized(row["env_id"], row["score"])
         )
     return {
         alg: {env: np.array(games[env]) for env in sorted(games)}
@@ -255,7 +261,7 @@ def curves_by_run(rows):
     }
 
 
-def on_grid(curves, x):
+def on_common_grid(curves, x):
     """A grid over the `x` range that every curve reaches, so no curve is extrapolated, and each
     curve's score interpolated onto it: (grid, (curves, grid points) array)."""
     low = max(curve[x].min() for curve in curves)
@@ -267,24 +273,20 @@ def on_grid(curves, x):
 
 
 def hns_curves(runs, x, reps, seed):
-    """{algorithm: (grid, median and IQM HNS (2, points), their intervals (2, 2, points))} along `x`."""
+    """{algorithm: (grid, median and IQM HNS (2, points), their intervals (2, 2, points))} along
+    `x`."""
     results = {}
     for algorithm in sorted({key[0] for key in runs}):
         keys = [key for key in runs if key[0] == algorithm]
-        grid, scores = on_grid([runs[key] for key in keys], x)
+        grid, scores = on_common_grid([runs[key] for key in keys], x)
         per_game = {}
         for (_, env_id, _), score in zip(keys, scores):
-            per_game.setdefault(env_id, []).append(hns(env_id, score))
+            per_game.setdefault(env_id, []).append(human_normalized(env_id, score))
         results[algorithm] = (
             grid,
             *estimate([np.array(s) for s in per_game.values()], median_and_iqm, reps, seed),
         )
     return results
-
-
-def save(fig, path):
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def plot_hns_curves(curves, xlabel, scale, colors, path):
@@ -299,14 +301,18 @@ def plot_hns_curves(curves, xlabel, scale, colors, path):
         ax.set(title=f"{name} HNS", xlabel=xlabel, ylabel=f"{name} human-normalized score")
         ax.legend()
     fig.suptitle(f"Human-normalized score vs {xlabel}, 95% stratified bootstrap CIs")
-    save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_intervals(results, colors, path):
     fig, axes = plt.subplots(
-        1, len(METRICS), figsize=(14, 1.8 + 0.5 * len(results)), sharey=True, layout="constrained"
+        1,
+        len(AGGREGATES),
+        figsize=(14, 1.8 + 0.5 * len(results)),
+        sharey=True,
+        layout="constrained",
     )
-    for ax, name in zip(axes, METRICS):
+    for ax, name in zip(axes, AGGREGATES):
         for y, (algorithm, estimates) in enumerate(results.items()):
             value, (lower, upper) = estimates[name]
             ax.barh(
@@ -327,7 +333,7 @@ def plot_intervals(results, colors, path):
     fig.suptitle(
         "Aggregate HNS: 95% stratified bootstrap CIs (bars) and point estimates (black lines)"
     )
-    save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_profile(by_algorithm, reps, seed, colors, path):
@@ -349,7 +355,7 @@ def plot_profile(by_algorithm, reps, seed, colors, path):
     )
     ax.set_ylabel(r"fraction of runs with HNS $> \tau$")
     ax.legend()
-    save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_per_game(runs, colors, path):
@@ -362,7 +368,7 @@ def plot_per_game(runs, colors, path):
     for ax, game in zip(axes.flat, games):
         for algorithm in sorted({key[0] for key in runs if key[1] == game}):
             seeds = [curve for key, curve in runs.items() if key[:2] == (algorithm, game)]
-            grid, scores = on_grid(seeds, "global_step")
+            grid, scores = on_common_grid(seeds, "global_step")
             ax.plot(grid, scores.mean(axis=0), color=colors[algorithm], label=algorithm)
             ax.fill_between(
                 grid, scores.min(axis=0), scores.max(axis=0), color=colors[algorithm], alpha=0.2
@@ -379,21 +385,15 @@ def plot_per_game(runs, colors, path):
     fig.suptitle(
         "Per-game learning curves: mean over seeds, shaded from min to max seed", fontsize="x-large"
     )
-    save(fig, path)
-
-
-def warn(message):
-    cli.warn("hns", message)
-
-
-def fail(message):
-    cli.fail("hns", message)
+    save_figure(fig, path)
 
 
 def warn_if_games_differ(by_algorithm):
     if len({tuple(games) for games in by_algorithm.values()}) > 1:
-        warn(
-            "the algorithms were run on different sets of games, so their aggregates are not directly comparable"
+        cli.warn(
+            "the algorithms were run on different sets of games, so their aggregates are not "
+            "directly comparable",
+            prog="hns",
         )
 
 
@@ -426,7 +426,8 @@ def run_collect(args):
     write_csv(args.scores_out, SCORE_COLUMNS, scores)
     write_csv(args.curves_out, CURVE_COLUMNS, curves)
     print(
-        f"wrote {len(scores)} run scores to {args.scores_out} and {len(curves)} curve points to {args.curves_out}"
+        f"wrote {len(scores)} run scores to {args.scores_out} and {len(curves)} curve points to "
+        f"{args.curves_out}"
     )
 
 
@@ -464,15 +465,30 @@ def run_plot(args):
         "per_game_curves",
     )
     paths = {name: args.out_dir / f"{name}.png" for name in names}
-    steps, hours = (
-        hns_curves(runs, x, args.reps, args.seed) for x in ("global_step", "wall_time_s")
+    plot_hns_curves(
+        curves=hns_curves(runs, "global_step", args.reps, args.seed),
+        xlabel="environment steps",
+        scale=1,
+        colors=colors,
+        path=paths["hns_vs_steps"],
     )
-    plot_hns_curves(steps, "environment steps", 1, colors, paths["hns_vs_steps"])
-    plot_hns_curves(hours, "wall-clock hours", 3600, colors, paths["hns_vs_wall_time"])
+    plot_hns_curves(
+        curves=hns_curves(runs, "wall_time_s", args.reps, args.seed),
+        xlabel="wall-clock hours",
+        scale=3600,
+        colors=colors,
+        path=paths["hns_vs_wall_time"],
+    )
     plot_intervals(
         aggregate(by_algorithm, args.reps, args.seed), colors, paths["aggregate_intervals"]
     )
-    plot_profile(by_algorithm, args.reps, args.seed, colors, paths["performance_profile"])
+    plot_profile(
+        by_algorithm=by_algorithm,
+        reps=args.reps,
+        seed=args.seed,
+        colors=colors,
+        path=paths["performance_profile"],
+    )
     plot_per_game(runs, colors, paths["per_game_curves"])
     print("wrote " + ", ".join(str(path) for path in paths.values()))
 
@@ -488,7 +504,7 @@ def label_pair(text):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m cleanba_utils.hns", description="Human-normalized Atari scores."
+        prog="python -m cleanba_utils.experiments.hns", description="Human-normalized Atari scores."
     )
     commands = parser.add_subparsers(dest="command", required=True)
     summaries = {
@@ -522,7 +538,8 @@ def main(argv=None):
         "--metric",
         choices=list(TAGS),
         default="episodic_return",
-        help="score a run by the mean of its last --last-n training episodes, or of its evaluation episodes",
+        help="score a run by the mean of its last --last-n training episodes, or of its "
+        "evaluation episodes",
     )
     collect_parser.add_argument(
         "--last-n",
@@ -561,7 +578,7 @@ def main(argv=None):
     try:
         {"collect": run_collect, "aggregate": run_aggregate, "plot": run_plot}[args.command](args)
     except ValueError as error:
-        fail(str(error))
+        fail(str(error), prog="hns")
 
 
 if __name__ == "__main__":

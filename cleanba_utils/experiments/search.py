@@ -25,6 +25,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import optuna
@@ -32,11 +33,11 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from cleanba_utils import spec
-from cleanba_utils.events import read_scalars, running_mean
+from cleanba_utils.experiments import spec
+from cleanba_utils.experiments.events import GRID_POINTS, read_scalars, running_mean
 
 LAST_N = 100
-POLL_SECONDS = 1.0
+WORKER_POLL_SECONDS = 1.0
 EVENTS_SECONDS = 5.0  # how often the runs' event files are read
 HEARTBEAT_SECONDS = 30.0
 STALE_SECONDS = 300.0  # a running trial whose worker was silent this long is handed back
@@ -74,14 +75,15 @@ def suggest(trial: optuna.Trial, sweeps) -> list[tuple[str, str]]:
         elif values[0] == "int":
             value = str(trial.suggest_int(flag, int(values[1]), int(values[2])))
         else:
-            value = f"{trial.suggest_float(flag, values[1], values[2], log=values[0] == 'loguniform'):.6g}"
+            drawn = trial.suggest_float(flag, values[1], values[2], log=values[0] == "loguniform")
+            value = f"{drawn:.6g}"
         setting.append((flag, value))
     return setting
 
 
 def replay(study: optuna.Study, recorded_trials: list[dict], sweeps):
-    """Enqueue the flags of an earlier experiment's trials, in their order, so a new study reruns them
-    exactly."""
+    """Enqueue the flags of an earlier experiment's trials, in their order, so a new study reruns
+    them exactly."""
     kinds = dict(sweeps)
     for recorded in sorted(recorded_trials, key=lambda trial: trial["number"]):
         params = {}
@@ -118,24 +120,34 @@ def logged_curves(runs_dir: Path, run_names) -> dict | None:
 
 
 def objective(curves_by_env: dict, metric: str) -> float:
-    """The trial's metric as cleanba_utils.analyze defines it, averaged over its sessions, then
+    """The trial's metric as analyze.py defines it, averaged over its sessions, then
     environments."""
     # Imported here: analyze's plotting and statistics libraries take seconds to import, which every
     # launch (a dry run, a one-line error) would pay.
-    from cleanba_utils import analyze
+    from cleanba_utils.experiments import analyze
 
     per_env = []
     for curves in curves_by_env.values():
         if metric == "final_return":
             per_env.append(np.mean([analyze.final_return(c.values, LAST_N) for c in curves]))
         else:
-            grid = np.linspace(0, max(c.steps[-1] for c in curves), analyze.GRID_POINTS)
+            grid = np.linspace(0, max(c.steps[-1] for c in curves), GRID_POINTS)
             per_env.append(
                 np.mean(
                     [analyze.auc(c.steps, running_mean(c.values, LAST_N), grid) for c in curves]
                 )
             )
     return float(np.mean(per_env))
+
+
+class SearchPlan(NamedTuple):
+    """What a worker searches: the sweeps (flag, values or range), the number of trials, the agent
+    steps between intermediate results (None: no pruning) and the metric."""
+
+    sweeps: list
+    budget: int
+    report_every: int | None
+    metric: str
 
 
 @dataclass
@@ -164,15 +176,27 @@ class Worker:
     """Runs trials of one study, at most `workers` runs at a time, until the study holds `budget`
     trials."""
 
-    def __init__(self, study, plan, trial_runs, experiment_dir: Path, log_dir: Path, workers: int):
-        self.study, self.plan, self.trial_runs, self.workers = study, plan, trial_runs, workers
-        self.experiment_dir, self.log_dir, self.runs_dir = (
-            experiment_dir,
-            log_dir,
-            experiment_dir.parent.parent,
-        )
+    def __init__(
+        self,
+        study: optuna.Study,
+        plan: SearchPlan,
+        runs_of,
+        experiment_dir: Path,
+        log_dir: Path,
+        workers: int,
+    ):
+        """`runs_of(index, setting)` gives the (run name, argv) of every session of a setting."""
+        self.study = study
+        self.plan = plan
+        self.runs_of = runs_of
+        self.workers = workers
+        self.experiment_dir = experiment_dir
+        self.log_dir = log_dir
+        self.runs_dir = experiment_dir.parent.parent
         self.active: list[ActiveTrial] = []
-        self.heartbeat_at = self.events_at = self.reclaim_at = 0.0
+        self.heartbeat_at = 0.0
+        self.events_at = 0.0
+        self.reclaim_at = 0.0
 
     def running(self) -> int:
         return sum(len(active.processes) for active in self.active)
@@ -182,14 +206,14 @@ class Worker:
         waiting = any(trial.state == TrialState.WAITING for trial in trials)
         # A trial handed back was enqueued again (waiting, then run): the two count once.
         retried = {trial.user_attrs.get("retry_of") for trial in trials}
-        return waiting or sum(trial.number not in retried for trial in trials) < self.plan["budget"]
+        return waiting or sum(trial.number not in retried for trial in trials) < self.plan.budget
 
     def start_trial(self):
         trial = self.study.ask()
-        setting = suggest(trial, self.plan["sweeps"])
+        setting = suggest(trial, self.plan.sweeps)
         # A trial handed back by a stopped worker continues the same runs from their checkpoints.
         index = trial.user_attrs.get("runs_of", trial.number)
-        runs = self.trial_runs(index, setting)
+        runs = self.runs_of(index, setting)
         trial.set_user_attr("runs_of", index)
         trial.set_user_attr("flags", dict(setting))
         trial.set_user_attr("runs", [run_name for run_name, _ in runs])
@@ -241,7 +265,7 @@ class Worker:
             signal_group(process, signal.SIGTERM)
 
     def report(self, active: ActiveTrial):
-        every = self.plan["report_every"]
+        every = self.plan.report_every
         # Once a session has ended, stopping the others saves little; the trial completes instead.
         if every is None or active.pending or active.exit_codes:
             return
@@ -275,8 +299,8 @@ class Worker:
             print(f"trial {number}: failed, a run logged no episode", flush=True)
             self.study.tell(active.trial, state=TrialState.FAIL)
         else:
-            value = objective(curves, self.plan["metric"])
-            print(f"trial {number}: {self.plan['metric']} {value:.4g}", flush=True)
+            value = objective(curves, self.plan.metric)
+            print(f"trial {number}: {self.plan.metric} {value:.4g}", flush=True)
             self.study.tell(active.trial, value)
         write_record(self.study, self.experiment_dir)
 
@@ -325,7 +349,7 @@ class Worker:
         try:
             self.fill_slots()
             while self.active:
-                time.sleep(POLL_SECONDS)
+                time.sleep(WORKER_POLL_SECONDS)
                 self.poll()
                 self.fill_slots()
         except KeyboardInterrupt:

@@ -1,8 +1,8 @@
 """Report on one launcher experiment: trial ranking, per-env metrics, learning curves and search
 history.
 
-python -m cleanba_utils.analyze runs/_experiments/NAME [--out-dir DIR] [--last-n 100] [--reps 2000]
-[--seed 0]
+    python -m cleanba_utils.experiments.analyze runs/_experiments/NAME [--out-dir DIR] \\
+        [--last-n 100] [--reps 2000] [--seed 0]
 
 writes report.md and PNGs into --out-dir (default: the experiment folder) and prints the report's
 path; the runs are the TensorBoard folders runs/<run_name>/ two levels above the experiment folder.
@@ -33,7 +33,7 @@ value is the mean over sessions.
 Trials are ranked by the experiment's metric (final_return or auc) with a 95% bootstrap interval
 over sessions; with several envs by the mean over envs of the metric normalized per env between
 random (0) and the best trial (1), each env resampling its own sessions. If every env is an Atari
-game, human-normalized scores are aggregated as in cleanba_utils.hns.
+game, human-normalized scores are aggregated as in hns.py.
 """
 
 import argparse
@@ -44,25 +44,25 @@ from pathlib import Path
 from typing import NamedTuple
 
 import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import optuna
 
-from cleanba_utils import cli, hns
-from cleanba_utils.events import read_scalars, running_mean
+from cleanba_utils.experiments import cli, hns
+from cleanba_utils.experiments.events import GRID_POINTS, read_scalars, running_mean
+from cleanba_utils.experiments.figures import save_figure
+from cleanba_utils.experiments.spec import METRICS
+from cleanba_utils.parsing import fail
 
-GRID_POINTS = 100
 FIRST_EPISODES = 10
-METRICS = ("final_return", "auc")
 X_AXES = {"steps": ("steps", "global step"), "wall_time": ("wall_times", "wall time (s)")}
 
 
 def on_grid(x, curve, grid):
     """`curve`, logged at `x`, as a step function on `grid`: NaN before its first point."""
     order = np.argsort(x, kind="stable")  # actor threads log wall times slightly out of step order
-    x, curve = np.asarray(x)[order], np.asarray(curve, float)[order]
+    x = np.asarray(x)[order]
+    curve = np.asarray(curve, float)[order]
     index = np.searchsorted(x, grid, side="right") - 1
     values = curve[np.maximum(index, 0)]
     values[index < 0] = np.nan
@@ -96,7 +96,8 @@ def steps_to_threshold(steps, curve, threshold):
 
 
 def stability(curve, random):
-    best, final = np.max(curve), curve[-1]
+    best = np.max(curve)
+    final = curve[-1]
     return float(np.clip((final - random) / (best - random), 0, 1)) if best > random else np.nan
 
 
@@ -115,7 +116,8 @@ def bootstrap_score(per_env, references, reps, seed):
     (random, best) reference, and its 95% bootstrap interval; every env resamples its own sessions
     so none drops out."""
     rng = np.random.default_rng(seed)
-    points, samples = [], []
+    points = []
+    samples = []
     for values, (random, best) in zip(per_env, references):
         resampled = values[rng.integers(len(values), size=(reps, len(values)))]
         points.append(normalize(np.nanmean(values), random, best))
@@ -130,9 +132,8 @@ def random_reference(env_id, spec, first_returns):
         return float(spec["random_scores"][env_id]), "spec random_scores"
     if env_id in hns.reference_scores():
         return hns.reference_scores()[env_id][0], "published Atari random score"
-    return float(
-        np.mean(first_returns)
-    ), f"mean of the first {FIRST_EPISODES} episodic returns of every session"
+    source = f"mean of the first {FIRST_EPISODES} episodic returns of every session"
+    return float(np.mean(first_returns)), source
 
 
 class Trial(NamedTuple):
@@ -176,11 +177,11 @@ def read_experiment(directory):
         }
         trials = [
             Trial(
-                int(t["number"]),
-                dict(t["params"]),
-                str(t["state"]),
-                None if t.get("value") is None else float(t["value"]),
-                [(str(run["run_name"]), str(run["env_id"])) for run in t["runs"]],
+                number=int(t["number"]),
+                params=dict(t["params"]),
+                state=str(t["state"]),
+                value=None if t.get("value") is None else float(t["value"]),
+                runs=[(str(run["run_name"]), str(run["env_id"])) for run in t["runs"]],
             )
             for t in record["trials"]
         ]
@@ -238,7 +239,10 @@ def analyze_env(env_id, by_trial, spec, first_returns, last_n):
         if env_id in thresholds
         else "halfway from random to the best final_return"
     )
-    description = f"random = {fmt(random)} ({random_source}); threshold = {fmt(threshold)} ({threshold_source})."
+    description = (
+        f"random = {fmt(random)} ({random_source}); "
+        f"threshold = {fmt(threshold)} ({threshold_source})."
+    )
     rows = {}
     for n, ss in by_trial.items():
         hit = [
@@ -267,11 +271,6 @@ def table(header, rows):
     return [*lines, *("| " + " | ".join(row) + " |" for row in rows)]
 
 
-def save(fig, path):
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def plot_curves(env_id, by_trial, labels, axis, reps, seed, path):
     """Each trial's mean curve and 95% bootstrap band against `axis` (a key of X_AXES)."""
     field, xlabel = X_AXES[axis]
@@ -290,12 +289,13 @@ def plot_curves(env_id, by_trial, labels, axis, reps, seed, path):
         ylabel="episodic return (mean)",
     )
     ax.legend(fontsize="small")
-    save(fig, path)
+    save_figure(fig, path)
 
 
 def read_study(header, experiment_dir):
     """(the Optuna study or None, parameter importance lines) of a tpe experiment."""
-    journal, study = experiment_dir / "study.journal", None
+    journal = experiment_dir / "study.journal"
+    study = None
     if not journal.is_file():
         return None, [f"No {journal.name}, so no parameter importances."]
     try:
@@ -342,13 +342,14 @@ def plot_history(header, trials, study, path):
         ylabel=header["metric"],
     )
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    save(fig, path)
+    save_figure(fig, path)
 
 
 def hns_lines(results, order, reps, seed):
     finals = {env: result.values["final_return"] for env, result in results.items()}
     by_trial = {
-        f"#{n}": {env: hns.hns(env, f[n]) for env, f in finals.items() if n in f} for n in order
+        f"#{n}": {env: hns.human_normalized(env, f[n]) for env, f in finals.items() if n in f}
+        for n in order
     }
     rows = [
         [
@@ -370,7 +371,8 @@ def hns_lines(results, order, reps, seed):
 
 def rank(trials, results, metric, reps, seed):
     """[(trial, (score, low, high))] best first, of the trials in `results`."""
-    several, ranked = len(results) > 1, []
+    several = len(results) > 1
+    ranked = []
     for trial in trials:
         if not (envs := [env for env, r in results.items() if trial.number in r.values[metric]]):
             continue
@@ -402,35 +404,49 @@ def ranking_lines(header, trials, ranked, sessions, several):
     ]
 
 
-def analyze(args):
+def write_report(args):
     """Writes the report and its PNGs; returns the report's path."""
     header, spec, trials = read_experiment(args.experiment_dir)
-    runs_dir, out_dir, notes = (
-        args.experiment_dir.parent.parent,
-        args.out_dir or args.experiment_dir,
-        [],
-    )
+    runs_dir = args.experiment_dir.parent.parent
+    out_dir = args.out_dir or args.experiment_dir
+    notes = []
     sessions = load_sessions(runs_dir, trials, args.last_n, notes)
     if not sessions:
         raise ValueError(
-            f"no run of experiment {header['experiment']} under {runs_dir} has logged an episode yet"
+            f"no run of experiment {header['experiment']} under {runs_dir} has logged an episode "
+            "yet"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
-    results, active = {}, [t.number for t in trials if t.state != "failed"]
+    results = {}
+    active = [t.number for t in trials if t.state != "failed"]
     for env in sorted({env for _, env in sessions}):
         first = np.concatenate(
             [s.returns[:FIRST_EPISODES] for (_, e), ss in sessions.items() if e == env for s in ss]
         )
         by_trial = {n: sessions[n, env] for n in active if (n, env) in sessions}
         if by_trial:
-            results[env] = analyze_env(env, by_trial, spec, first, args.last_n)
-    ranked = rank(trials, results, header["metric"], args.reps, args.seed)
+            results[env] = analyze_env(
+                env_id=env,
+                by_trial=by_trial,
+                spec=spec,
+                first_returns=first,
+                last_n=args.last_n,
+            )
+    ranked = rank(
+        trials=trials, results=results, metric=header["metric"], reps=args.reps, seed=args.seed
+    )
     lines = [f"# Experiment {header['experiment']}", ""]
     lines += [
         f"git SHA `{header['git_sha']}`, method {header['method']}, metric {header['metric']}.",
         "",
     ]
-    lines += ranking_lines(header, trials, ranked, sessions, len(results) > 1)
+    lines += ranking_lines(
+        header=header,
+        trials=trials,
+        ranked=ranked,
+        sessions=sessions,
+        several=len(results) > 1,
+    )
     order = [trial.number for trial, _ in ranked]
     labels = {trial.number: f"#{trial.number} {describe(trial.params, 50)}" for trial, _ in ranked}
     columns = [
@@ -453,7 +469,15 @@ def analyze(args):
         plotted = {n: sessions[n, env] for n in order if n in result.rows}
         for axis, (_, xlabel) in X_AXES.items():
             name = f"curves_{re.sub(r'[^A-Za-z0-9_.-]', '_', env)}_{axis}.png"
-            plot_curves(env, plotted, labels, axis, args.reps, args.seed, out_dir / name)
+            plot_curves(
+                env_id=env,
+                by_trial=plotted,
+                labels=labels,
+                axis=axis,
+                reps=args.reps,
+                seed=args.seed,
+                path=out_dir / name,
+            )
             lines += [f"![{env} against {xlabel}]({name})", ""]
     if results and all(env in hns.reference_scores() for env in results):
         lines += hns_lines(results, order, args.reps, args.seed)
@@ -471,7 +495,7 @@ def analyze(args):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m cleanba_utils.analyze", description=__doc__.splitlines()[0]
+        prog="python -m cleanba_utils.experiments.analyze", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
         "experiment_dir", type=Path, help="runs/_experiments/<NAME>, written by the launcher"
@@ -492,9 +516,9 @@ def main(argv=None):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             warnings.simplefilter("ignore", UserWarning)
-            print(analyze(args))
+            print(write_report(args))
     except ValueError as error:
-        cli.fail("analyze", str(error))
+        fail(str(error), prog="analyze")
 
 
 if __name__ == "__main__":

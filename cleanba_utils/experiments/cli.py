@@ -1,16 +1,13 @@
-"""What every cleanba_utils command line shares: one-line errors and argument types."""
+"""What the command lines of the experiment tools share: warnings, argument types, and argparse's
+errors as one line."""
 
 import argparse
 import sys
 
-
-def fail(prog: str, message: str):
-    """A user mistake: one line on stderr, exit code 2, no traceback."""
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    sys.exit(2)
+from cleanba_utils.parsing import fail
 
 
-def warn(prog: str, message: str):
+def warn(message: str, prog: str):
     print(f"{prog}: warning: {message}", file=sys.stderr)
 
 
@@ -22,4 +19,4 @@ def positive_int(text: str) -> int:
 
 def one_line_errors(parser: argparse.ArgumentParser, prog: str):
     """argparse prints its whole usage block before an error; keep only the error."""
-    parser.error = lambda message: fail(prog, f"{message} (see `{parser.prog} --help`)")
+    parser.error = lambda message: fail(f"{message} (see `{parser.prog} --help`)", prog=prog)

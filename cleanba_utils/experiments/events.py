@@ -1,4 +1,5 @@
-"""Scalars from the TensorBoard event files that the training scripts write into their run folders."""
+"""Scalars from the TensorBoard event files that the training scripts write into their run folders,
+and the learning curves made of them."""
 
 from pathlib import Path
 from typing import NamedTuple
@@ -7,11 +8,12 @@ import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 EPISODIC_RETURN = "charts/episodic_return"
+GRID_POINTS = 100  # of every grid that learning curves are put on for averaging and plotting
 
 
 class Scalars(NamedTuple):
-    """One tag's values in step order; wall times are seconds of the run's own sessions since its first
-    event, without the time between a stop and the --resume that continued it."""
+    """One tag's values in step order; wall times are seconds of the run's own sessions since its
+    first event, without the time between a stop and the --resume that continued it."""
 
     steps: np.ndarray
     wall_times: np.ndarray
@@ -29,18 +31,19 @@ def read_scalars(run_dir: Path, tag: str = EPISODIC_RETURN) -> Scalars:
         events.Reload()
         if events.Tags()["scalars"]:
             sessions.append(events)
-    steps, wall_times, values = [], [], []
+    steps = []
+    wall_times = []
+    values = []
     sessions_time = 0.0  # the run time of the earlier sessions
     for events in sorted(sessions, key=lambda events: events.FirstEventTimestamp()):
-        tags, start = events.Tags()["scalars"], events.FirstEventTimestamp()
+        tags = events.Tags()["scalars"]
+        start = events.FirstEventTimestamp()
         logged = [event for name in tags for event in events.Scalars(name)]
         first_step = min(event.step for event in logged)
         kept = [i for i, step in enumerate(steps) if step < first_step]
-        steps, wall_times, values = (
-            [steps[i] for i in kept],
-            [wall_times[i] for i in kept],
-            [values[i] for i in kept],
-        )
+        steps = [steps[i] for i in kept]
+        wall_times = [wall_times[i] for i in kept]
+        values = [values[i] for i in kept]
         for event in events.Scalars(tag) if tag in tags else []:
             steps.append(event.step)
             wall_times.append(sessions_time + event.wall_time - start)

@@ -2,71 +2,66 @@
 
 Runs locally with a pool of worker processes, or as one SLURM job array (one array task per run):
 
-python -m cleanba_utils.benchmark --env-ids Breakout-v5 Pong-v5 \\
---command "python cleanba/cleanba_ppo.py --track" --num-seeds 3 --workers 2
-python -m cleanba_utils.benchmark --env-ids Breakout-v5 --command "python cleanba/cleanba_ppo.py" \\
---experiment lr_sweep --sweep "--learning-rate=2.5e-4,1e-3" --sweep "--num-minibatches=4,8" \\
---slurm-template-path cleanba.slurm_template --workers 16
+    python -m cleanba_utils.experiments.launch --env-ids Breakout-v5 Pong-v5 \\
+        --command "python cleanba/cleanba_ppo.py --track" --num-seeds 3 --workers 2
+    python -m cleanba_utils.experiments.launch --env-ids Breakout-v5 \\
+        --command "python cleanba/cleanba_ppo.py" --experiment lr_sweep \\
+        --sweep "--learning-rate=2.5e-4,1e-3" --sweep "--num-minibatches=4,8" \\
+        --slurm-template-path cleanba.slurm_template --workers 16
 
-or from a spec file, with Optuna's TPE search and pruning (`--search tpe`; see cleanba_utils/spec.py
-and cleanba_utils/search.py):
+or from a spec file, with Optuna's TPE search and pruning (`--search tpe`; see spec.py and
+search.py beside this file):
 
-python -m cleanba_utils.benchmark --spec benchmark/specs/ppo_cartpole_search.toml
+    python -m cleanba_utils.experiments.launch --spec benchmark/specs/ppo_cartpole_search.toml
 
 Every run gets `--env-id`, `--seed`, `--group <experiment>/<setting index>` and a deterministic
 `--run-name`, so a rerun or a requeued SLURM task writes to the same `runs/<run name>` folder. See
-cleanba_utils/LAUNCHER.md for the device layouts of the paper.
+cleanba_utils/experiments/LAUNCHER.md for the device layouts of the paper.
 """
 
 import argparse
-import itertools
 import json
-import math
 import os
-import random
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from cleanba_utils import cli, search, spec
+from cleanba_utils.experiments import cli, search, slurm, spec
+from cleanba_utils.experiments.sweeps import (
+    LAUNCHER_FLAGS,
+    grid_settings,
+    parse_sweep,
+    random_settings,
+    trial_runs,
+)
+from cleanba_utils.parsing import fail
 
-# Flags the launcher sets on every run; a command or sweep that also set them would clash silently.
-LAUNCHER_FLAGS = ("--env-id", "--seed", "--group", "--run-name", "--resume")
-DISTRIBUTIONS = {
-    "uniform": lambda rng, low, high: rng.uniform(low, high),
-    "loguniform": lambda rng, low, high: math.exp(rng.uniform(math.log(low), math.log(high))),
-    "int": lambda rng, low, high: rng.randint(int(low), int(high)),
-}
-METRICS = ("final_return", "auc")
 PRUNERS = ("median", "successive_halving", "none")
-DEFAULTS = {"num_seeds": 1, "start_seed": 1, "workers": 1, "search": "grid", "sweep_seed": 0}
-DEFAULTS |= {"metric": "final_return", "pruner": "median", "startup_trials": 5}
-# The options a spec can set (see cleanba_utils/spec.py).
+DEFAULTS = {
+    "num_seeds": 1,
+    "start_seed": 1,
+    "workers": 1,
+    "search": "grid",
+    "sweep_seed": 0,
+    "metric": "final_return",
+    "pruner": "median",
+    "startup_trials": 5,
+}
+# The options a spec can set (see spec.py).
 SPEC_OPTIONS = {
     *spec.TOP.values(),
     *spec.TABLES["search"].values(),
     *spec.TABLES["resources"].values(),
 }
-SLURM_DEFAULTS = {
-    "slurm_gpus_per_task": 1,
-    "slurm_ntasks": 1,
-    "slurm_nodes": 1,
-    "slurm_total_cpus": 8,
-}
 
 
-def fail(message):
-    cli.fail("benchmark", message)
-
-
-def parse_args(argv):
+def parse_command_line(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m cleanba_utils.benchmark",
+        prog="python -m cleanba_utils.experiments.launch",
         description=__doc__.split("\n")[0],
         allow_abbrev=False,
     )
@@ -74,7 +69,8 @@ def parse_args(argv):
     add(
         "--spec",
         metavar="PATH",
-        help="an experiment spec file (TOML; see cleanba_utils/spec.py); options add to it",
+        help="an experiment spec file (TOML; see cleanba_utils/experiments/spec.py); "
+        "options add to it",
     )
     add("--env-ids", nargs="+", metavar="ENV_ID", help="games, e.g. Breakout-v5 Pong-v5")
     add("--command", metavar="CMD", help='e.g. "python cleanba/cleanba_ppo.py --track"')
@@ -109,7 +105,8 @@ def parse_args(argv):
     add(
         "--search",
         choices=["grid", "random", "tpe"],
-        help="the whole grid (default), --budget random settings, or --budget settings from Optuna's TPE with pruning",
+        help="the whole grid (default), --budget random settings, or --budget settings from "
+        "Optuna's TPE with pruning",
     )
     add(
         "--budget",
@@ -118,7 +115,7 @@ def parse_args(argv):
         help="number of settings drawn by --search random or tpe",
     )
     add("--sweep-seed", type=int, metavar="SEED", help="seed of --search random or tpe (default 0)")
-    add("--metric", choices=list(METRICS), help="tpe: what to maximize (default final_return)")
+    add("--metric", choices=list(spec.METRICS), help="tpe: what to maximize (default final_return)")
     add(
         "--pruner", choices=list(PRUNERS), help="tpe: how to stop bad trials early (default median)"
     )
@@ -169,79 +166,13 @@ def parse_args(argv):
     add(
         "--slurm-partition", metavar="NAME", help="SLURM partition (default: the cluster's default)"
     )
-    cli.one_line_errors(parser, "benchmark")
+    cli.one_line_errors(parser, "launch")
     # argparse takes a value that starts with "--" for an unknown option, so glue each --sweep to
     # its value.
     tokens = iter(argv)
     return parser.parse_args(
         [f"--sweep={next(tokens, '')}" if token == "--sweep" else token for token in tokens]
     )
-
-
-def parse_sweep(text):
-    """`--flag=a,b` -> (flag, ["a", "b"]); `--flag=loguniform(1e-4,1e-3)` -> (flag, ("loguniform",
-    1e-4, 1e-3))."""
-    flag, _, values = text.partition("=")
-    if not re.fullmatch(r"--[A-Za-z][\w-]*", flag) or not values:
-        raise ValueError(f'bad --sweep {text!r}; write it as --sweep "--flag=value1,value2"')
-    if flag in LAUNCHER_FLAGS:
-        raise ValueError(
-            f"--sweep {flag} is set by the launcher per run; sweep the flags of the training script only"
-        )
-    distribution = re.fullmatch(r"(\w+)\((.*)\)", values)
-    if distribution is None:
-        if "" in [value.strip() for value in values.split(",")]:
-            raise ValueError(
-                f"--sweep {text!r} has an empty value; separate the values with single commas"
-            )
-        return flag, values.split(",")
-    name, bounds = distribution.groups()
-    try:
-        low, high = (float(bound) for bound in bounds.split(","))
-    except ValueError:
-        low = high = math.nan
-    integers = name != "int" or (low.is_integer() and high.is_integer())
-    if (
-        name not in DISTRIBUTIONS
-        or not low < high
-        or (name == "loguniform" and low <= 0)
-        or not integers
-    ):
-        raise ValueError(
-            f"bad range in --sweep {text!r}; use uniform(LOW,HIGH), loguniform(LOW,HIGH) or int(LOW,HIGH) "
-            "with LOW < HIGH (and LOW > 0 for loguniform, integers for int)"
-        )
-    return flag, (name, low, high)
-
-
-def grid_settings(sweeps):
-    """All settings of the grid, each a list of (flag, value) pairs; no sweep is one empty setting."""
-    flags = [flag for flag, _ in sweeps]
-    return [
-        list(zip(flags, values)) for values in itertools.product(*[values for _, values in sweeps])
-    ]
-
-
-def random_settings(sweeps, budget, seed):
-    """`budget` settings drawn with `seed`: distinct grid points, or independent draws when a flag has
-    a range."""
-    rng = random.Random(seed)
-    if all(isinstance(values, list) for _, values in sweeps):
-        grid = grid_settings(sweeps)
-        if budget > len(grid):
-            raise ValueError(
-                f"--budget {budget} is larger than the grid of {len(grid)} settings; lower --budget"
-            )
-        return rng.sample(grid, budget)
-
-    def draw(values):
-        if isinstance(values, list):
-            return rng.choice(values)
-        name, low, high = values
-        value = DISTRIBUTIONS[name](rng, low, high)
-        return str(value) if name == "int" else f"{value:.4g}"
-
-    return [[(flag, draw(values)) for flag, values in sweeps] for _ in range(budget)]
 
 
 def default_experiment(command):
@@ -254,28 +185,9 @@ def default_experiment(command):
     return "experiment"
 
 
-def trial_runs(command, env_ids, seeds, index, setting, experiment, resume):
-    """One (run name, argv) per game x seed of the setting numbered `index`."""
-    setting_args = [token for flag, value in setting for token in [flag, *value.split()]]
-    runs = []
-    for env_id, seed in itertools.product(env_ids, seeds):
-        run_name = f"{env_id}__{experiment}__{index}__{seed}"
-        launcher_args = [
-            "--env-id",
-            env_id,
-            "--seed",
-            str(seed),
-            "--group",
-            f"{experiment}/{index}",
-        ]
-        launcher_args += ["--run-name", run_name] + (["--resume"] if resume else [])
-        runs.append((run_name, command + setting_args + launcher_args))
-    return runs
-
-
 def resolve(args):
-    """The options of the spec (if any) and the command line merged, with defaults filled in, and the
-    spec's analysis tables; a ValueError says what is wrong with them."""
+    """The options of the spec (if any) and the command line merged, with defaults filled in, and
+    the spec's analysis tables; a ValueError says what is wrong with them."""
     sweeps = [parse_sweep(text) for text in args.sweep]
     given = {
         dest: value
@@ -291,14 +203,16 @@ def resolve(args):
     ]:
         if merged.get(dest) is None:
             raise ValueError(
-                f"{spec.option_name(dest)} is missing; give it (e.g. {example}) or a --spec that sets it"
+                f"{spec.option_name(dest)} is missing; give it (e.g. {example}) or a --spec that "
+                "sets it"
             )
     return argparse.Namespace(**{**vars(args), **merged}), analysis
 
 
 def plan(args):
-    """(experiment, command, seeds, runs) for the resolved arguments; `runs` is None for a tpe search,
-    which draws its settings as it goes. A ValueError says what is wrong with the arguments."""
+    """(experiment, command, seeds, runs) for the resolved arguments; `runs` is None for a tpe
+    search, which draws its settings as it goes. A ValueError says what is wrong with the
+    arguments."""
     command = shlex.split(args.command)
     if not command:
         raise ValueError(
@@ -312,14 +226,16 @@ def plan(args):
     experiment = args.experiment or default_experiment(command)
     if not re.fullmatch(r"[\w.-]+", experiment):
         raise ValueError(
-            f"--experiment {experiment!r} is not a folder name; use letters, digits, '_', '-' and '.'"
+            f"--experiment {experiment!r} is not a folder name; use letters, digits, '_', '-' "
+            "and '.'"
         )
     if args.start_seed < 0:
         raise ValueError(f"--start-seed must be >= 0, got {args.start_seed}")
     sweeps = args.sweep
     if len({flag for flag, _ in sweeps}) < len(sweeps):
         raise ValueError(
-            'a flag appears in more than one --sweep; give all its values in one --sweep "--flag=v1,v2"'
+            "a flag appears in more than one --sweep; give all its values in one "
+            '--sweep "--flag=v1,v2"'
         )
     if (args.search in ("random", "tpe")) != (args.budget is not None):
         raise ValueError(f"--search {args.search} and --budget K go together; give both or neither")
@@ -347,86 +263,18 @@ def plan(args):
     # fresh.
     resume = args.resume or args.slurm_template_path is not None
     runs = [
-        trial_runs(command, args.env_ids, seeds, i, setting, experiment, resume)
-        for i, setting in enumerate(settings)
+        trial_runs(
+            command=command,
+            env_ids=args.env_ids,
+            seeds=seeds,
+            index=index,
+            setting=setting,
+            experiment=experiment,
+            resume=resume,
+        )
+        for index, setting in enumerate(settings)
     ]
     return experiment, command, seeds, list(zip(settings, runs))
-
-
-def slurm_options(args):
-    """The SLURM sizes with their defaults filled in; a ValueError says what is wrong with them."""
-    given = [
-        name
-        for name in [*SLURM_DEFAULTS, "slurm_job_name", "slurm_partition"]
-        if getattr(args, name) is not None
-    ]
-    if args.slurm_template_path is None:
-        if given:
-            option = "--" + given[0].replace("_", "-")
-            raise ValueError(
-                f"{option} needs --slurm-template-path, e.g. --slurm-template-path cleanba.slurm_template"
-            )
-        return None
-    if not os.path.isfile(args.slurm_template_path):
-        raise ValueError(
-            f"no SLURM template at {args.slurm_template_path!r}; give the path of cleanba.slurm_template"
-        )
-    options = {name: getattr(args, name) or default for name, default in SLURM_DEFAULTS.items()}
-    if options["slurm_ntasks"] < options["slurm_nodes"]:
-        raise ValueError(
-            "--slurm-ntasks is smaller than --slurm-nodes; give each node at least one task"
-        )
-    if options["slurm_total_cpus"] < options["slurm_ntasks"]:
-        raise ValueError(
-            "--slurm-total-cpus is smaller than --slurm-ntasks; give each task at least one CPU"
-        )
-    return options
-
-
-def slurm_script(template, runs, workers, log_dir, job_name, partition, options):
-    """Fill the sbatch template's {{placeholders}}; the lines of an unset one (the partition) are
-    dropped."""
-    commands = [
-        f"    {shlex.quote(shlex.join(argv))}  # {index}" for index, (_, argv) in enumerate(runs)
-    ]
-    values = {
-        "job_name": job_name,
-        "partition": partition,
-        "array": f"0-{len(runs) - 1}%{workers}",
-        "nodes": str(options["slurm_nodes"]),
-        "ntasks": str(options["slurm_ntasks"]),
-        "gpus_per_task": str(options["slurm_gpus_per_task"]),
-        "cpus_per_task": str(options["slurm_total_cpus"] // options["slurm_ntasks"]),
-        "log_dir": os.path.abspath(log_dir),
-        "commands": "\n".join(commands),
-    }
-    unset = ["{{" + key + "}}" for key, value in values.items() if value is None]
-    script = "".join(
-        line for line in template.splitlines(keepends=True) if not any(key in line for key in unset)
-    )
-    for key, value in values.items():
-        script = script.replace("{{" + key + "}}", value or "")
-    unknown = sorted(set(re.findall(r"\{\{\w*\}\}", script)))
-    if unknown:
-        known = ", ".join(values)
-        raise ValueError(
-            f"the SLURM template has unknown placeholders {', '.join(unknown)}; known ones: {known}"
-        )
-    return script
-
-
-def submit(script, log_dir, experiment):
-    """Save the sbatch script under the log dir and submit it when sbatch is available; returns an exit
-    code."""
-    os.makedirs(log_dir, exist_ok=True)  # SLURM does not create the folder of --output
-    path = os.path.join(log_dir, f"{experiment}.sbatch")
-    with open(path, "w") as file:
-        file.write(script)
-    if shutil.which("sbatch") is None:
-        print(f"wrote {path}; sbatch is not on PATH, submit it on the cluster with: sbatch {path}")
-        return 0
-    print(f"wrote {path}; submitting", flush=True)
-    return subprocess.run(["sbatch", path]).returncode
 
 
 def stop(processes):
@@ -448,7 +296,9 @@ def run_local(runs, workers, log_dir):
     """Run at most `workers` runs at a time, each logging to <log_dir>/<run name>.log; returns {run
     name: exit code}."""
     os.makedirs(log_dir, exist_ok=True)
-    pending, running, exit_codes = list(runs), {}, {}
+    pending = list(runs)
+    running = {}
+    exit_codes = {}
     try:
         while pending or running:
             while pending and len(running) < workers:
@@ -487,7 +337,8 @@ def summary(exit_codes, log_dir):
 
 
 def grid_records(trials, exit_codes, metric):
-    """experiment.json's trials of a grid or random launch; states and values once its runs ended."""
+    """experiment.json's trials of a grid or random launch; states and values once its runs
+    ended."""
     records = []
     for number, (setting, runs) in enumerate(trials):
         codes = [exit_codes.get(run_name) for run_name, _ in runs]
@@ -512,12 +363,20 @@ def grid_records(trials, exit_codes, metric):
 
 
 def search_placeholders(args, command, seeds):
-    """--dry-run of a tpe search: each session's command, with the searched flags' spaces in place of
-    values."""
+    """--dry-run of a tpe search: each session's command, with the searched flags' spaces in place
+    of values."""
     space = [
         token for flag, values in args.sweep for token in [flag, f"<{spec.space_text(values)}>"]
     ]
-    runs = trial_runs(command + space, args.env_ids, seeds, "N", [], args.experiment, True)
+    runs = trial_runs(
+        command=command + space,
+        env_ids=args.env_ids,
+        seeds=seeds,
+        index="N",
+        setting=[],
+        experiment=args.experiment,
+        resume=True,
+    )
     lines = [f"# --search tpe: up to {args.budget} trials (N = 0, 1, ...) of these runs each"]
     return "\n".join(lines + [shlex.join(argv) for _, argv in runs])
 
@@ -546,14 +405,31 @@ def run_search(args, command, seeds, experiment_dir, log_dir, workers):
         search.replay(study, kept, args.sweep)
         print(f"rerunning the {len(kept)} trials recorded in {recorded}", flush=True)
     search.write_record(study, experiment_dir)
-    plan = dict(
+    search_plan = search.SearchPlan(
         sweeps=args.sweep, budget=args.budget, report_every=args.report_every, metric=args.metric
     )
-    runs_of = lambda index, setting: trial_runs(
-        command, args.env_ids, seeds, index, setting, args.experiment, True
-    )
+
+    def runs_of(index, setting):
+        return trial_runs(
+            command=command,
+            env_ids=args.env_ids,
+            seeds=seeds,
+            index=index,
+            setting=setting,
+            experiment=args.experiment,
+            resume=True,
+        )
+
     os.makedirs(log_dir, exist_ok=True)
-    search.Worker(study, plan, runs_of, experiment_dir, Path(log_dir), workers).run()
+    worker = search.Worker(
+        study=study,
+        plan=search_plan,
+        runs_of=runs_of,
+        experiment_dir=experiment_dir,
+        log_dir=Path(log_dir),
+        workers=workers,
+    )
+    worker.run()
     states = [trial.state for trial in study.trials]
     print(
         ", ".join(
@@ -565,12 +441,12 @@ def run_search(args, command, seeds, experiment_dir, log_dir, workers):
 
 
 def main():
-    args = parse_args(sys.argv[1:])
+    args = parse_command_line(sys.argv[1:])
     try:
         args, analysis = resolve(args)
         experiment, command, seeds, trials = plan(args)
         args.experiment = experiment
-        options = slurm_options(args)
+        options = slurm.job_options(args)
         if args.search_worker:
             options = None
         log_dir = args.log_dir or os.path.join("runs", "_launcher", experiment)
@@ -587,7 +463,7 @@ def main():
                 worker = [
                     "python",
                     "-m",
-                    "cleanba_utils.benchmark",
+                    "cleanba_utils.experiments.launch",
                     "--spec",
                     str(experiment_dir.resolve() / "spec.toml"),
                 ]
@@ -596,14 +472,14 @@ def main():
                 runs = [run for _, setting_runs in trials for run in setting_runs]
             with open(args.slurm_template_path) as file:
                 template = file.read()
-            script = slurm_script(
-                template,
-                runs,
-                args.workers,
-                log_dir,
-                args.slurm_job_name or experiment,
-                args.slurm_partition,
-                options,
+            script = slurm.sbatch_script(
+                template=template,
+                runs=runs,
+                workers=args.workers,
+                log_dir=log_dir,
+                job_name=args.slurm_job_name or experiment,
+                partition=args.slurm_partition,
+                options=options,
             )
         if not args.dry_run:
             spec.prepare_folder(
@@ -612,7 +488,7 @@ def main():
                 dict(experiment=experiment, method=args.search, metric=args.metric),
             )
     except ValueError as error:
-        fail(str(error))
+        fail(str(error), prog="launch")
 
     if options is not None:
         if args.dry_run:
@@ -620,7 +496,7 @@ def main():
             return
         if trials is not None:
             spec.write_trials(experiment_dir, grid_records(trials, {}, args.metric))
-        sys.exit(submit(script, log_dir, experiment))
+        sys.exit(slurm.submit(script, log_dir, experiment))
     if args.dry_run:
         if trials is None:
             print(search_placeholders(args, command, seeds))
@@ -634,18 +510,17 @@ def main():
         signal.signal(signum, signal.default_int_handler)
     if trials is None:
         try:
-            sys.exit(
-                run_search(
-                    args,
-                    command,
-                    seeds,
-                    experiment_dir,
-                    log_dir,
-                    1 if args.search_worker else args.workers,
-                )
+            exit_code = run_search(
+                args=args,
+                command=command,
+                seeds=seeds,
+                experiment_dir=experiment_dir,
+                log_dir=log_dir,
+                workers=1 if args.search_worker else args.workers,
             )
         except KeyboardInterrupt:
             sys.exit(130)
+        sys.exit(exit_code)
     exit_codes = {}
     try:
         exit_codes = run_local([run for _, runs in trials for run in runs], args.workers, log_dir)
