@@ -7,10 +7,10 @@ test checks, per seed, so that a threshold is chosen from ten runs rather than o
 
 `--set FLAG VALUE ...` overrides flags of the test's command. `--broken` runs the script with its
 learner broken on purpose, to check that the test fails it: `frozen` multiplies every gradient by 0
-(a learning rate of 0), `ascent` by -1 (the wrong sign), `shuffled` permutes the actions of the loss's
-batch (with their behaviour log-probabilities) with a fixed permutation of all its samples, so that
-every advantage (Ape-X: every n-step target) is credited to another sample's action. The returns of
-every run are kept in --work-dir/<test>[_<broken>]/seed_<n>.json.
+(a learning rate of 0), `ascent` by -1 (the wrong sign), `shuffled` permutes the actions of the
+loss's batch (with their behaviour log-probabilities) with a fixed permutation of all its samples,
+so that every advantage (Ape-X: every n-step target) is credited to another sample's action. The
+returns of every run are kept in --work-dir/<test>[_<broken>]/seed_<n>.json.
 """
 
 import argparse

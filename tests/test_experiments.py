@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
@@ -259,7 +258,6 @@ def test_search_under_slurm_is_an_array_of_workers(tmp_path):
 
 
 def test_search_prunes_and_the_report_ranks_the_trials(tmp_path):
-    start = time.monotonic()
     result = launch(tmp_path, "--spec", str(write(tmp_path, SEARCH, "tiny.toml")))
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     experiment_dir = tmp_path / "runs" / "_experiments" / "tiny"
@@ -293,4 +291,3 @@ def test_search_prunes_and_the_report_ranks_the_trials(tmp_path):
     assert "learning-rate=0.0025" in first_row and "pruned" in ranking
     for png in ("curves_CartPole-v1_steps.png", "curves_CartPole-v1_wall_time.png", "history.png"):
         assert (experiment_dir / png).stat().st_size > 1000
-    assert time.monotonic() - start < 180
