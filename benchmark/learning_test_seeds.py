@@ -14,6 +14,7 @@ returns of every run are kept in --work-dir/<test>[_<broken>]/seed_<n>.json.
 """
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -153,19 +154,22 @@ def main():
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/cleanba-learning-seeds"))
     options = parser.parse_args()
     for name in options.tests:
-        run = lambda seed: run_seed(name, seed, options.overrides, options.work_dir, options.broken)
+        run = functools.partial(
+            run_seed,
+            name,
+            overrides=options.overrides,
+            work_dir=options.work_dir,
+            broken=options.broken,
+        )
         with ThreadPoolExecutor(options.jobs) as pool:
             records = list(pool.map(run, options.seeds))
         scores = [record["score"] for record in records]
-        label = " ".join(
-            [name, *options.overrides, *([f"--broken {options.broken}"] * bool(options.broken))]
-        )
+        broken = f" --broken {options.broken}" if options.broken else ""
+        label = " ".join([name, *options.overrides]) + broken
         print(f"{label}: threshold {LEARNING_TESTS[name].threshold}", flush=True)
         for record in records:
             episodes = len(record["returns"])
-            print(
-                f"  seed {record['seed']}: {record['score']:.1f} ({episodes} episodes)", flush=True
-            )
+            print(f"  seed {record['seed']}: {record['score']:.1f} ({episodes} episodes)")
         print(f"  worst {min(scores):.1f}, mean {np.mean(scores):.1f}, best {max(scores):.1f}")
 
 
