@@ -546,7 +546,13 @@ def init_state(args: Args, sizes: Sizes):
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
     checkpoint = resume_from(run_dir_of(args), state, identity) if args.resume else None
     state, counters = checkpoint or (state, dict(update=0, wall_time_s=0.0))
-    return network, state, dict(counters, **identity)
+    counters = dict(
+        update=counters["update"],
+        wall_time_s=counters["wall_time_s"],
+        sizes=identity["sizes"],
+        seed=identity["seed"],
+    )
+    return network, state, counters
 
 
 def minibatch_ids(key, env_ids, num_minibatches):
@@ -618,7 +624,9 @@ def make_update(args: Args, learner_devices: list, rolled: bool):
         grads, metrics = jax.lax.psum((grads, metrics), "devices")
         return state.apply_gradients(grads=grads), metrics
 
-    # The update's loops, outermost first: the microbatch steps run in this order.
+    # The update's loops, outermost first: for every minibatch, one step per microbatch; the
+    # optimizer steps once per minibatch (`optax.MultiSteps`). `microbatch_update` runs the steps in
+    # this order, in a `lax.scan` on GPUs or a Python loop on CPUs.
     schedule = [
         (minibatch, microbatch)
         for minibatch in range(args.num_minibatches)

@@ -507,7 +507,13 @@ def init_state(args: Args, sizes: Sizes):
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
     checkpoint = resume_from(run_dir_of(args), state, identity) if args.resume else None
     state, counters = checkpoint or (state, dict(update=0, wall_time_s=0.0))
-    return network, state, dict(counters, **identity)
+    counters = dict(
+        update=counters["update"],
+        wall_time_s=counters["wall_time_s"],
+        sizes=identity["sizes"],
+        seed=identity["seed"],
+    )
+    return network, state, counters
 
 
 def take_steps(x, steps):
@@ -579,7 +585,7 @@ def make_update(args: Args, learner_devices: list, rolled: bool):
             mean = jax.lax.psum((advantages * valid).sum(), "devices") / count
             var = jax.lax.psum((((advantages - mean) ** 2) * valid).sum(), "devices") / count
             advantages = (advantages - mean) / (jnp.sqrt(var) + 1e-8)
-        microbatch_batch = Batch(
+        samples = Batch(
             obs=take_steps(batch.obs, in_microbatch),
             actions=take_steps(batch.actions, in_microbatch),
             logprobs=take_steps(batch.logprobs, in_microbatch),
@@ -593,7 +599,7 @@ def make_update(args: Args, learner_devices: list, rolled: bool):
         grads, metrics = jax.grad(ppo_loss, has_aux=True)(
             state.params,
             apply_fn=state.apply_fn,
-            batch=microbatch_batch,
+            batch=samples,
             count=count,
             clip_coef=args.clip_coef,
             ent_coef=args.ent_coef,
@@ -604,7 +610,9 @@ def make_update(args: Args, learner_devices: list, rolled: bool):
         grads, metrics = jax.lax.psum((grads, metrics), "devices")
         return state.apply_gradients(grads=grads), metrics
 
-    # The update's loops, outermost first: the microbatch steps run in this order.
+    # The update's loops, outermost first: for every epoch, for every minibatch, one step per
+    # microbatch; the optimizer steps once per minibatch (`optax.MultiSteps`). `microbatch_update`
+    # runs the steps in this order, in a `lax.scan` on GPUs or a Python loop on CPUs.
     schedule = [
         (epoch, minibatch, microbatch)
         for epoch in range(args.update_epochs)
