@@ -55,24 +55,23 @@ ABLATIONS = {
     ],
     "unmasked_reset_steps": [
         (
-            'valid = 1.0 - data["is_reset"].astype(jnp.float32)',
-            'valid = jnp.ones(data["is_reset"].shape)',
+            "valid = 1.0 - data.is_reset.astype(jnp.float32)",
+            "valid = jnp.ones(data.is_reset.shape)",
         )
     ],
     "flat_minibatches": [
         (
-            'return dict(fields, advantages=advantages, valid=valid, env_ids=data["env_ids"])',
+            "return batch, data.env_ids",
             "flat = lambda x: x.reshape(1, -1, *x.shape[2:])\n"
-            "        fields = jax.tree.map(flat, dict(fields, advantages=advantages, valid=valid))\n"
-            '        return dict(fields, env_ids=data["env_ids"][:1])',
+            "        return jax.tree.map(flat, batch), data.env_ids[:1]",
         ),
         (
-            "jax.random.fold_in(epoch_key, g), args.num_steps)",
-            'jax.random.fold_in(epoch_key, g), fields["valid"].shape[1])',
+            "jax.random.fold_in(epoch_key, env_id), args.num_steps",
+            "jax.random.fold_in(epoch_key, env_id), batch.valid.shape[1]",
         ),
         (
-            "chunk = args.num_steps // args.num_minibatches",
-            "chunk = args.num_steps * args.local_num_envs // args.num_minibatches",
+            "minibatch_steps = args.num_steps // args.num_minibatches",
+            "minibatch_steps = args.num_steps * args.local_num_envs // args.num_minibatches",
         ),
     ],
 }
@@ -174,7 +173,8 @@ def report(options):
                     for r in rows
                 )
     table = [
-        f"| variant | seeds | final return per seed (last {LAST_N} episodes) | mean | min | SPS (mean) |",
+        f"| variant | seeds | final return per seed (last {LAST_N} episodes) | mean | min "
+        "| SPS (mean) |",
         "|---|---|---|---|---|---|",
     ]
     fig, ax = plt.subplots(figsize=(8, 4.8))
@@ -190,7 +190,8 @@ def report(options):
             for s in seeds
         ]
         table.append(
-            f"| `{variant}` | {' '.join(map(str, seeds))} | {' / '.join(f'{x:.1f}' for x in finals)} | "
+            f"| `{variant}` | {' '.join(map(str, seeds))} | "
+            f"{' / '.join(f'{x:.1f}' for x in finals)} | "
             f"{np.mean(finals):.1f} | {min(finals):.1f} | {np.mean(sps):.0f} |"
         )
         grid = np.linspace(0, options.timesteps, 201)
@@ -218,7 +219,10 @@ def report(options):
         label=f"CleanRL ppo.py ({CLEANRL_REFERENCE})",
     )
     ax.set(
-        title=f"CartPole-v1, CleanRL's PPO settings (mean over seeds of the last-{LAST_N} mean; band: cleanrl min-max)",
+        title=(
+            f"CartPole-v1, CleanRL's PPO settings (mean over seeds of the last-{LAST_N} mean; "
+            "band: cleanrl min-max)"
+        ),
         xlabel="environment steps",
         ylabel="episodic return",
     )
@@ -236,14 +240,16 @@ def report(options):
     (options.out_dir / "parity_cartpole.md").write_text(
         f"# PPO parity with CleanRL on CartPole-v1 ({options.date})\n\n"
         f"Machine: {platform.machine()}, 2 CPU cores, Python {platform.python_version()}. Made by "
-        "`python benchmark/parity_cartpole.py --variants VARIANT --seeds SEEDS` with the seeds of the table; "
-        "the seed-1 command of each variant (`<name>`: the script with that ablation or at that revision, see "
-        "the benchmark's docstring):\n\n"
+        "`python benchmark/parity_cartpole.py --variants VARIANT --seeds SEEDS` with the seeds of "
+        "the table; the seed-1 command of each variant (`<name>`: the script with that ablation or "
+        "at that revision, see the benchmark's docstring):\n\n"
         f"```\n{commands}\n```\n\n"
-        f"Reference: CleanRL's `ppo.py` on CartPole-v1 reaches {CLEANRL_REFERENCE} ± 6.12 (docs.cleanrl.dev, "
-        "PPO page, `ppo.py` experiment results, 500k steps). Target: a mean of the last 100 episodes of at least 450 "
-        "over 5 seeds, and no seed below 300. SPS: other benchmark runs shared the 2 cores, so compare learning, "
-        "not speed.\n\n" + "\n".join(table) + "\n\n![CartPole parity](parity_cartpole.png)\n"
+        f"Reference: CleanRL's `ppo.py` on CartPole-v1 reaches {CLEANRL_REFERENCE} ± 6.12 "
+        "(docs.cleanrl.dev, PPO page, `ppo.py` experiment results, 500k steps). Target: a mean of "
+        "the last 100 episodes of at least 450 over 5 seeds, and no seed below 300. SPS: other "
+        "benchmark runs shared the 2 cores, so compare learning, not speed.\n\n"
+        + "\n".join(table)
+        + "\n\n![CartPole parity](parity_cartpole.png)\n"
     )
     print((options.out_dir / "parity_cartpole.md").read_text())
 

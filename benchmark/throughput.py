@@ -1,7 +1,6 @@
 """Throughput against its ceiling: each stage of a script measured alone, then the whole script.
 
-python benchmark/throughput.py                 # PPO and IMPALA, small and default network, on this
-machine
+python benchmark/throughput.py    # PPO and IMPALA, small and default network, on this machine
 python benchmark/throughput.py --scripts cleanba_impala --networks small
 
 In this process, for each script and network (Breakout-v5, 2 actor threads x 8 environments, 32
@@ -22,6 +21,7 @@ memory. Writes benchmark/results/throughput_<platform>.md.
 """
 
 import argparse
+import dataclasses
 import importlib
 import platform
 import tempfile
@@ -37,8 +37,9 @@ import numpy as np
 from measure import run_measured
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from cleanba_utils.handoff import send_params
 from cleanba_utils.run import Episodes
-from cleanba_utils.run_files import replicate
+from cleanba_utils.run_files import first_replica, replicate
 from cleanba_utils.threads import queue_get
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,7 +64,8 @@ class NoWriter:
 
 
 def stage_times(script, argv: list[str], repeats: int) -> dict:
-    """(a), (b) and (c) in seconds per environment step, and whether actor and learner share hardware."""
+    """(a), (b) and (c) in seconds per environment step, and whether actor and learner share
+    hardware."""
     args = script.parse_args(argv)
     script.validate_layout(args)
     sizes = script.sizes_of(args, 1)
@@ -115,7 +117,7 @@ def stage_times(script, argv: list[str], repeats: int) -> dict:
     t_infer = (time.perf_counter() - start) / (calls * args.local_num_envs)
 
     # One rollout per actor thread, played by the script's own actors, as the learner receives them.
-    sizes_one = script.Sizes(sizes.num_envs, sizes.batch_size, sizes.minibatch_size, 1)
+    sizes_one = dataclasses.replace(sizes, num_updates=1)
     stop = threading.Event()
     run = SimpleNamespace(
         stop=stop,
@@ -128,17 +130,25 @@ def stage_times(script, argv: list[str], repeats: int) -> dict:
     param_queues, rollout_queues, _ = script.start_actors(
         args, sizes_one, run, network, 1, actor_devices, learner_devices
     )
-    script.send_params(replicated, 0, actor_devices, param_queues, stop)
+    send_params(
+        first_replica(replicated.params),
+        policy_version=0,
+        actor_devices=actor_devices,
+        param_queues=param_queues,
+        stop=stop,
+    )
     rollouts = tuple(queue_get(q, stop).data for q in rollout_queues)
     stop.set()
-    update = script.make_update(args, learner_devices, rolled=learner_devices[0].platform != "cpu")
-    replicated, _ = update(replicated, rollouts, np.int32(1))
+    update_fn = script.make_update(
+        args, learner_devices, rolled=learner_devices[0].platform != "cpu"
+    )
+    replicated, _ = update_fn(replicated, rollouts, np.int32(1))
     jax.block_until_ready(replicated)
     start = time.perf_counter()
-    for index in range(repeats):
-        replicated, _ = update(replicated, rollouts, np.int32(2 + index))
+    for update in range(2, 2 + repeats):
+        replicated, _ = update_fn(replicated, rollouts, np.int32(update))
         jax.block_until_ready(replicated)
-    t_learn = (time.perf_counter() - start) / (repeats * sizes.batch_size)
+    t_learn = (time.perf_counter() - start) / (repeats * sizes.steps_per_update)
     separate = (
         not set(actor_devices) & set(learner_devices) and learner_devices[0].platform != "cpu"
     )
@@ -154,16 +164,16 @@ def stage_times(script, argv: list[str], repeats: int) -> dict:
 
 
 def whole_run(
-    script_name: str, argv: list[str], batch_size: int, updates: int, work_dir: Path
+    script_name: str, argv: list[str], steps_per_update: int, updates: int, work_dir: Path
 ) -> dict:
-    """The script as a user runs it: steady SPS, the stage times it logged per environment step, peak
-    RSS."""
+    """The script as a user runs it: steady SPS, the stage times it logged per environment step,
+    peak RSS."""
     run_name = f"{script_name}_{len(list(work_dir.glob('*.log')))}"
     command = [
         str(REPO / "cleanba" / f"{script_name}.py"),
         *argv,
         "--total-timesteps",
-        str(updates * batch_size),
+        str(updates * steps_per_update),
     ]
     measured = run_measured(
         [*command, "--run-name", run_name], work_dir, work_dir / f"{run_name}.log"
@@ -185,7 +195,7 @@ def whole_run(
         peak_rss_gib=measured["peak_rss_gib"],
         run_env=in_run("stats/env_step_time") / threads_steps,
         run_infer=in_run("stats/inference_time") / threads_steps,
-        run_learn=in_run("stats/learn_time") / batch_size,
+        run_learn=in_run("stats/learn_time") / steps_per_update,
         run_rollout=in_run("stats/rollout_time") / threads_steps,
     )
 
@@ -213,14 +223,19 @@ def main():
                 argv = [*LAYOUT, *NETWORKS[network]]
                 stages = stage_times(script, argv, options.repeats)
                 run = whole_run(
-                    script_name, argv, stages["sizes"].batch_size, options.updates, Path(work_dir)
+                    script_name=script_name,
+                    argv=argv,
+                    steps_per_update=stages["sizes"].steps_per_update,
+                    updates=options.updates,
+                    work_dir=Path(work_dir),
                 )
                 us = lambda seconds: f"{seconds * 1e6:.0f}"
+                actor_other = run["run_rollout"] - run["run_env"] - run["run_infer"]
                 rows.append(
                     f"| {script_name} | {network} | {run['sps']:.0f} | {stages['ceiling']:.0f} | "
-                    f"{100 * run['sps'] / stages['ceiling']:.0f} % | {us(stages['t_env'])} | {us(stages['t_infer'])} | "
-                    f"{us(stages['t_learn'])} | {us(run['run_env'])} / {us(run['run_infer'])} / "
-                    f"{us(run['run_rollout'] - run['run_env'] - run['run_infer'])} / {us(run['run_learn'])} | "
+                    f"{100 * run['sps'] / stages['ceiling']:.0f} % | {us(stages['t_env'])} | "
+                    f"{us(stages['t_infer'])} | {us(stages['t_learn'])} | {us(run['run_env'])} / "
+                    f"{us(run['run_infer'])} / {us(actor_other)} / {us(run['run_learn'])} | "
                     f"{run['peak_rss_gib']:.1f} |"
                 )
                 print(rows[-1], flush=True)
@@ -233,12 +248,14 @@ def main():
     out.write_text(
         f"# Throughput against the ceiling, {platform_name} ({time.strftime('%Y-%m-%d')})\n\n"
         f"Machine: {platform.machine()}, {jax.device_count()} {platform_name} device(s). Made by "
-        f"`python benchmark/throughput.py`: Breakout-v5, 2 actor threads x 8 environments, 32 steps per rollout, "
-        f"the script's other defaults; {options.updates} updates per whole run. Ceiling = {formula}.\n\n"
-        "Stage times are microseconds per environment step: alone (a, b, c), and as the run logged them "
-        "(an actor thread's env step / inference / the rest of its rollout loop, and the learner's update).\n\n"
-        "| script | network | SPS | ceiling | SPS / ceiling | t_env (a) | t_infer (b) | t_learn (c) "
-        "| in the run: env / infer / actor other / learn | peak RSS (GiB) |\n"
+        "`python benchmark/throughput.py`: Breakout-v5, 2 actor threads x 8 environments, 32 steps "
+        f"per rollout, the script's other defaults; {options.updates} updates per whole run. "
+        f"Ceiling = {formula}.\n\n"
+        "Stage times are microseconds per environment step: alone (a, b, c), and as the run logged "
+        "them (an actor thread's env step / inference / the rest of its rollout loop, and the "
+        "learner's update).\n\n"
+        "| script | network | SPS | ceiling | SPS / ceiling | t_env (a) | t_infer (b) "
+        "| t_learn (c) | in the run: env / infer / actor other / learn | peak RSS (GiB) |\n"
         "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )
     print(out.read_text())

@@ -9,9 +9,9 @@ corrects for the difference between the behaviour policy and the policy being tr
 """
 
 import dataclasses
+import functools
 import os
 import queue
-import sys
 import time
 from typing import NamedTuple
 
@@ -27,11 +27,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
+from cleanba_utils.envs import MACHADO_ATARI, envpool_num_threads, is_atari
+from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.learner import microbatch_update
 from cleanba_utils.parsing import fail
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_files import first_replica, replicate
-from cleanba_utils.threads import Stopped, queue_get, queue_put, start_thread
+from cleanba_utils.threads import queue_get, queue_put, start_thread
+
+# === Args ===
 
 
 @dataclasses.dataclass
@@ -71,15 +75,15 @@ class Args:
     num_actor_threads: int = 2
     """the number of actor threads per actor device"""
     envpool_num_threads: int | None = None
-    """worker threads of each envpool instance (default: CPUs / actor threads); results do not depend
-    on it"""
+    """worker threads of each envpool instance (default: CPUs / actor threads); results do not
+    depend on it"""
     num_steps: int = 20
     """the number of steps each environment runs per rollout"""
     gamma: float = 0.99
     """the discount factor"""
     vtrace_lambda: float = 1.0
-    """the lambda of V-trace: trace coefficients are c = lambda * min(1, rho) (rlax fixes c bar at 1)
-    """
+    """the lambda of V-trace: trace coefficients are c = lambda * min(1, rho) (rlax fixes c bar
+    at 1)"""
     clip_rho_threshold: float = 1.0
     """the clip of the importance ratios in the V-trace targets (rho bar)"""
     clip_pg_rho_threshold: float = 1.0
@@ -95,21 +99,21 @@ class Args:
     channels: tuple[int, ...] = (16, 32, 32)
     """the channels of the IMPALA ResNet stacks (image observations)"""
     hiddens: tuple[int, ...] = (256,)
-    """the sizes of the dense layers after the ResNet (image observations), or of the hidden layers of
-    each of the separate actor and critic MLPs (vector observations)"""
+    """the sizes of the dense layers after the ResNet (image observations), or of the hidden layers
+    of each of the separate actor and critic MLPs (vector observations)"""
 
     actor_device_ids: tuple[int, ...] = (0,)
     """the local device ids that run actor threads"""
     learner_device_ids: tuple[int, ...] = (0,)
     """the local device ids the learner update is pmap'd over"""
     gradient_accumulation_steps: int = 1
-    """split each minibatch into this many microbatches whose gradients are summed before one optimizer
-    step: the same result (up to float rounding) in less learner memory"""
+    """split each minibatch into this many microbatches whose gradients are summed before one
+    optimizer step: the same result (up to float rounding) in less learner memory"""
     concurrency: bool = True
     """let actors collect the next rollout while the learner trains (policy lag 1 instead of 0)"""
     distributed: bool = False
-    """join a multi-process run with jax.distributed (configured by SLURM or the three options below)
-    """
+    """join a multi-process run with jax.distributed (configured by SLURM or the three options
+    below)"""
     coordinator_address: str | None = None
     """host:port of process 0, for --distributed outside SLURM"""
     num_processes: int | None = None
@@ -119,14 +123,14 @@ class Args:
     checkpoint_every: int = 0
     """save a checkpoint every this many updates (0: only at the end and on SIGTERM / SIGUSR1)"""
     resume: bool = False
-    """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is none)
-    """
+    """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is
+    none)"""
 
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
     num_envs: int
-    batch_size: int
+    steps_per_update: int
     minibatch_size: int
     num_updates: int
 
@@ -135,9 +139,12 @@ def sizes_of(args: Args, num_processes: int) -> Sizes:
     num_envs = (
         args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids) * num_processes
     )
-    batch_size = num_envs * args.num_steps
+    steps_per_update = num_envs * args.num_steps
     return Sizes(
-        num_envs, batch_size, batch_size // args.num_minibatches, args.total_timesteps // batch_size
+        num_envs=num_envs,
+        steps_per_update=steps_per_update,
+        minibatch_size=steps_per_update // args.num_minibatches,
+        num_updates=args.total_timesteps // steps_per_update,
     )
 
 
@@ -148,14 +155,15 @@ def parse_args(argv=None) -> Args:
 
 
 def validate(args: Args):
-    """Checks every argument that needs no device, before any other work; exits 2 on the first problem."""
+    """Checks every argument that needs no device, before any other work; exits 2 on the first
+    problem."""
     positive = (
         "total_timesteps learning_rate local_num_envs num_actor_threads num_steps num_minibatches"
+        " gradient_accumulation_steps clip_rho_threshold clip_pg_rho_threshold max_grad_norm"
+        " log_frequency"
     )
-    positive += " gradient_accumulation_steps clip_rho_threshold clip_pg_rho_threshold max_grad_norm log_frequency"
-    parsing.check_signs(
-        args, positive.split(), "ent_coef vf_coef eval_episodes checkpoint_every".split()
-    )
+    non_negative = "ent_coef vf_coef eval_episodes checkpoint_every"
+    parsing.check_signs(args, positive.split(), non_negative.split())
     parsing.check_in(args, "gamma", 0, 1, low_open=True)
     parsing.check_in(args, "vtrace_lambda", 0, 1)
     parsing.check_run_options(args)
@@ -164,37 +172,31 @@ def validate(args: Args):
 def validate_layout(args: Args):
     """The checks that need the devices (and, with --distributed, the number of processes)."""
     sizes = sizes_of(args, jax.process_count())
-    parsing.check_devices(args, sizes.num_updates, sizes.batch_size)
+    parsing.check_devices(args, sizes.num_updates, sizes.steps_per_update)
     envs_per_device = args.local_num_envs // len(args.learner_device_ids)
     microbatches = args.num_minibatches * args.gradient_accumulation_steps
     if envs_per_device % microbatches:
         fail(
-            f"--local-num-envs {args.local_num_envs} over {len(args.learner_device_ids)} learner device(s) gives "
-            f"{envs_per_device} envs per device, not divisible by --num-minibatches {args.num_minibatches} x "
-            f"--gradient-accumulation-steps {args.gradient_accumulation_steps}: every device puts equally many "
-            "envs in each microbatch"
+            f"--local-num-envs {args.local_num_envs} over {len(args.learner_device_ids)} learner "
+            f"device(s) gives {envs_per_device} envs per device, not divisible by "
+            f"--num-minibatches {args.num_minibatches} x --gradient-accumulation-steps "
+            f"{args.gradient_accumulation_steps}: every device puts equally many envs in each "
+            "microbatch"
         )
 
 
-def is_atari(env_id: str) -> bool:
-    return "repeat_action_probability" in envpool.make_spec(env_id).config._fields
+# === Environment ===
 
 
 def make_env(args: Args, seed: int, num_envs: int):
-    """envpool seeds its environment i with `seed + i`; Atari follows Machado et al. (2018): sticky
-    actions, the full action space, no life-loss signal, one no-op at reset at most, 108k frames per
-    episode at most."""
-    # sched_getaffinity counts the CPUs this process may use (a SLURM allocation), not the node's.
-    cpus_per_thread = len(os.sched_getaffinity(0)) // (
-        args.num_actor_threads * len(args.actor_device_ids)
+    """envpool seeds its environment i with `seed + i`; Atari follows Machado et al. (2018)
+    (`MACHADO_ATARI`)."""
+    num_threads = envpool_num_threads(
+        args.envpool_num_threads,
+        num_envs=num_envs,
+        instances=args.num_actor_threads * len(args.actor_device_ids),
     )
-    num_threads = args.envpool_num_threads or max(1, min(num_envs, cpus_per_thread))
-    atari = dict(
-        repeat_action_probability=0.25, full_action_space=True, episodic_life=False, noop_max=1
-    )
-    options = (
-        dict(atari, max_episode_steps=27_000, reward_clip=True) if is_atari(args.env_id) else {}
-    )
+    options = MACHADO_ATARI if is_atari(args.env_id) else {}
     return envpool.make(
         args.env_id,
         env_type="gymnasium",
@@ -203,6 +205,9 @@ def make_env(args: Args, seed: int, num_envs: int):
         num_threads=num_threads,
         **options,
     )
+
+
+# === Network ===
 
 
 class ResidualBlock(nn.Module):
@@ -265,6 +270,38 @@ class Network(nn.Module):
         return logits, value[:, 0]
 
 
+# === Actor ===
+
+
+class Trajectories(NamedTuple):
+    """One rollout, env-major (envs, steps, ...): what each environment saw and did at each step
+    (`obs` has one more entry per environment, the last observation, which the learner evaluates
+    with its current parameters), and the environments' global indices. `is_reset` marks envpool's
+    reset steps (the step after an episode's end: the action is ignored and the observation is the
+    next episode's first)."""
+
+    obs: np.ndarray
+    actions: np.ndarray
+    logprobs: np.ndarray
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    is_reset: np.ndarray
+    env_ids: np.ndarray
+
+
+class Rollout(NamedTuple):
+    """What an actor thread puts on its rollout queue: the learner update it is for, the version of
+    the parameters that played it, its trajectories with one slice of environments per learner
+    device, and the seconds the actor spent waiting for parameters, playing, stepping and
+    inferring."""
+
+    update: int
+    policy_version: int
+    data: Trajectories
+    timing: dict
+
+
 def sample_actions(logits, key, step, env_ids):
     """Gumbel-max sampling keyed by (step, global env index): the same draws whatever the layout."""
     step_key = jax.random.fold_in(key, step)
@@ -273,21 +310,9 @@ def sample_actions(logits, key, step, env_ids):
     return jnp.argmax(logits + gumbel, axis=1)
 
 
-class Rollout(NamedTuple):
-    """What an actor thread puts on its rollout queue: the learner update it is for, the version of the
-    parameters that played it, env-major arrays (envs, steps, ...) with one slice of environments
-    per learner device, and the seconds the actor spent waiting for parameters, playing, stepping
-    and inferring."""
-
-    update: int
-    policy_version: int
-    data: dict
-    timing: dict
-
-
 def actor(args, sizes, run, network, first_update, env_offset, devices, param_queue, rollout_queue):
-    """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs -
-    1. `devices` are its own device and the local learner devices."""
+    """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs
+    - 1. `devices` are its own device and the local learner devices."""
     actor_device, learner_devices = devices
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
@@ -316,7 +341,8 @@ def actor(args, sizes, run, network, first_update, env_offset, devices, param_qu
         param_queue_get_time = time.time() - param_wait_start
 
         rollout_start = time.time()
-        inference_time = env_step_time = 0.0
+        inference_time = 0.0
+        env_step_time = 0.0
         steps = []
         for step in range(args.num_steps):
             tic = time.time()
@@ -328,171 +354,45 @@ def actor(args, sizes, run, network, first_update, env_offset, devices, param_qu
             tic = time.time()
             obs, reward, terminated, truncated, info = envs.step(action)
             env_step_time += time.time() - tic
-            played = dict(obs=next_obs, actions=action, logprobs=logprob, is_reset=next_is_reset)
             steps.append(
-                dict(played, rewards=reward, terminations=terminated, truncations=truncated)
+                dict(
+                    obs=next_obs,
+                    actions=action,
+                    logprobs=logprob,
+                    rewards=reward,
+                    terminations=terminated,
+                    truncations=truncated,
+                    is_reset=next_is_reset,
+                )
             )
             done = terminated | truncated
             episodes.step(
                 info.get("reward", reward), done, next_is_reset, policy_step * sizes.num_envs
             )
-            next_obs, next_is_reset = obs, done
+            next_obs = obs
+            next_is_reset = done
 
         # Env-major (envs, steps, ...) split into one slice of envs per learner device: a single
         # host-to-device copy of the whole rollout, overlapped with the learner's work.
-        data = {key: np.stack([s[key] for s in steps], axis=1) for key in steps[0]}
+        stacked = {key: np.stack([s[key] for s in steps], axis=1) for key in steps[0]}
+        data = Trajectories(**stacked, env_ids=env_ids)
         # The learner evaluates every observation with its current parameters, the last one
         # included.
-        data["obs"] = np.concatenate([data["obs"], next_obs[:, None]], axis=1)
-        data["env_ids"] = env_ids
-        data = {k: v.reshape(len(learner_devices), -1, *v.shape[1:]) for k, v in data.items()}
+        data = data._replace(obs=np.concatenate([data.obs, next_obs[:, None]], axis=1))
+        data = jax.tree.map(lambda v: v.reshape(len(learner_devices), -1, *v.shape[1:]), data)
         timing = dict(
             param_queue_get_time=param_queue_get_time,
             rollout_time=time.time() - rollout_start,
             inference_time=inference_time,
             env_step_time=env_step_time,
         )
-        queue_put(
-            rollout_queue,
-            Rollout(update, policy_version, jax.device_put(data, learner_sharding), timing),
-            run.stop,
+        rollout = Rollout(
+            update=update,
+            policy_version=policy_version,
+            data=jax.device_put(data, learner_sharding),
+            timing=timing,
         )
-
-
-def vtrace(
-    values,
-    rewards,
-    terminations,
-    truncations,
-    log_rhos,
-    gamma,
-    vtrace_lambda,
-    clip_rho,
-    clip_pg_rho,
-):
-    """V-trace targets and policy-gradient advantages of one environment's rollout; values has one more
-    entry (the last observation) and log_rhos are log pi(a|x) - log mu(a|x) of the actions taken.
-
-    A termination stops bootstrapping; a truncation bootstraps from the last observation's value
-    but, like a termination, cuts the trace so that no correction flows across episodes."""
-    discount = gamma * (1.0 - terminations)
-    trace = vtrace_lambda * (1.0 - jnp.maximum(terminations, truncations))
-    out = rlax.vtrace_td_error_and_advantage(
-        values[:-1], values[1:], rewards, discount, jnp.exp(log_rhos), trace, clip_rho, clip_pg_rho
-    )
-    return out.errors + values[:-1], out.pg_advantage
-
-
-def impala_loss(params, apply_fn, mb, count, args):
-    """Sums of per-sample losses over this device's valid samples, divided by the global count.
-
-    The current parameters evaluate all T + 1 observations of each environment, so V-trace corrects
-    for the actor's policy having been older than the one being trained."""
-    obs = mb["obs"].reshape(-1, *mb["obs"].shape[2:])
-    logits, values = apply_fn(params, obs)
-    logits, values = logits.reshape(*mb["obs"].shape[:2], -1), values.reshape(mb["obs"].shape[:2])
-    log_probs = jax.nn.log_softmax(logits[:, :-1])
-    logprob = jnp.take_along_axis(log_probs, mb["actions"][..., None].astype(jnp.int32), axis=-1)[
-        ..., 0
-    ]
-    logratio = logprob - mb["logprobs"]
-    per_env = jax.vmap(
-        lambda *xs: vtrace(
-            *xs, args.gamma, args.vtrace_lambda, args.clip_rho_threshold, args.clip_pg_rho_threshold
-        )
-    )
-    targets, pg_advantages = jax.lax.stop_gradient(
-        per_env(values, mb["rewards"], mb["terminations"], mb["truncations"], logratio)
-    )
-    pg_loss = -pg_advantages * logprob
-    baseline_loss = 0.5 * (targets - values[:, :-1]) ** 2
-    entropy = -(jax.nn.softmax(logits[:, :-1]) * log_probs).sum(-1)
-    mean = lambda x: (x * mb["valid"]).sum() / count
-    loss = mean(pg_loss) + args.vf_coef * mean(baseline_loss) - args.ent_coef * mean(entropy)
-    metrics = dict(
-        pg_loss=mean(pg_loss),
-        baseline_loss=mean(baseline_loss),
-        entropy=mean(entropy),
-        approx_kl=mean(jnp.exp(logratio) - 1 - logratio),
-    )
-    return loss, metrics
-
-
-def minibatch_ids(key, env_ids, num_minibatches):
-    """Environment g goes to minibatch perm[g % M] of its block of M = num_minibatches consecutive
-    indices, perm being a random permutation keyed by the block: the global index alone decides, and
-    a device that holds whole blocks has equally many environments in every minibatch."""
-    block_permutation = lambda g: jax.random.permutation(
-        jax.random.fold_in(key, g // num_minibatches), num_minibatches
-    )
-    return jax.vmap(lambda g: block_permutation(g)[g % num_minibatches])(env_ids)
-
-
-def make_update(args, learner_devices, rolled: bool):
-    """The learner update, pmap'd over the learner devices: one pass over the rollout in
-    `num_minibatches` optimizer steps, each on whole environment sequences and the sum of the
-    gradients of `gradient_accumulation_steps` microbatches (subsets of its sequences).
-
-    Layout invariance: minibatch membership depends only on global env indices (`minibatch_ids`),
-    and every mean is a global one (psum of sums over psum of counts), so the number of learner
-    devices changes the result only by float rounding. `rolled`: see `microbatch_update`."""
-    learner_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 2)
-    num_micro = args.gradient_accumulation_steps
-    num_microbatches = args.num_minibatches * num_micro
-
-    def prepare(rollouts, update_index):
-        data = jax.tree.map(lambda *xs: jnp.concatenate(xs), *rollouts)
-        terminations, truncations = (
-            data["terminations"].astype(jnp.float32),
-            data["truncations"].astype(jnp.float32),
-        )
-        fields = dict(
-            obs=data["obs"],
-            actions=data["actions"],
-            logprobs=data["logprobs"],
-            rewards=data["rewards"],
-        )
-        fields = dict(fields, terminations=terminations, truncations=truncations)
-        ids = minibatch_ids(
-            jax.random.fold_in(learner_key, update_index), data["env_ids"], args.num_minibatches
-        )
-        # Environments sorted by minibatch: minibatch m is the m-th block of `order`.
-        order = jnp.argsort(ids, stable=True)
-        return dict(fields, valid=1.0 - data["is_reset"].astype(jnp.float32), order=order)
-
-    def microbatch_step(state, fields, update_index, index):
-        """Microbatch `index` of the update: minibatch and microbatch in that order of nesting."""
-        minibatch, micro = index // num_micro, index % num_micro
-        envs_per_minibatch = fields["order"].shape[0] // args.num_minibatches
-        minibatch_envs = jax.lax.dynamic_slice_in_dim(
-            fields["order"], minibatch * envs_per_minibatch, envs_per_minibatch
-        )
-        # The count is the whole minibatch's, so that K microbatches sum to exactly its gradient.
-        count = jnp.maximum(jax.lax.psum(fields["valid"][minibatch_envs].sum(), "devices"), 1.0)
-        envs_per_micro = envs_per_minibatch // num_micro
-        micro_envs = jax.lax.dynamic_slice_in_dim(
-            minibatch_envs, micro * envs_per_micro, envs_per_micro
-        )
-        mb = {key: value[micro_envs] for key, value in fields.items() if key != "order"}
-        grads, metrics = jax.grad(impala_loss, has_aux=True)(
-            state.params, state.apply_fn, mb, count, args
-        )
-        # Each device's loss is its share of the global mean, so the global gradient is their sum.
-        grads, metrics = jax.lax.psum((grads, metrics), "devices")
-        return state.apply_gradients(grads=grads), metrics
-
-    return microbatch_update(
-        prepare, microbatch_step, num_microbatches, args.num_minibatches, learner_devices, rolled
-    )
-
-
-def learning_rate_at(args: Args, sizes: Sizes, update: int) -> float:
-    """Constant within an update, linearly down to zero over the run."""
-    return (
-        args.learning_rate * (1.0 - (update - 1) / sizes.num_updates)
-        if args.anneal_lr
-        else args.learning_rate
-    )
+        queue_put(rollout_queue, rollout, run.stop)
 
 
 def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
@@ -506,7 +406,8 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
         )
     )
     obs, _ = envs.reset()
-    returns, finished = np.zeros(num_episodes), np.zeros(num_episodes, dtype=bool)
+    returns = np.zeros(num_episodes)
+    finished = np.zeros(num_episodes, dtype=bool)
     step = 0
     while not finished.all():
         obs, reward, terminated, truncated, info = envs.step(np.asarray(act(params, obs, step)))
@@ -516,9 +417,117 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     return returns.tolist()
 
 
+# === Loss ===
+
+
+def vtrace(
+    values,
+    rewards,
+    terminations,
+    truncations,
+    log_rhos,
+    *,
+    gamma,
+    vtrace_lambda,
+    clip_rho,
+    clip_pg_rho,
+):
+    """V-trace targets and policy-gradient advantages of one environment's rollout; values has one
+    more entry (the last observation) and log_rhos are log pi(a|x) - log mu(a|x) of the actions
+    taken.
+
+    A termination stops bootstrapping; a truncation bootstraps from the last observation's value
+    but, like a termination, cuts the trace so that no correction flows across episodes."""
+    discount = gamma * (1.0 - terminations)
+    trace = vtrace_lambda * (1.0 - jnp.maximum(terminations, truncations))
+    out = rlax.vtrace_td_error_and_advantage(
+        v_tm1=values[:-1],
+        v_t=values[1:],
+        r_t=rewards,
+        discount_t=discount,
+        rho_tm1=jnp.exp(log_rhos),
+        lambda_=trace,
+        clip_rho_threshold=clip_rho,
+        clip_pg_rho_threshold=clip_pg_rho,
+    )
+    return out.errors + values[:-1], out.pg_advantage
+
+
+class Batch(NamedTuple):
+    """Whole environment sequences (envs, steps) of the learner: what the actor played (`obs` with
+    the last observation), and `valid` (0 on envpool's reset steps, which do not count)."""
+
+    obs: jax.Array
+    actions: jax.Array
+    logprobs: jax.Array
+    rewards: jax.Array
+    terminations: jax.Array
+    truncations: jax.Array
+    valid: jax.Array
+
+
+def impala_loss(
+    params,
+    apply_fn,
+    batch: Batch,
+    count,
+    *,
+    gamma,
+    vtrace_lambda,
+    clip_rho,
+    clip_pg_rho,
+    ent_coef,
+    vf_coef,
+):
+    """Sums of per-sample losses over this device's valid samples, divided by the global count.
+
+    The current parameters evaluate all T + 1 observations of each environment, so V-trace corrects
+    for the actor's policy having been older than the one being trained."""
+    num_envs_and_obs = batch.obs.shape[:2]
+    obs = batch.obs.reshape(-1, *batch.obs.shape[2:])
+    logits, values = apply_fn(params, obs)
+    logits = logits.reshape(*num_envs_and_obs, -1)
+    values = values.reshape(num_envs_and_obs)
+    log_probs = jax.nn.log_softmax(logits[:, :-1])
+    actions = batch.actions[..., None].astype(jnp.int32)
+    logprob = jnp.take_along_axis(log_probs, actions, axis=-1)[..., 0]
+    logratio = logprob - batch.logprobs
+    per_env_vtrace = functools.partial(
+        vtrace,
+        gamma=gamma,
+        vtrace_lambda=vtrace_lambda,
+        clip_rho=clip_rho,
+        clip_pg_rho=clip_pg_rho,
+    )
+    targets, pg_advantages = jax.lax.stop_gradient(
+        jax.vmap(per_env_vtrace)(
+            values=values,
+            rewards=batch.rewards,
+            terminations=batch.terminations,
+            truncations=batch.truncations,
+            log_rhos=logratio,
+        )
+    )
+    pg_loss = -pg_advantages * logprob
+    baseline_loss = 0.5 * (targets - values[:, :-1]) ** 2
+    entropy = -(jax.nn.softmax(logits[:, :-1]) * log_probs).sum(-1)
+    mean = lambda x: (x * batch.valid).sum() / count
+    loss = mean(pg_loss) + vf_coef * mean(baseline_loss) - ent_coef * mean(entropy)
+    metrics = dict(
+        pg_loss=mean(pg_loss),
+        baseline_loss=mean(baseline_loss),
+        entropy=mean(entropy),
+        approx_kl=mean(jnp.exp(logratio) - 1 - logratio),
+    )
+    return loss, metrics
+
+
+# === Update ===
+
+
 def init_state(args: Args, sizes: Sizes):
-    """The network, and the learner state with its counters: fresh from the seed, or with --resume from
-    the newest checkpoint of the run (counters["update"] > 0 then)."""
+    """The network, and the learner state with its counters: fresh from the seed, or with --resume
+    from the newest checkpoint of the run (counters["update"] > 0 then)."""
     probe_env = make_env(args, args.seed, 1)
     network = Network(args.channels, args.hiddens, probe_env.action_space.n)
     params = network.init(
@@ -537,21 +546,129 @@ def init_state(args: Args, sizes: Sizes):
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
     checkpoint = resume_from(run_dir_of(args), state, identity) if args.resume else None
     state, counters = checkpoint or (state, dict(update=0, wall_time_s=0.0))
-    return network, state, dict(counters, **identity)
+    counters = dict(
+        update=counters["update"],
+        wall_time_s=counters["wall_time_s"],
+        sizes=identity["sizes"],
+        seed=identity["seed"],
+    )
+    return network, state, counters
+
+
+def minibatch_ids(key, env_ids, num_minibatches):
+    """Environment g goes to minibatch perm[g % M] of its block of M = num_minibatches consecutive
+    indices, perm being a random permutation keyed by the block: the global index alone decides, and
+    a device that holds whole blocks has equally many environments in every minibatch."""
+    block_permutation = lambda g: jax.random.permutation(
+        jax.random.fold_in(key, g // num_minibatches), num_minibatches
+    )
+    return jax.vmap(lambda g: block_permutation(g)[g % num_minibatches])(env_ids)
+
+
+def make_update(args: Args, learner_devices: list, rolled: bool):
+    """The learner update, pmap'd over the learner devices: one pass over the rollout in
+    `num_minibatches` optimizer steps, each on whole environment sequences and the sum of the
+    gradients of `gradient_accumulation_steps` microbatches (subsets of its sequences).
+
+    Layout invariance: minibatch membership depends only on global env indices (`minibatch_ids`),
+    and every mean is a global one (psum of sums over psum of counts), so the number of learner
+    devices changes the result only by float rounding. `rolled`: see `microbatch_update`."""
+    learner_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 2)
+
+    def prepare(rollouts, update):
+        """The whole rollout as one batch, and its environments in minibatch order: minibatch m is
+        the m-th block of `order`."""
+        data = jax.tree.map(lambda *xs: jnp.concatenate(xs), *rollouts)
+        batch = Batch(
+            obs=data.obs,
+            actions=data.actions,
+            logprobs=data.logprobs,
+            rewards=data.rewards,
+            terminations=data.terminations.astype(jnp.float32),
+            truncations=data.truncations.astype(jnp.float32),
+            valid=1.0 - data.is_reset.astype(jnp.float32),
+        )
+        ids = minibatch_ids(
+            jax.random.fold_in(learner_key, update), data.env_ids, args.num_minibatches
+        )
+        order = jnp.argsort(ids, stable=True)
+        return batch, order
+
+    def microbatch_step(state, prepared, update, minibatch, microbatch):
+        """One microbatch of one minibatch: its gradient, summed over the devices, accumulated into
+        the minibatch's optimizer step."""
+        batch, order = prepared
+        envs_per_minibatch = order.shape[0] // args.num_minibatches
+        minibatch_envs = jax.lax.dynamic_slice_in_dim(
+            order, minibatch * envs_per_minibatch, envs_per_minibatch
+        )
+        # The count is the whole minibatch's, so that K microbatches sum to exactly its gradient.
+        count = jnp.maximum(jax.lax.psum(batch.valid[minibatch_envs].sum(), "devices"), 1.0)
+        envs_per_microbatch = envs_per_minibatch // args.gradient_accumulation_steps
+        microbatch_envs = jax.lax.dynamic_slice_in_dim(
+            minibatch_envs, microbatch * envs_per_microbatch, envs_per_microbatch
+        )
+        grads, metrics = jax.grad(impala_loss, has_aux=True)(
+            state.params,
+            apply_fn=state.apply_fn,
+            batch=jax.tree.map(lambda x: x[microbatch_envs], batch),
+            count=count,
+            gamma=args.gamma,
+            vtrace_lambda=args.vtrace_lambda,
+            clip_rho=args.clip_rho_threshold,
+            clip_pg_rho=args.clip_pg_rho_threshold,
+            ent_coef=args.ent_coef,
+            vf_coef=args.vf_coef,
+        )
+        # Each device's loss is its share of the global mean, so the global gradient is their sum.
+        grads, metrics = jax.lax.psum((grads, metrics), "devices")
+        return state.apply_gradients(grads=grads), metrics
+
+    # The update's loops, outermost first: for every minibatch, one step per microbatch; the
+    # optimizer steps once per minibatch (`optax.MultiSteps`). `microbatch_update` runs the steps in
+    # this order, in a `lax.scan` on GPUs or a Python loop on CPUs.
+    schedule = [
+        (minibatch, microbatch)
+        for minibatch in range(args.num_minibatches)
+        for microbatch in range(args.gradient_accumulation_steps)
+    ]
+    return microbatch_update(
+        prepare=prepare,
+        microbatch_step=microbatch_step,
+        schedule=schedule,
+        optimizer_steps=args.num_minibatches,
+        devices=learner_devices,
+        rolled=rolled,
+    )
+
+
+def learning_rate_at(args: Args, sizes: Sizes, update: int) -> float:
+    """Constant within an update, linearly down to zero over the run."""
+    if not args.anneal_lr:
+        return args.learning_rate
+    return args.learning_rate * (1.0 - (update - 1) / sizes.num_updates)
+
+
+# === Learner loop ===
 
 
 def start_actors(args, sizes, run, network, first_update, actor_devices, learner_devices):
-    """One param queue, one rollout queue and one thread per actor thread of every local actor device."""
-    param_queues, rollout_queues, threads = [], [], []
+    """One param queue, one rollout queue and one thread per actor thread of every local actor
+    device."""
+    param_queues = []
+    rollout_queues = []
+    threads = []
     for device_index, actor_device in enumerate(actor_devices):
         for thread_id in range(args.num_actor_threads):
-            thread_index = (
-                jax.process_index() * len(actor_devices) + device_index
-            ) * args.num_actor_threads
-            thread_index += thread_id
+            device_number = jax.process_index() * len(actor_devices) + device_index
+            thread_index = device_number * args.num_actor_threads + thread_id
             param_queues.append(queue.Queue(maxsize=1))
             rollout_queues.append(queue.Queue(maxsize=1))
-            kwargs = dict(
+            thread = start_thread(
+                target=actor,
+                name=f"actor-{thread_index}",
+                stop=run.stop,
+                failures=run.failures,
                 args=args,
                 sizes=sizes,
                 run=run,
@@ -562,49 +679,40 @@ def start_actors(args, sizes, run, network, first_update, actor_devices, learner
                 param_queue=param_queues[-1],
                 rollout_queue=rollout_queues[-1],
             )
-            threads.append(
-                start_thread(actor, f"actor-{thread_index}", run.stop, run.failures, **kwargs)
-            )
+            threads.append(thread)
     return param_queues, rollout_queues, threads
 
 
-def send_params(state, policy_version, actor_devices, param_queues, stop):
-    host_copy = first_replica(state.params)
-    threads_per_device = len(param_queues) // len(actor_devices)
-    for device_index, actor_device in enumerate(actor_devices):
-        on_device = jax.device_put(host_copy, actor_device)
-        for q in param_queues[
-            device_index * threads_per_device : (device_index + 1) * threads_per_device
-        ]:
-            queue_put(q, (policy_version, on_device), stop)
-
-
-def log_update(args, sizes, run, update, rollouts, metrics, stats):
+def log_update(args, sizes, run, update, rollouts, metrics, learner_stats):
     """TensorBoard every update; the losses and a console line every --log-frequency updates."""
-    global_step, elapsed = update * sizes.batch_size, time.time() - run.start_time
-    updates_done = update - run.counters["update"]
+    global_step = update * sizes.steps_per_update
     timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
-    sps = int(updates_done * sizes.batch_size / elapsed)
-    run.log({f"stats/{key}": value for key, value in dict(timing, **stats).items()}, global_step)
+    actor_policy_version = rollouts[0].policy_version
     run.log(
-        {"charts/SPS": sps, "charts/learning_rate": learning_rate_at(args, sizes, update)},
+        {
+            "stats/param_queue_get_time": timing["param_queue_get_time"],
+            "stats/rollout_time": timing["rollout_time"],
+            "stats/inference_time": timing["inference_time"],
+            "stats/env_step_time": timing["env_step_time"],
+            "stats/rollout_queue_get_time": learner_stats["rollout_queue_get_time"],
+            "stats/learn_time": learner_stats["learn_time"],
+            "stats/actor_policy_version": actor_policy_version,
+            "stats/learner_policy_version": learner_stats["learner_policy_version"],
+            "charts/SPS": run.sps(global_step),
+            "charts/learning_rate": learning_rate_at(args, sizes, update),
+        },
         global_step,
     )
     if update % args.log_frequency and update != sizes.num_updates:
         return
-    run.log(
-        {f"losses/{key}": value for key, value in jax.device_get(first_replica(metrics)).items()},
-        global_step,
+    losses = jax.device_get(first_replica(metrics))
+    run.log({f"losses/{key}": value for key, value in losses.items()}, global_step)
+    details = (
+        f"policy actor={actor_policy_version} learner={learner_stats['learner_policy_version']} "
+        f"wait rollout={learner_stats['rollout_queue_get_time']:.2f}s "
+        f"param={timing['param_queue_get_time']:.2f}s"
     )
-    mean_return = f"{np.mean(run.recent_returns):.1f}" if run.recent_returns else "n/a"
-    eta_minutes = (sizes.num_updates - update) * elapsed / updates_done / 60
-    print(
-        f"update {update}/{sizes.num_updates} step={global_step} SPS={sps} return={mean_return} "
-        f"policy actor={stats['actor_policy_version']} learner={stats['learner_policy_version']} "
-        f"wait rollout={stats['rollout_queue_get_time']:.2f}s param={timing['param_queue_get_time']:.2f}s "
-        f"ETA={eta_minutes:.1f}min",
-        flush=True,
-    )
+    run.print_progress(update, global_step, details)
 
 
 def train(args: Args):
@@ -615,54 +723,64 @@ def train(args: Args):
     network, state, counters = init_state(args, sizes)
     run = open_run(args, sizes, __file__, counters, global_learner_devices)
     state = replicate(state, learner_devices)
-    update = make_update(args, global_learner_devices, rolled=learner_devices[0].platform != "cpu")
-    start_update = learner_policy_version = counters["update"]
-    param_queues, rollout_queues, threads = start_actors(
-        args, sizes, run, network, start_update + 1, actor_devices, learner_devices
+    update_fn = make_update(
+        args, global_learner_devices, rolled=learner_devices[0].platform != "cpu"
     )
-    exit_code = 0
-    try:
-        send_params(state, learner_policy_version, actor_devices, param_queues, run.stop)
-        for update_index in range(start_update + 1, sizes.num_updates + 1):
+    learner_policy_version = counters["update"]
+    first_update = counters["update"] + 1
+    param_queues, rollout_queues, threads = start_actors(
+        args=args,
+        sizes=sizes,
+        run=run,
+        network=network,
+        first_update=first_update,
+        actor_devices=actor_devices,
+        learner_devices=learner_devices,
+    )
+    with run.learner_loop(threads) as end:
+        send_params(
+            first_replica(state.params),
+            policy_version=learner_policy_version,
+            actor_devices=actor_devices,
+            param_queues=param_queues,
+            stop=run.stop,
+        )
+        for update in range(first_update, sizes.num_updates + 1):
             wait_start = time.time()
             rollouts = [queue_get(q, run.stop) for q in rollout_queues]
             rollout_queue_get_time = time.time() - wait_start
-            # The Cleanba protocol: data exactly one policy version old with --concurrency, else
-            # current.
-            expected_lag = 1 if args.concurrency and update_index > start_update + 1 else 0
-            for r in rollouts:
-                lag = learner_policy_version - r.policy_version
-                if r.update != update_index or lag != expected_lag:
-                    raise RuntimeError(
-                        f"update {update_index}: rollout {r.update} from policy {r.policy_version}"
-                        f" while the learner is at {learner_policy_version} (lag {lag}, expected "
-                        f"{expected_lag})"
-                    )
+            check_policy_lag(
+                rollouts,
+                update=update,
+                learner_policy_version=learner_policy_version,
+                concurrency=args.concurrency,
+                first_update=first_update,
+            )
             learn_start = time.time()
-            state, metrics = update(state, tuple(r.data for r in rollouts), np.int32(update_index))
+            state, metrics = update_fn(state, tuple(r.data for r in rollouts), np.int32(update))
             jax.block_until_ready(state)
             learner_policy_version += 1
-            stats = dict(
+            learner_stats = dict(
                 rollout_queue_get_time=rollout_queue_get_time,
                 learn_time=time.time() - learn_start,
-                actor_policy_version=rollouts[0].policy_version,
                 learner_policy_version=learner_policy_version,
             )
-            log_update(args, sizes, run, update_index, rollouts, metrics, stats)
-            exit_code = run.after_update(state, update_index)
-            if exit_code:
+            log_update(args, sizes, run, update, rollouts, metrics, learner_stats)
+            end.exit_code = run.after_update(state, update)
+            if end.exit_code:
                 break
-            if update_index < sizes.num_updates:
-                send_params(state, learner_policy_version, actor_devices, param_queues, run.stop)
-    except KeyboardInterrupt:
-        print("interrupted: stopping threads and flushing logs", file=sys.stderr)
-        exit_code = 130
-    except Stopped:
-        exit_code = 1
-    except Exception:
-        run.record_failure()
-    run.exit_if_stopped(exit_code, threads)
+            if update < sizes.num_updates:
+                send_params(
+                    first_replica(state.params),
+                    policy_version=learner_policy_version,
+                    actor_devices=actor_devices,
+                    param_queues=param_queues,
+                    stop=run.stop,
+                )
     run.finish(jax.device_get(first_replica(state.params)), learner_policy_version, evaluate)
+
+
+# === Main ===
 
 
 def main(argv=None):

@@ -7,9 +7,9 @@ always trains on data from the policy exactly one version behind; without it (th
 """
 
 import dataclasses
+import functools
 import os
 import queue
-import sys
 import time
 from typing import NamedTuple
 
@@ -25,11 +25,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
+from cleanba_utils.envs import MACHADO_ATARI, envpool_num_threads, is_atari
+from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.learner import microbatch_update
 from cleanba_utils.parsing import fail
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_files import first_replica, replicate
-from cleanba_utils.threads import Stopped, queue_get, queue_put, start_thread
+from cleanba_utils.threads import queue_get, queue_put, start_thread
+
+# === Args ===
 
 
 @dataclasses.dataclass
@@ -69,8 +73,8 @@ class Args:
     num_actor_threads: int = 2
     """the number of actor threads per actor device"""
     envpool_num_threads: int | None = None
-    """worker threads of each envpool instance (default: CPUs / actor threads); results do not depend
-    on it"""
+    """worker threads of each envpool instance (default: CPUs / actor threads); results do not
+    depend on it"""
     num_steps: int = 128
     """the number of steps each environment runs per rollout"""
     gamma: float = 0.99
@@ -86,9 +90,9 @@ class Args:
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
     clip_vloss: bool = False
-    """clip the value loss as PPO's reference implementations do: per sample, the larger of the squared
-    errors of the new value and of the rollout's value moved towards it by at most --clip-coef (off
-    in the paper's runs)"""
+    """clip the value loss as PPO's reference implementations do: per sample, the larger of the
+    squared errors of the new value and of the rollout's value moved towards it by at most
+    --clip-coef (off in the paper's runs)"""
     ent_coef: float = 0.01
     """the entropy coefficient"""
     vf_coef: float = 0.5
@@ -98,22 +102,22 @@ class Args:
     channels: tuple[int, ...] = (16, 32, 32)
     """the channels of the IMPALA ResNet stacks (image observations)"""
     hiddens: tuple[int, ...] = (256,)
-    """the sizes of the dense layers after the ResNet (image observations), or of the hidden layers of
-    each of the separate actor and critic MLPs (vector observations)"""
+    """the sizes of the dense layers after the ResNet (image observations), or of the hidden layers
+    of each of the separate actor and critic MLPs (vector observations)"""
 
     actor_device_ids: tuple[int, ...] = (0,)
     """the local device ids that run actor threads"""
     learner_device_ids: tuple[int, ...] = (0,)
     """the local device ids the learner update is pmap'd over"""
     gradient_accumulation_steps: int = 4
-    """split each minibatch into this many microbatches whose gradients are summed before one optimizer
-    step: the same result (up to float rounding) in less learner memory (1 exhausts 24 GiB at the
-    defaults on CPU)"""
+    """split each minibatch into this many microbatches whose gradients are summed before one
+    optimizer step: the same result (up to float rounding) in less learner memory (1 exhausts 24 GiB
+    at the defaults on CPU)"""
     concurrency: bool = False
     """let actors collect the next rollout while the learner trains (policy lag 1 instead of 0)"""
     distributed: bool = False
-    """join a multi-process run with jax.distributed (configured by SLURM or the three options below)
-    """
+    """join a multi-process run with jax.distributed (configured by SLURM or the three options
+    below)"""
     coordinator_address: str | None = None
     """host:port of process 0, for --distributed outside SLURM"""
     num_processes: int | None = None
@@ -123,14 +127,14 @@ class Args:
     checkpoint_every: int = 0
     """save a checkpoint every this many updates (0: only at the end and on SIGTERM / SIGUSR1)"""
     resume: bool = False
-    """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is none)
-    """
+    """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is
+    none)"""
 
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
     num_envs: int
-    batch_size: int
+    steps_per_update: int
     minibatch_size: int
     num_updates: int
 
@@ -139,9 +143,12 @@ def sizes_of(args: Args, num_processes: int) -> Sizes:
     num_envs = (
         args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids) * num_processes
     )
-    batch_size = num_envs * args.num_steps
+    steps_per_update = num_envs * args.num_steps
     return Sizes(
-        num_envs, batch_size, batch_size // args.num_minibatches, args.total_timesteps // batch_size
+        num_envs=num_envs,
+        steps_per_update=steps_per_update,
+        minibatch_size=steps_per_update // args.num_minibatches,
+        num_updates=args.total_timesteps // steps_per_update,
     )
 
 
@@ -152,14 +159,14 @@ def parse_args(argv=None) -> Args:
 
 
 def validate(args: Args):
-    """Checks every argument that needs no device, before any other work; exits 2 on the first problem."""
+    """Checks every argument that needs no device, before any other work; exits 2 on the first
+    problem."""
     positive = (
         "total_timesteps learning_rate local_num_envs num_actor_threads num_steps num_minibatches"
+        " update_epochs gradient_accumulation_steps clip_coef max_grad_norm log_frequency"
     )
-    positive += " update_epochs gradient_accumulation_steps clip_coef max_grad_norm log_frequency"
-    parsing.check_signs(
-        args, positive.split(), "ent_coef vf_coef eval_episodes checkpoint_every".split()
-    )
+    non_negative = "ent_coef vf_coef eval_episodes checkpoint_every"
+    parsing.check_signs(args, positive.split(), non_negative.split())
     parsing.check_in(args, "gamma", 0, 1, low_open=True)
     parsing.check_in(args, "gae_lambda", 0, 1)
     parsing.check_run_options(args)
@@ -168,35 +175,29 @@ def validate(args: Args):
 def validate_layout(args: Args):
     """The checks that need the devices (and, with --distributed, the number of processes)."""
     sizes = sizes_of(args, jax.process_count())
-    parsing.check_devices(args, sizes.num_updates, sizes.batch_size)
+    parsing.check_devices(args, sizes.num_updates, sizes.steps_per_update)
     microbatches = args.num_minibatches * args.gradient_accumulation_steps
     if args.num_steps % microbatches:
         fail(
-            f"--num-steps {args.num_steps} must be divisible by --num-minibatches {args.num_minibatches} x "
-            f"--gradient-accumulation-steps {args.gradient_accumulation_steps}: a microbatch takes an equal "
-            "chunk of every environment's steps"
+            f"--num-steps {args.num_steps} must be divisible by --num-minibatches "
+            f"{args.num_minibatches} x --gradient-accumulation-steps "
+            f"{args.gradient_accumulation_steps}: a microbatch takes an equal chunk of every "
+            "environment's steps"
         )
 
 
-def is_atari(env_id: str) -> bool:
-    return "repeat_action_probability" in envpool.make_spec(env_id).config._fields
+# === Environment ===
 
 
 def make_env(args: Args, seed: int, num_envs: int):
-    """envpool seeds its environment i with `seed + i`; Atari follows Machado et al. (2018): sticky
-    actions, the full action space, no life-loss signal, one no-op at reset at most, 108k frames per
-    episode at most."""
-    # sched_getaffinity counts the CPUs this process may use (a SLURM allocation), not the node's.
-    cpus_per_thread = len(os.sched_getaffinity(0)) // (
-        args.num_actor_threads * len(args.actor_device_ids)
+    """envpool seeds its environment i with `seed + i`; Atari follows Machado et al. (2018)
+    (`MACHADO_ATARI`)."""
+    num_threads = envpool_num_threads(
+        args.envpool_num_threads,
+        num_envs=num_envs,
+        instances=args.num_actor_threads * len(args.actor_device_ids),
     )
-    num_threads = args.envpool_num_threads or max(1, min(num_envs, cpus_per_thread))
-    atari = dict(
-        repeat_action_probability=0.25, full_action_space=True, episodic_life=False, noop_max=1
-    )
-    options = (
-        dict(atari, max_episode_steps=27_000, reward_clip=True) if is_atari(args.env_id) else {}
-    )
+    options = MACHADO_ATARI if is_atari(args.env_id) else {}
     return envpool.make(
         args.env_id,
         env_type="gymnasium",
@@ -205,6 +206,9 @@ def make_env(args: Args, seed: int, num_envs: int):
         num_threads=num_threads,
         **options,
     )
+
+
+# === Network ===
 
 
 class ResidualBlock(nn.Module):
@@ -267,6 +271,38 @@ class Network(nn.Module):
         return logits, value[:, 0]
 
 
+# === Actor ===
+
+
+class Trajectories(NamedTuple):
+    """One rollout, env-major (envs, steps, ...): what each environment saw and did at each step
+    (`values` has one more entry per environment, the bootstrap value of the last observation), and
+    the environments' global indices. `is_reset` marks envpool's reset steps (the step after an
+    episode's end: the action is ignored and the observation is the next episode's first)."""
+
+    obs: np.ndarray
+    actions: np.ndarray
+    logprobs: np.ndarray
+    values: np.ndarray
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    is_reset: np.ndarray
+    env_ids: np.ndarray
+
+
+class Rollout(NamedTuple):
+    """What an actor thread puts on its rollout queue: the learner update it is for, the version of
+    the parameters that played it, its trajectories with one slice of environments per learner
+    device, and the seconds the actor spent waiting for parameters, playing, stepping and
+    inferring."""
+
+    update: int
+    policy_version: int
+    data: Trajectories
+    timing: dict
+
+
 def sample_actions(logits, key, step, env_ids):
     """Gumbel-max sampling keyed by (step, global env index): the same draws whatever the layout."""
     step_key = jax.random.fold_in(key, step)
@@ -275,21 +311,9 @@ def sample_actions(logits, key, step, env_ids):
     return jnp.argmax(logits + gumbel, axis=1)
 
 
-class Rollout(NamedTuple):
-    """What an actor thread puts on its rollout queue: the learner update it is for, the version of the
-    parameters that played it, env-major arrays (envs, steps, ...) with one slice of environments
-    per learner device, and the seconds the actor spent waiting for parameters, playing, stepping
-    and inferring."""
-
-    update: int
-    policy_version: int
-    data: dict
-    timing: dict
-
-
 def actor(args, sizes, run, network, first_update, env_offset, devices, param_queue, rollout_queue):
-    """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs -
-    1. `devices` are its own device and the local learner devices."""
+    """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs
+    - 1. `devices` are its own device and the local learner devices."""
     actor_device, learner_devices = devices
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
@@ -320,7 +344,8 @@ def actor(args, sizes, run, network, first_update, env_offset, devices, param_qu
         param_queue_get_time = time.time() - param_wait_start
 
         rollout_start = time.time()
-        inference_time = env_step_time = 0.0
+        inference_time = 0.0
+        env_step_time = 0.0
         steps = []
         for step in range(args.num_steps):
             tic = time.time()
@@ -332,176 +357,45 @@ def actor(args, sizes, run, network, first_update, env_offset, devices, param_qu
             tic = time.time()
             obs, reward, terminated, truncated, info = envs.step(action)
             env_step_time += time.time() - tic
-            played = dict(
-                obs=next_obs, actions=action, logprobs=logprob, values=value, is_reset=next_is_reset
-            )
             steps.append(
-                dict(played, rewards=reward, terminations=terminated, truncations=truncated)
+                dict(
+                    obs=next_obs,
+                    actions=action,
+                    logprobs=logprob,
+                    values=value,
+                    rewards=reward,
+                    terminations=terminated,
+                    truncations=truncated,
+                    is_reset=next_is_reset,
+                )
             )
             done = terminated | truncated
             episodes.step(
                 info.get("reward", reward), done, next_is_reset, policy_step * sizes.num_envs
             )
-            next_obs, next_is_reset = obs, done
+            next_obs = obs
+            next_is_reset = done
 
         # Env-major (envs, steps, ...) split into one slice of envs per learner device: a single
         # host-to-device copy of the whole rollout, overlapped with the learner's work.
-        data = {key: np.stack([s[key] for s in steps], axis=1) for key in steps[0]}
+        stacked = {key: np.stack([s[key] for s in steps], axis=1) for key in steps[0]}
+        data = Trajectories(**stacked, env_ids=env_ids)
         bootstrap_value = np.asarray(get_value(params, jax.device_put(next_obs, actor_device)))
-        data["values"] = np.concatenate([data["values"], bootstrap_value[:, None]], axis=1)
-        data["env_ids"] = env_ids
-        data = {k: v.reshape(len(learner_devices), -1, *v.shape[1:]) for k, v in data.items()}
+        data = data._replace(values=np.concatenate([data.values, bootstrap_value[:, None]], axis=1))
+        data = jax.tree.map(lambda v: v.reshape(len(learner_devices), -1, *v.shape[1:]), data)
         timing = dict(
             param_queue_get_time=param_queue_get_time,
             rollout_time=time.time() - rollout_start,
             inference_time=inference_time,
             env_step_time=env_step_time,
         )
-        queue_put(
-            rollout_queue,
-            Rollout(update, policy_version, jax.device_put(data, learner_sharding), timing),
-            run.stop,
+        rollout = Rollout(
+            update=update,
+            policy_version=policy_version,
+            data=jax.device_put(data, learner_sharding),
+            timing=timing,
         )
-
-
-def gae(rewards, values, terminations, truncations, gamma, gae_lambda):
-    """Advantages and returns of one environment's rollout; values has one more entry (bootstrap).
-
-    A termination stops bootstrapping; a truncation bootstraps from the last observation's value
-    but, like a termination, cuts the trace so that no advantage flows across episodes."""
-    discount = gamma * (1.0 - terminations)
-    trace = gae_lambda * (1.0 - jnp.maximum(terminations, truncations))
-    advantages = rlax.truncated_generalized_advantage_estimation(rewards, discount, trace, values)
-    return advantages, advantages + values[:-1]
-
-
-def ppo_loss(params, apply_fn, mb, advantages, count, clip_coef, ent_coef, vf_coef, clip_vloss):
-    """Sums of per-sample losses over this device's valid samples, divided by the global count."""
-    obs = mb["obs"].reshape(-1, *mb["obs"].shape[2:])
-    logits, value = apply_fn(params, obs)
-    logits, value = logits.reshape(*mb["actions"].shape, -1), value.reshape(mb["actions"].shape)
-    log_probs = jax.nn.log_softmax(logits)
-    logprob = jnp.take_along_axis(log_probs, mb["actions"][..., None].astype(jnp.int32), axis=-1)[
-        ..., 0
-    ]
-    logratio = logprob - mb["logprobs"]
-    ratio = jnp.exp(logratio)
-    pg_loss = jnp.maximum(
-        -advantages * ratio, -advantages * jnp.clip(ratio, 1 - clip_coef, 1 + clip_coef)
-    )
-    value_loss = (value - mb["returns"]) ** 2
-    if clip_vloss:
-        clipped_value = mb["values"] + jnp.clip(value - mb["values"], -clip_coef, clip_coef)
-        value_loss = jnp.maximum(value_loss, (clipped_value - mb["returns"]) ** 2)
-    value_loss = 0.5 * value_loss
-    entropy = -(jax.nn.softmax(logits) * log_probs).sum(-1)
-    mean = lambda x: (x * mb["valid"]).sum() / count
-    loss = mean(pg_loss) - ent_coef * mean(entropy) + vf_coef * mean(value_loss)
-    metrics = dict(
-        policy_loss=mean(pg_loss),
-        value_loss=mean(value_loss),
-        entropy=mean(entropy),
-        approx_kl=mean((ratio - 1) - logratio),
-        clipfrac=mean(jnp.abs(ratio - 1) > clip_coef),
-    )
-    return loss, metrics
-
-
-def make_update(args, learner_devices, rolled: bool):
-    """The learner update, pmap'd over the learner devices: `update_epochs` epochs of `num_minibatches`
-    optimizer steps, each the sum of the gradients of `gradient_accumulation_steps` microbatches.
-
-    Layout invariance: minibatch membership depends only on global env indices (each environment's
-    steps are permuted by its own key and cut into `num_minibatches` chunks; a minibatch is the
-    union of every environment's chunk, a microbatch the union of a sub-chunk), and every mean is a
-    global one (psum of sums over psum of counts), so the number of learner devices changes the
-    result only by float rounding. `rolled`: see `microbatch_update`."""
-    learner_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 2)
-    num_micro = args.gradient_accumulation_steps
-    chunk = args.num_steps // args.num_minibatches
-    micro_chunk = chunk // num_micro
-    num_microbatches = args.update_epochs * args.num_minibatches * num_micro
-    optimizer_steps = args.update_epochs * args.num_minibatches
-
-    def prepare(rollouts, update_index):
-        data = jax.tree.map(lambda *xs: jnp.concatenate(xs), *rollouts)
-        terminations, truncations = (
-            data["terminations"].astype(jnp.float32),
-            data["truncations"].astype(jnp.float32),
-        )
-        advantages, returns = jax.vmap(gae, in_axes=(0, 0, 0, 0, None, None))(
-            data["rewards"], data["values"], terminations, truncations, args.gamma, args.gae_lambda
-        )
-        valid = 1.0 - data["is_reset"].astype(jnp.float32)
-        fields = dict(
-            obs=data["obs"], actions=data["actions"], logprobs=data["logprobs"], returns=returns
-        )
-        fields = dict(fields, values=data["values"][:, :-1])
-        return dict(fields, advantages=advantages, valid=valid, env_ids=data["env_ids"])
-
-    def microbatch_step(state, fields, update_index, index):
-        """Microbatch `index` of the update: epoch, minibatch and microbatch in that order of nesting."""
-        epoch, minibatch = (
-            index // (args.num_minibatches * num_micro),
-            (index // num_micro) % args.num_minibatches,
-        )
-        micro = index % num_micro
-        epoch_key = jax.random.fold_in(jax.random.fold_in(learner_key, update_index), epoch)
-        perms = jax.vmap(
-            lambda g: jax.random.permutation(jax.random.fold_in(epoch_key, g), args.num_steps)
-        )(fields["env_ids"])
-        minibatch_steps = jax.lax.dynamic_slice_in_dim(perms, minibatch * chunk, chunk, 1)
-        micro_steps = jax.lax.dynamic_slice_in_dim(
-            minibatch_steps, micro * micro_chunk, micro_chunk, 1
-        )
-        take = lambda x, steps: jnp.take_along_axis(
-            x, steps.reshape(*steps.shape, *[1] * (x.ndim - 2)), axis=1
-        )
-        # The count and the advantage statistics are the whole minibatch's, so that K microbatches
-        # sum to exactly the gradient of their minibatch.
-        valid, advantages = (
-            take(fields["valid"], minibatch_steps),
-            take(fields["advantages"], minibatch_steps),
-        )
-        count = jnp.maximum(jax.lax.psum(valid.sum(), "devices"), 1.0)
-        if args.norm_adv:
-            mean = jax.lax.psum((advantages * valid).sum(), "devices") / count
-            var = jax.lax.psum((((advantages - mean) ** 2) * valid).sum(), "devices") / count
-            advantages = (advantages - mean) / (jnp.sqrt(var) + 1e-8)
-        mb = {
-            key: take(fields[key], micro_steps)
-            for key in ["obs", "actions", "logprobs", "values", "returns", "valid"]
-        }
-        mb_advantages = jax.lax.dynamic_slice_in_dim(
-            advantages, micro * micro_chunk, micro_chunk, 1
-        )
-        grads, metrics = jax.grad(ppo_loss, has_aux=True)(
-            state.params,
-            state.apply_fn,
-            mb,
-            mb_advantages,
-            count,
-            args.clip_coef,
-            args.ent_coef,
-            args.vf_coef,
-            args.clip_vloss,
-        )
-        # Each device's loss is its share of the global mean, so the global gradient is their sum.
-        grads, metrics = jax.lax.psum((grads, metrics), "devices")
-        return state.apply_gradients(grads=grads), metrics
-
-    return microbatch_update(
-        prepare, microbatch_step, num_microbatches, optimizer_steps, learner_devices, rolled
-    )
-
-
-def learning_rate_at(args: Args, sizes: Sizes, update: int) -> float:
-    """Constant within an update, linearly down to zero over the run."""
-    return (
-        args.learning_rate * (1.0 - (update - 1) / sizes.num_updates)
-        if args.anneal_lr
-        else args.learning_rate
-    )
+        queue_put(rollout_queue, rollout, run.stop)
 
 
 def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
@@ -515,7 +409,8 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
         )
     )
     obs, _ = envs.reset()
-    returns, finished = np.zeros(num_episodes), np.zeros(num_episodes, dtype=bool)
+    returns = np.zeros(num_episodes)
+    finished = np.zeros(num_episodes, dtype=bool)
     step = 0
     while not finished.all():
         obs, reward, terminated, truncated, info = envs.step(np.asarray(act(params, obs, step)))
@@ -525,17 +420,82 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     return returns.tolist()
 
 
+# === Loss ===
+
+
+def gae(rewards, values, terminations, truncations, *, gamma, gae_lambda):
+    """Advantages and returns of one environment's rollout; values has one more entry (bootstrap).
+
+    A termination stops bootstrapping; a truncation bootstraps from the last observation's value
+    but, like a termination, cuts the trace so that no advantage flows across episodes."""
+    discount = gamma * (1.0 - terminations)
+    trace = gae_lambda * (1.0 - jnp.maximum(terminations, truncations))
+    advantages = rlax.truncated_generalized_advantage_estimation(rewards, discount, trace, values)
+    return advantages, advantages + values[:-1]
+
+
+class Batch(NamedTuple):
+    """Samples (envs, steps) of the learner: what the actor played, with the rollout's values, the
+    GAE returns and advantages, and `valid` (0 on envpool's reset steps, which do not count)."""
+
+    obs: jax.Array
+    actions: jax.Array
+    logprobs: jax.Array
+    values: jax.Array
+    returns: jax.Array
+    advantages: jax.Array
+    valid: jax.Array
+
+
+def ppo_loss(params, apply_fn, batch: Batch, count, *, clip_coef, ent_coef, vf_coef, clip_vloss):
+    """Sums of per-sample losses over this device's valid samples, divided by the global count."""
+    obs = batch.obs.reshape(-1, *batch.obs.shape[2:])
+    logits, value = apply_fn(params, obs)
+    logits = logits.reshape(*batch.actions.shape, -1)
+    value = value.reshape(batch.actions.shape)
+    log_probs = jax.nn.log_softmax(logits)
+    actions = batch.actions[..., None].astype(jnp.int32)
+    logprob = jnp.take_along_axis(log_probs, actions, axis=-1)[..., 0]
+    logratio = logprob - batch.logprobs
+    ratio = jnp.exp(logratio)
+    advantages = batch.advantages
+    pg_loss = jnp.maximum(
+        -advantages * ratio, -advantages * jnp.clip(ratio, 1 - clip_coef, 1 + clip_coef)
+    )
+    value_loss = (value - batch.returns) ** 2
+    if clip_vloss:
+        clipped_value = batch.values + jnp.clip(value - batch.values, -clip_coef, clip_coef)
+        value_loss = jnp.maximum(value_loss, (clipped_value - batch.returns) ** 2)
+    value_loss = 0.5 * value_loss
+    entropy = -(jax.nn.softmax(logits) * log_probs).sum(-1)
+    mean = lambda x: (x * batch.valid).sum() / count
+    loss = mean(pg_loss) - ent_coef * mean(entropy) + vf_coef * mean(value_loss)
+    metrics = dict(
+        policy_loss=mean(pg_loss),
+        value_loss=mean(value_loss),
+        entropy=mean(entropy),
+        approx_kl=mean((ratio - 1) - logratio),
+        clipfrac=mean(jnp.abs(ratio - 1) > clip_coef),
+    )
+    return loss, metrics
+
+
+# === Update ===
+
+
 def init_state(args: Args, sizes: Sizes):
-    """The network, and the learner state with its counters: fresh from the seed, or with --resume from
-    the newest checkpoint of the run (counters["update"] > 0 then)."""
+    """The network, and the learner state with its counters: fresh from the seed, or with --resume
+    from the newest checkpoint of the run (counters["update"] > 0 then)."""
     probe_env = make_env(args, args.seed, 1)
     network = Network(args.channels, args.hiddens, probe_env.action_space.n)
     params = network.init(
         jax.random.fold_in(jax.random.PRNGKey(args.seed), 0), probe_env.reset()[0]
     )
     probe_env.close()
-    steps_per_update = args.update_epochs * args.num_minibatches
-    learning_rate = lambda count: learning_rate_at(args, sizes, 1 + count // steps_per_update)
+    optimizer_steps_per_update = args.update_epochs * args.num_minibatches
+    learning_rate = lambda count: learning_rate_at(
+        args, sizes, 1 + count // optimizer_steps_per_update
+    )
     optimizer = optax.chain(
         optax.clip_by_global_norm(args.max_grad_norm),
         optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate, eps=1e-5),
@@ -547,21 +507,155 @@ def init_state(args: Args, sizes: Sizes):
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
     checkpoint = resume_from(run_dir_of(args), state, identity) if args.resume else None
     state, counters = checkpoint or (state, dict(update=0, wall_time_s=0.0))
-    return network, state, dict(counters, **identity)
+    counters = dict(
+        update=counters["update"],
+        wall_time_s=counters["wall_time_s"],
+        sizes=identity["sizes"],
+        seed=identity["seed"],
+    )
+    return network, state, counters
+
+
+def take_steps(x, steps):
+    """`x[e, steps[e, i]]` for every environment e: the chosen steps of each environment's
+    rollout."""
+    return jnp.take_along_axis(x, steps.reshape(*steps.shape, *[1] * (x.ndim - 2)), axis=1)
+
+
+def make_update(args: Args, learner_devices: list, rolled: bool):
+    """The learner update, pmap'd over the learner devices: `update_epochs` epochs of
+    `num_minibatches` optimizer steps, each the sum of the gradients of
+    `gradient_accumulation_steps` microbatches.
+
+    Layout invariance: minibatch membership depends only on global env indices (each environment's
+    steps are permuted by its own key and cut into `num_minibatches` chunks; a minibatch is the
+    union of every environment's chunk, a microbatch the union of a sub-chunk), and every mean is a
+    global one (psum of sums over psum of counts), so the number of learner devices changes the
+    result only by float rounding. `rolled`: see `microbatch_update`."""
+    learner_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 2)
+    minibatch_steps = args.num_steps // args.num_minibatches
+    microbatch_steps = minibatch_steps // args.gradient_accumulation_steps
+    per_env_gae = functools.partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda)
+
+    def prepare(rollouts, update):
+        """The whole rollout as one batch, with the global env indices that key its minibatches."""
+        data = jax.tree.map(lambda *xs: jnp.concatenate(xs), *rollouts)
+        advantages, returns = jax.vmap(per_env_gae)(
+            data.rewards,
+            data.values,
+            data.terminations.astype(jnp.float32),
+            data.truncations.astype(jnp.float32),
+        )
+        valid = 1.0 - data.is_reset.astype(jnp.float32)
+        batch = Batch(
+            obs=data.obs,
+            actions=data.actions,
+            logprobs=data.logprobs,
+            values=data.values[:, :-1],
+            returns=returns,
+            advantages=advantages,
+            valid=valid,
+        )
+        return batch, data.env_ids
+
+    def microbatch_step(state, prepared, update, epoch, minibatch, microbatch):
+        """One microbatch of one minibatch of one epoch: its gradient, summed over the devices,
+        accumulated into the minibatch's optimizer step."""
+        batch, env_ids = prepared
+        # Every epoch shuffles each environment's steps with a key of its own; minibatch m takes the
+        # m-th chunk of every environment's shuffled steps, and microbatch k the k-th sub-chunk.
+        epoch_key = jax.random.fold_in(jax.random.fold_in(learner_key, update), epoch)
+        shuffled = jax.vmap(
+            lambda env_id: jax.random.permutation(
+                jax.random.fold_in(epoch_key, env_id), args.num_steps
+            )
+        )(env_ids)
+        in_minibatch = jax.lax.dynamic_slice_in_dim(
+            shuffled, minibatch * minibatch_steps, minibatch_steps, axis=1
+        )
+        in_microbatch = jax.lax.dynamic_slice_in_dim(
+            in_minibatch, microbatch * microbatch_steps, microbatch_steps, axis=1
+        )
+        # The count and the advantage statistics are the whole minibatch's, so that K microbatches
+        # sum to exactly the gradient of their minibatch.
+        valid = take_steps(batch.valid, in_minibatch)
+        advantages = take_steps(batch.advantages, in_minibatch)
+        count = jnp.maximum(jax.lax.psum(valid.sum(), "devices"), 1.0)
+        if args.norm_adv:
+            mean = jax.lax.psum((advantages * valid).sum(), "devices") / count
+            var = jax.lax.psum((((advantages - mean) ** 2) * valid).sum(), "devices") / count
+            advantages = (advantages - mean) / (jnp.sqrt(var) + 1e-8)
+        samples = Batch(
+            obs=take_steps(batch.obs, in_microbatch),
+            actions=take_steps(batch.actions, in_microbatch),
+            logprobs=take_steps(batch.logprobs, in_microbatch),
+            values=take_steps(batch.values, in_microbatch),
+            returns=take_steps(batch.returns, in_microbatch),
+            advantages=jax.lax.dynamic_slice_in_dim(
+                advantages, microbatch * microbatch_steps, microbatch_steps, axis=1
+            ),
+            valid=take_steps(batch.valid, in_microbatch),
+        )
+        grads, metrics = jax.grad(ppo_loss, has_aux=True)(
+            state.params,
+            apply_fn=state.apply_fn,
+            batch=samples,
+            count=count,
+            clip_coef=args.clip_coef,
+            ent_coef=args.ent_coef,
+            vf_coef=args.vf_coef,
+            clip_vloss=args.clip_vloss,
+        )
+        # Each device's loss is its share of the global mean, so the global gradient is their sum.
+        grads, metrics = jax.lax.psum((grads, metrics), "devices")
+        return state.apply_gradients(grads=grads), metrics
+
+    # The update's loops, outermost first: for every epoch, for every minibatch, one step per
+    # microbatch; the optimizer steps once per minibatch (`optax.MultiSteps`). `microbatch_update`
+    # runs the steps in this order, in a `lax.scan` on GPUs or a Python loop on CPUs.
+    schedule = [
+        (epoch, minibatch, microbatch)
+        for epoch in range(args.update_epochs)
+        for minibatch in range(args.num_minibatches)
+        for microbatch in range(args.gradient_accumulation_steps)
+    ]
+    return microbatch_update(
+        prepare=prepare,
+        microbatch_step=microbatch_step,
+        schedule=schedule,
+        optimizer_steps=args.update_epochs * args.num_minibatches,
+        devices=learner_devices,
+        rolled=rolled,
+    )
+
+
+def learning_rate_at(args: Args, sizes: Sizes, update: int) -> float:
+    """Constant within an update, linearly down to zero over the run."""
+    if not args.anneal_lr:
+        return args.learning_rate
+    return args.learning_rate * (1.0 - (update - 1) / sizes.num_updates)
+
+
+# === Learner loop ===
 
 
 def start_actors(args, sizes, run, network, first_update, actor_devices, learner_devices):
-    """One param queue, one rollout queue and one thread per actor thread of every local actor device."""
-    param_queues, rollout_queues, threads = [], [], []
+    """One param queue, one rollout queue and one thread per actor thread of every local actor
+    device."""
+    param_queues = []
+    rollout_queues = []
+    threads = []
     for device_index, actor_device in enumerate(actor_devices):
         for thread_id in range(args.num_actor_threads):
-            thread_index = (
-                jax.process_index() * len(actor_devices) + device_index
-            ) * args.num_actor_threads
-            thread_index += thread_id
+            device_number = jax.process_index() * len(actor_devices) + device_index
+            thread_index = device_number * args.num_actor_threads + thread_id
             param_queues.append(queue.Queue(maxsize=1))
             rollout_queues.append(queue.Queue(maxsize=1))
-            kwargs = dict(
+            thread = start_thread(
+                target=actor,
+                name=f"actor-{thread_index}",
+                stop=run.stop,
+                failures=run.failures,
                 args=args,
                 sizes=sizes,
                 run=run,
@@ -572,49 +666,40 @@ def start_actors(args, sizes, run, network, first_update, actor_devices, learner
                 param_queue=param_queues[-1],
                 rollout_queue=rollout_queues[-1],
             )
-            threads.append(
-                start_thread(actor, f"actor-{thread_index}", run.stop, run.failures, **kwargs)
-            )
+            threads.append(thread)
     return param_queues, rollout_queues, threads
 
 
-def send_params(state, policy_version, actor_devices, param_queues, stop):
-    host_copy = first_replica(state.params)
-    threads_per_device = len(param_queues) // len(actor_devices)
-    for device_index, actor_device in enumerate(actor_devices):
-        on_device = jax.device_put(host_copy, actor_device)
-        for q in param_queues[
-            device_index * threads_per_device : (device_index + 1) * threads_per_device
-        ]:
-            queue_put(q, (policy_version, on_device), stop)
-
-
-def log_update(args, sizes, run, update, rollouts, metrics, stats):
+def log_update(args, sizes, run, update, rollouts, metrics, learner_stats):
     """TensorBoard every update; the losses and a console line every --log-frequency updates."""
-    global_step, elapsed = update * sizes.batch_size, time.time() - run.start_time
-    updates_done = update - run.counters["update"]
+    global_step = update * sizes.steps_per_update
     timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
-    sps = int(updates_done * sizes.batch_size / elapsed)
-    run.log({f"stats/{key}": value for key, value in dict(timing, **stats).items()}, global_step)
+    actor_policy_version = rollouts[0].policy_version
     run.log(
-        {"charts/SPS": sps, "charts/learning_rate": learning_rate_at(args, sizes, update)},
+        {
+            "stats/param_queue_get_time": timing["param_queue_get_time"],
+            "stats/rollout_time": timing["rollout_time"],
+            "stats/inference_time": timing["inference_time"],
+            "stats/env_step_time": timing["env_step_time"],
+            "stats/rollout_queue_get_time": learner_stats["rollout_queue_get_time"],
+            "stats/learn_time": learner_stats["learn_time"],
+            "stats/actor_policy_version": actor_policy_version,
+            "stats/learner_policy_version": learner_stats["learner_policy_version"],
+            "charts/SPS": run.sps(global_step),
+            "charts/learning_rate": learning_rate_at(args, sizes, update),
+        },
         global_step,
     )
     if update % args.log_frequency and update != sizes.num_updates:
         return
-    run.log(
-        {f"losses/{key}": value for key, value in jax.device_get(first_replica(metrics)).items()},
-        global_step,
+    losses = jax.device_get(first_replica(metrics))
+    run.log({f"losses/{key}": value for key, value in losses.items()}, global_step)
+    details = (
+        f"policy actor={actor_policy_version} learner={learner_stats['learner_policy_version']} "
+        f"wait rollout={learner_stats['rollout_queue_get_time']:.2f}s "
+        f"param={timing['param_queue_get_time']:.2f}s"
     )
-    mean_return = f"{np.mean(run.recent_returns):.1f}" if run.recent_returns else "n/a"
-    eta_minutes = (sizes.num_updates - update) * elapsed / updates_done / 60
-    print(
-        f"update {update}/{sizes.num_updates} step={global_step} SPS={sps} return={mean_return} "
-        f"policy actor={stats['actor_policy_version']} learner={stats['learner_policy_version']} "
-        f"wait rollout={stats['rollout_queue_get_time']:.2f}s param={timing['param_queue_get_time']:.2f}s "
-        f"ETA={eta_minutes:.1f}min",
-        flush=True,
-    )
+    run.print_progress(update, global_step, details)
 
 
 def train(args: Args):
@@ -625,54 +710,64 @@ def train(args: Args):
     network, state, counters = init_state(args, sizes)
     run = open_run(args, sizes, __file__, counters, global_learner_devices)
     state = replicate(state, learner_devices)
-    update = make_update(args, global_learner_devices, rolled=learner_devices[0].platform != "cpu")
-    start_update = learner_policy_version = counters["update"]
-    param_queues, rollout_queues, threads = start_actors(
-        args, sizes, run, network, start_update + 1, actor_devices, learner_devices
+    update_fn = make_update(
+        args, global_learner_devices, rolled=learner_devices[0].platform != "cpu"
     )
-    exit_code = 0
-    try:
-        send_params(state, learner_policy_version, actor_devices, param_queues, run.stop)
-        for update_index in range(start_update + 1, sizes.num_updates + 1):
+    learner_policy_version = counters["update"]
+    first_update = counters["update"] + 1
+    param_queues, rollout_queues, threads = start_actors(
+        args=args,
+        sizes=sizes,
+        run=run,
+        network=network,
+        first_update=first_update,
+        actor_devices=actor_devices,
+        learner_devices=learner_devices,
+    )
+    with run.learner_loop(threads) as end:
+        send_params(
+            first_replica(state.params),
+            policy_version=learner_policy_version,
+            actor_devices=actor_devices,
+            param_queues=param_queues,
+            stop=run.stop,
+        )
+        for update in range(first_update, sizes.num_updates + 1):
             wait_start = time.time()
             rollouts = [queue_get(q, run.stop) for q in rollout_queues]
             rollout_queue_get_time = time.time() - wait_start
-            # The Cleanba protocol: data exactly one policy version old with --concurrency, else
-            # current.
-            expected_lag = 1 if args.concurrency and update_index > start_update + 1 else 0
-            for r in rollouts:
-                lag = learner_policy_version - r.policy_version
-                if r.update != update_index or lag != expected_lag:
-                    raise RuntimeError(
-                        f"update {update_index}: rollout {r.update} from policy {r.policy_version}"
-                        f" while the learner is at {learner_policy_version} (lag {lag}, expected "
-                        f"{expected_lag})"
-                    )
+            check_policy_lag(
+                rollouts,
+                update=update,
+                learner_policy_version=learner_policy_version,
+                concurrency=args.concurrency,
+                first_update=first_update,
+            )
             learn_start = time.time()
-            state, metrics = update(state, tuple(r.data for r in rollouts), np.int32(update_index))
+            state, metrics = update_fn(state, tuple(r.data for r in rollouts), np.int32(update))
             jax.block_until_ready(state)
             learner_policy_version += 1
-            stats = dict(
+            learner_stats = dict(
                 rollout_queue_get_time=rollout_queue_get_time,
                 learn_time=time.time() - learn_start,
-                actor_policy_version=rollouts[0].policy_version,
                 learner_policy_version=learner_policy_version,
             )
-            log_update(args, sizes, run, update_index, rollouts, metrics, stats)
-            exit_code = run.after_update(state, update_index)
-            if exit_code:
+            log_update(args, sizes, run, update, rollouts, metrics, learner_stats)
+            end.exit_code = run.after_update(state, update)
+            if end.exit_code:
                 break
-            if update_index < sizes.num_updates:
-                send_params(state, learner_policy_version, actor_devices, param_queues, run.stop)
-    except KeyboardInterrupt:
-        print("interrupted: stopping threads and flushing logs", file=sys.stderr)
-        exit_code = 130
-    except Stopped:
-        exit_code = 1
-    except Exception:
-        run.record_failure()
-    run.exit_if_stopped(exit_code, threads)
+            if update < sizes.num_updates:
+                send_params(
+                    first_replica(state.params),
+                    policy_version=learner_policy_version,
+                    actor_devices=actor_devices,
+                    param_queues=param_queues,
+                    stop=run.stop,
+                )
     run.finish(jax.device_get(first_replica(state.params)), learner_policy_version, evaluate)
+
+
+# === Main ===
 
 
 def main(argv=None):

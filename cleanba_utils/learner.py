@@ -1,6 +1,6 @@
-"""How a learner update runs on its devices: a sequence of microbatch steps over one prepared rollout,
-in a rolled `lax.scan` or in a Python loop over one compiled step. The algorithm (what `prepare` and
-the step compute) stays in the script."""
+"""How a learner update runs on its devices: the microbatch steps of a schedule over one prepared
+rollout, in a rolled `lax.scan` or in a Python loop over one compiled step. The algorithm (what
+`prepare` and the step compute, and the loops the schedule unrolls) stays in the script."""
 
 import functools
 
@@ -12,18 +12,19 @@ import numpy as np
 def microbatch_update(
     prepare,
     microbatch_step,
-    num_microbatches: int,
+    schedule: list[tuple[int, ...]],
     optimizer_steps: int,
     devices: list,
     rolled: bool,
 ):
-    """`update(state, rollouts, update_index) -> (state, metrics)`, pmap'd over `devices` (axis
+    """`update_fn(state, rollouts, update) -> (state, metrics)`, pmap'd over `devices` (axis
     "devices").
 
-    `prepare(rollouts, update_index)` turns the rollouts into the update's fields;
-    `microbatch_step(state, fields, update_index, index)` makes the step of microbatch `index` and
-    returns its metrics as shares of its minibatch's, so the metrics of the update are their sum per
-    optimizer step.
+    `prepare(rollouts, update)` turns the rollouts into what every step reads; `schedule` lists the
+    loop indices of each microbatch step in the order the steps run (the script's nested loops, e.g.
+    `(epoch, minibatch, microbatch)`); `microbatch_step(state, prepared, update, *indices)` makes
+    one step and returns its metrics as shares of its minibatch's, so the metrics of the update are
+    their sum per optimizer step.
 
     Memory holds one microbatch's activations either way. `rolled` runs the steps in a `lax.scan`,
     which compiles once and fast (GPUs); otherwise a Python loop calls one compiled step, because
@@ -36,23 +37,26 @@ def microbatch_update(
     pmap = functools.partial(jax.pmap, axis_name="devices", devices=devices)
     if rolled:
 
-        def rolled_update(state, rollouts, update_index):
-            fields = prepare(rollouts, update_index)
-            step = lambda state, index: microbatch_step(state, fields, update_index, index)
-            state, metrics = jax.lax.scan(step, state, jnp.arange(num_microbatches))
+        def rolled_update(state, rollouts, update):
+            prepared = prepare(rollouts, update)
+            step = lambda state, indices: microbatch_step(state, prepared, update, *indices)
+            state, metrics = jax.lax.scan(step, state, jnp.asarray(schedule, dtype=jnp.int32))
             return state, per_optimizer_step(metrics)
 
         return pmap(rolled_update, in_axes=(0, 0, None))
 
+    num_indices = len(schedule[0])
     prepare_on_devices = pmap(prepare, in_axes=(0, None))
-    step_on_devices = pmap(microbatch_step, in_axes=(0, 0, None, None))
+    step_on_devices = pmap(microbatch_step, in_axes=(0, 0, None, *[None] * num_indices))
 
-    def update(state, rollouts, update_index):
-        fields = prepare_on_devices(rollouts, update_index)
+    def update_fn(state, rollouts, update):
+        prepared = prepare_on_devices(rollouts, update)
         metrics = []
-        for index in range(num_microbatches):
-            state, step_metrics = step_on_devices(state, fields, update_index, np.int32(index))
+        for indices in schedule:
+            state, step_metrics = step_on_devices(
+                state, prepared, update, *[np.int32(index) for index in indices]
+            )
             metrics.append(step_metrics)
         return state, per_optimizer_step(jax.tree.map(lambda *m: jnp.stack(m, axis=-1), *metrics))
 
-    return update
+    return update_fn

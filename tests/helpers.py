@@ -1,5 +1,5 @@
-"""Helpers shared by the script tests: run a script in a subprocess, read back what it logged, and the
-programs that make a script fail on purpose."""
+"""Helpers shared by the script tests: run a script in a subprocess, read back what it logged, and
+the programs that make a script fail on purpose."""
 
 import json
 import os
@@ -89,13 +89,14 @@ def flatten(tree, prefix="") -> dict:
 
 
 def wait_for_line(proc, prefix: str):
-    """Reads a running script's stdout until a line starts with `prefix` (other libraries print there
-    too)."""
+    """Reads a running script's stdout until a line starts with `prefix` (other libraries print
+    there too)."""
     for line in proc.stdout:
         if line.startswith(prefix):
             return line
     raise AssertionError(
-        f"the process ended (exit {proc.wait()}) before printing {prefix!r}: {proc.stderr.read()[-3000:]}"
+        f"the process ended (exit {proc.wait()}) before printing {prefix!r}: "
+        f"{proc.stderr.read()[-3000:]}"
     )
 
 
@@ -133,7 +134,8 @@ def fingerprint_of(result) -> str:
 
 
 def assert_refused(script, args: list, option: str, capsys):
-    """A script's argument checks stop `args` with exit code 2 and one `error:` line naming `option`."""
+    """A script's argument checks stop `args` with exit code 2 and one `error:` line naming
+    `option`."""
     with pytest.raises(SystemExit) as exit_:
         script.validate_layout(script.parse_args(args))
     assert exit_.value.code == 2
@@ -209,10 +211,10 @@ script.make_env = lambda *args: FailingEnv(make_env(*args))
 """,
     learner="""
 def make_failing_update(*args, **kwargs):
-    def update(*update_args):
+    def update_fn(*update_args):
         raise RuntimeError("learner exploded")
 
-    return update
+    return update_fn
 
 
 script.make_update = make_failing_update
@@ -222,10 +224,12 @@ import jax
 
 
 def make_update_out_of_memory(*args, **kwargs):
-    def update(*update_args):
-        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 271191357088 bytes.")
+    def update_fn(*update_args):
+        raise jax.errors.JaxRuntimeError(
+            "RESOURCE_EXHAUSTED: Out of memory allocating 271191357088 bytes."
+        )
 
-    return update
+    return update_fn
 
 
 script.make_update = make_update_out_of_memory

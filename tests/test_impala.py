@@ -1,4 +1,5 @@
-"""cleanba_impala.py: V-trace against hand-written references, then real short runs in subprocesses."""
+"""cleanba_impala.py: V-trace against hand-written references, then real short runs in
+subprocesses."""
 
 import json
 import time
@@ -23,9 +24,9 @@ from cleanba import cleanba_impala as impala
 def python_vtrace(
     values, rewards, terminations, truncations, rhos, gamma, lam, rho_bar, pg_rho_bar
 ):
-    """Espeholt et al. (2018) eq. 1 as the explicit sum, one environment: v_s = V(x_s) + sum_{t >= s}
-    gamma^(t-s) (c_s ... c_{t-1}) rho_t delta_t, with c_i = lam min(1, rho_i), delta_t = r_t + gamma
-    V(x_{t+1}) - V(x_t), the sum stopping at the episode's last step."""
+    """Espeholt et al. (2018) eq. 1 as the explicit sum, one environment: v_s = V(x_s) +
+    sum_{t >= s} gamma^(t-s) (c_s ... c_{t-1}) rho_t delta_t, with c_i = lam min(1, rho_i),
+    delta_t = r_t + gamma V(x_{t+1}) - V(x_t), the sum stopping at the episode's last step."""
     num_steps = len(rewards)
     targets = []
     for s in range(num_steps):
@@ -54,15 +55,15 @@ def python_vtrace(
 def run_vtrace(values, rewards, terminations, truncations, rhos, gamma, lam, rho_bar, pg_rho_bar):
     as_array = lambda x: jnp.asarray(np.asarray(x, dtype=np.float32))
     return impala.vtrace(
-        as_array(values),
-        as_array(rewards),
-        as_array(terminations),
-        as_array(truncations),
-        jnp.log(as_array(rhos)),
-        gamma,
-        lam,
-        rho_bar,
-        pg_rho_bar,
+        values=as_array(values),
+        rewards=as_array(rewards),
+        terminations=as_array(terminations),
+        truncations=as_array(truncations),
+        log_rhos=jnp.log(as_array(rhos)),
+        gamma=gamma,
+        vtrace_lambda=lam,
+        clip_rho=rho_bar,
+        clip_pg_rho=pg_rho_bar,
     )
 
 
@@ -75,12 +76,16 @@ def test_vtrace_matches_python_sum(lam, rho_bar, pg_rho_bar):
     rhos = np.exp(rng.normal(scale=0.7, size=num_steps))
     terminations = rng.random(num_steps) < 0.1
     truncations = (rng.random(num_steps) < 0.1) & ~terminations
-    targets, advantages = run_vtrace(
-        values, rewards, terminations, truncations, rhos, 0.99, lam, rho_bar, pg_rho_bar
+    hyperparameters = dict(gamma=0.99, lam=lam, rho_bar=rho_bar, pg_rho_bar=pg_rho_bar)
+    rollout = dict(
+        values=values,
+        rewards=rewards,
+        terminations=terminations,
+        truncations=truncations,
+        rhos=rhos,
     )
-    expected_targets, expected_advantages = python_vtrace(
-        values, rewards, terminations, truncations, rhos, 0.99, lam, rho_bar, pg_rho_bar
-    )
+    targets, advantages = run_vtrace(**rollout, **hyperparameters)
+    expected_targets, expected_advantages = python_vtrace(**rollout, **hyperparameters)
     np.testing.assert_allclose(targets, expected_targets, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(advantages, expected_advantages, rtol=1e-5, atol=1e-5)
 
@@ -92,7 +97,15 @@ def test_vtrace_hand_computed():
     # 0.5 * 1 * (3 - 2) = 2.5. Advantages rho_s (r_s + 0.5 v_{s+1} - V_s): 1 + 1.5 - 1 = 1.5, 0.5 *
     # (1 + 3 - 2) = 1, 2 + 4 - 4 = 2.
     targets, advantages = run_vtrace(
-        [1, 2, 4, 8], [1, 1, 2], [0, 0, 0], [0, 0, 0], [2.0, 0.5, 1.0], 0.5, 1.0, 1.0, 1.0
+        values=[1, 2, 4, 8],
+        rewards=[1, 1, 2],
+        terminations=[0, 0, 0],
+        truncations=[0, 0, 0],
+        rhos=[2.0, 0.5, 1.0],
+        gamma=0.5,
+        lam=1.0,
+        rho_bar=1.0,
+        pg_rho_bar=1.0,
     )
     np.testing.assert_allclose(targets, [2.5, 3.0, 6.0], rtol=1e-6)
     np.testing.assert_allclose(advantages, [1.5, 1.0, 2.0], rtol=1e-6)
@@ -109,32 +122,35 @@ def test_loss_handles_termination_truncation_and_reset_steps():
     values = jnp.array([1.0, 2.0, 50.0, 3.0, 4.0, 8.0, 60.0])
     logits = jnp.zeros((7, 2))
     valid = jnp.array([[1.0, 1.0, 0.0, 1.0, 1.0, 0.0]])
-    mb = dict(
+    batch = impala.Batch(
         obs=jnp.zeros((1, 7, 1)),
         actions=jnp.zeros((1, 6), jnp.int32),
-        rewards=rewards,
-        valid=valid,
         logprobs=jnp.where(valid > 0, jnp.log(0.5), jnp.log(1e-6)),
+        rewards=rewards,
         terminations=jnp.array([[0.0, 1.0, 0.0, 0.0, 0.0, 0.0]]),
         truncations=jnp.array([[0.0, 0.0, 0.0, 0.0, 1.0, 0.0]]),
+        valid=valid,
     )
-    args = impala.Args(gamma=0.5, ent_coef=0.01, vf_coef=0.5)
+    hyperparameters = dict(gamma=0.5, vtrace_lambda=1.0, clip_rho=1.0, clip_pg_rho=1.0)
     targets, advantages = impala.vtrace(
-        values,
-        rewards[0],
-        mb["terminations"][0],
-        mb["truncations"][0],
-        jnp.zeros(6),
-        0.5,
-        1.0,
-        1.0,
-        1.0,
+        values=values,
+        rewards=rewards[0],
+        terminations=batch.terminations[0],
+        truncations=batch.truncations[0],
+        log_rhos=jnp.zeros(6),
+        **hyperparameters,
     )
     np.testing.assert_allclose(targets[valid[0] > 0], [2.0, 2.0, 7.0, 8.0])
     np.testing.assert_allclose(advantages[valid[0] > 0], [1.0, 0.0, 4.0, 4.0])
 
     grads, metrics = jax.grad(impala.impala_loss, has_aux=True)(
-        (logits, values), lambda params, obs: params, mb, 4.0, args
+        (logits, values),
+        apply_fn=lambda params, obs: params,
+        batch=batch,
+        count=4.0,
+        ent_coef=0.01,
+        vf_coef=0.5,
+        **hyperparameters,
     )
     np.testing.assert_allclose(metrics["baseline_loss"], 0.5 * (1 + 0 + 16 + 16) / 4, rtol=1e-6)
     np.testing.assert_allclose(metrics["pg_loss"], (1 + 0 + 4 + 4) / 4 * np.log(2), rtol=1e-6)
@@ -163,7 +179,8 @@ def test_minibatch_membership_depends_on_global_env_index_only():
 
 @pytest.fixture(scope="session")
 def sync_run(tmp_path_factory):
-    """IMPALA (Sync) on Breakout (the ResNet torso) on the default device, with save and evaluation."""
+    """IMPALA (Sync) on Breakout (the ResNet torso) on the default device, with save and
+    evaluation."""
     cwd = tmp_path_factory.mktemp("impala_sync")
     args = [
         *IMPALA_TINY,
@@ -192,7 +209,7 @@ def test_sync_run_has_lag_zero_and_summary(sync_run):
     assert spec["args"]["concurrency"] is False and spec["args"]["clip_rho_threshold"] == 1.0
     assert spec["sizes"] == {
         "num_envs": 8,
-        "batch_size": 128,
+        "steps_per_update": 128,
         "minibatch_size": 64,
         "num_updates": 4,
     }

@@ -1,15 +1,18 @@
 """The learner update of both scripts on a fixed synthetic rollout, in this process: the rolled
 `lax.scan` (the GPU path) and the Python loop over one compiled microbatch step (the CPU path) give
-the same parameters, and so does a minibatch split into microbatches with gradient accumulation."""
+the same parameters, and so does a minibatch split into microbatches with gradient accumulation;
+both paths run the steps in the order of the script's schedule."""
 
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import max_abs_difference
 
 from cleanba import cleanba_impala, cleanba_ppo
+from cleanba_utils.learner import microbatch_update
 from cleanba_utils.run_files import first_replica, replicate
 
 NUM_ENVS, NUM_STEPS = 8, 8
@@ -41,11 +44,12 @@ def synthetic_rollout(script, seed=0):
     )
     if script is cleanba_ppo:
         data["values"] = rng.normal(size=(NUM_ENVS, NUM_STEPS + 1)).astype(np.float32)
-    return {key: value[None] for key, value in data.items()}
+    return script.Trajectories(**{key: value[None] for key, value in data.items()})
 
 
 def initial_state(script, **options):
-    """The script's arguments for the synthetic rollout (a small ResNet) and its initial learner state."""
+    """The script's arguments for the synthetic rollout (a small ResNet) and its initial learner
+    state."""
     args = script.Args(
         env_id="Breakout-v5",
         channels=(4,),
@@ -68,8 +72,8 @@ def params_after_update(name, rolled, gradient_accumulation_steps=1):
         **options,
     )
     devices = jax.local_devices()[:1]
-    update = script.make_update(args, devices, rolled=rolled)
-    state, metrics = update(replicate(state, devices), (synthetic_rollout(script),), np.int32(1))
+    update_fn = script.make_update(args, devices, rolled=rolled)
+    state, metrics = update_fn(replicate(state, devices), (synthetic_rollout(script),), np.int32(1))
     return jax.device_get(first_replica(state.params)), jax.device_get(first_replica(metrics))
 
 
@@ -112,6 +116,29 @@ def test_gradient_accumulation_with_the_rolled_scan(reference):
         )
         < ATOL
     )
+
+
+@pytest.mark.parametrize("rolled", [False, True])
+def test_steps_run_in_schedule_order_and_metrics_are_per_optimizer_step(rolled):
+    # Each step appends its flat index as a digit of the state, so the state spells the order.
+    schedule = [(epoch, minibatch) for epoch in range(2) for minibatch in range(3)]
+
+    def step(state, prepared, update, epoch, minibatch):
+        index = 3 * epoch + minibatch
+        return state * 10 + index + prepared, dict(index=index.astype(jnp.float32))
+
+    devices = jax.local_devices()[:1]
+    update_fn = microbatch_update(
+        prepare=lambda rollouts, update: rollouts * update,
+        microbatch_step=step,
+        schedule=schedule,
+        optimizer_steps=2,
+        devices=devices,
+        rolled=rolled,
+    )
+    state, metrics = update_fn(replicate(jnp.zeros(()), devices), jnp.zeros(1), np.int32(1))
+    assert first_replica(state) == 12345
+    assert first_replica(metrics)["index"] == (0 + 1 + 2 + 3 + 4 + 5) / 2
 
 
 def test_dataclass_fields_have_docstrings():

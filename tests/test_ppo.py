@@ -1,4 +1,5 @@
-"""cleanba_ppo.py: numerics against hand-written references, then real short runs in subprocesses."""
+"""cleanba_ppo.py: numerics against hand-written references, then real short runs in
+subprocesses."""
 
 import json
 import signal
@@ -51,11 +52,16 @@ def test_gae_matches_python_loop():
         jnp.asarray(values),
         jnp.asarray(terminations, jnp.float32),
         jnp.asarray(truncations, jnp.float32),
-        0.99,
-        0.95,
+        gamma=0.99,
+        gae_lambda=0.95,
     )
     expected_advantages, expected_returns = python_gae(
-        rewards, values, terminations, truncations, 0.99, 0.95
+        rewards=rewards,
+        values=values,
+        terminations=terminations,
+        truncations=truncations,
+        gamma=0.99,
+        lam=0.95,
     )
     np.testing.assert_allclose(advantages, expected_advantages, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(returns, expected_returns, rtol=1e-5, atol=1e-5)
@@ -69,8 +75,8 @@ def test_gae_hand_computed_truncation_bootstraps_and_termination_does_not():
         jnp.array([0.5, 4.0, 8.0]),
         jnp.array([0.0, 1.0]),
         jnp.array([1.0, 0.0]),
-        0.5,
-        1.0,
+        gamma=0.5,
+        gae_lambda=1.0,
     )
     np.testing.assert_allclose(advantages, [1 + 0.5 * 4.0 - 0.5, 2.0 - 4.0])
 
@@ -82,19 +88,20 @@ def test_ppo_loss_hand_computed():
     # Sample 2 is a reset step (valid = 0) with extreme numbers that must not count.
     logits = jnp.array([[0.0, 0.0], [0.0, 0.0], [50.0, -50.0]])
     values = jnp.array([1.0, 0.0, 100.0])
-    mb = dict(
+    batch = ppo.Batch(
         obs=jnp.zeros((1, 3, 1)),
         actions=jnp.array([[0, 1, 1]]),
         logprobs=jnp.log(jnp.array([[0.25, 1.0, 1e-6]])),
+        values=jnp.zeros((1, 3)),
         returns=jnp.array([[3.0, 0.0, -100.0]]),
+        advantages=jnp.array([[1.0, -1.0, 1e6]]),
         valid=jnp.array([[1.0, 1.0, 0.0]]),
     )
     loss, metrics = ppo.ppo_loss(
         None,
-        lambda params, obs: (logits, values),
-        mb,
-        jnp.array([[1.0, -1.0, 1e6]]),
-        2.0,
+        apply_fn=lambda params, obs: (logits, values),
+        batch=batch,
+        count=2.0,
         clip_coef=0.1,
         ent_coef=0.01,
         vf_coef=0.5,
@@ -119,22 +126,22 @@ def test_clipped_value_loss_hand_computed():
     # vf_coef * 0.5 * (V - R)^2 / count = 0.5 * (1 + 1) / 3 = 1/3. Sample 3 is a reset step (valid =
     # 0). value_loss = 0.5 * (5.29 + 0.09 + 4) / 3 = 1.563333...
     values = jnp.array([1.0, 0.0, 1.0, 50.0])
-    mb = dict(
+    batch = ppo.Batch(
         obs=jnp.zeros((1, 4, 1)),
         actions=jnp.zeros((1, 4), jnp.int32),
         logprobs=jnp.log(jnp.full((1, 4), 0.5)),
-        returns=jnp.array([[3.0, 0.0, -1.0, -50.0]]),
         values=jnp.array([[0.5, 0.5, 0.0, 0.0]]),
+        returns=jnp.array([[3.0, 0.0, -1.0, -50.0]]),
+        advantages=jnp.zeros((1, 4)),
         valid=jnp.array([[1.0, 1.0, 1.0, 0.0]]),
     )
 
     def loss(values, clip_vloss):
         return ppo.ppo_loss(
             values,
-            lambda params, obs: (jnp.zeros((4, 2)), params),
-            mb,
-            jnp.zeros((1, 4)),
-            3.0,
+            apply_fn=lambda params, obs: (jnp.zeros((4, 2)), params),
+            batch=batch,
+            count=3.0,
             clip_coef=0.2,
             ent_coef=0.0,
             vf_coef=0.5,
@@ -195,7 +202,7 @@ def test_spec_and_summary(sync_run):
     assert spec["args"]["total_timesteps"] == 512 and spec["args"]["concurrency"] is False
     assert spec["sizes"] == {
         "num_envs": 8,
-        "batch_size": 128,
+        "steps_per_update": 128,
         "minibatch_size": 64,
         "num_updates": 4,
     }
@@ -264,7 +271,10 @@ def test_ctrl_c_exits_cleanly_with_logs_flushed(tmp_path):
     args = [*TINY, "--local-num-envs", 4, "--total-timesteps", 100_000, "--run-name", "interrupted"]
     # Started with SIGINT ignored (kept across exec), as a shell script's background job or a test
     # runner's worker starts it.
-    ignoring_sigint = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); os.execv(sys.argv[1], sys.argv[1:])"
+    ignoring_sigint = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -1,8 +1,9 @@
-"""Multi-process runs, a lost peer, preemption with checkpoint and resume: the machinery both scripts
-share."""
+"""Multi-process runs, a lost peer, preemption with checkpoint and resume: the machinery both
+scripts share."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -152,7 +153,7 @@ def checkpoint_files(run_dir) -> list:
 @pytest.fixture(scope="module")
 def preempted_run(request, tmp_path_factory):
     """A run of the script given as parameter, stopped by SIGTERM after its third update, with a
-    checkpoint after every update."""
+    checkpoint after every update. Tests resume copies of it (`copy_of`), never the run itself."""
     script = request.param
     cwd = tmp_path_factory.mktemp("preempted")
     args = [
@@ -182,9 +183,19 @@ def preempted_run(request, tmp_path_factory):
     return script, cwd, args
 
 
+def copy_of(preempted_run, tmp_path):
+    """The preempted run's working folder copied into this test's own folder, so that what one test
+    does to it (resume it, damage a checkpoint) no other test sees: each passes alone and in any
+    order."""
+    script, cwd, args = preempted_run
+    copy = tmp_path / "preempted"
+    shutil.copytree(cwd, copy)
+    return script, copy, args
+
+
 @pytest.mark.parametrize("preempted_run", SCRIPTS, indirect=True)
 def test_sigterm_saves_and_resume_finishes_the_run(preempted_run, tmp_path):
-    script, cwd, args = preempted_run
+    script, cwd, args = copy_of(preempted_run, tmp_path)
     run_dir = cwd / "runs" / "run"
     stopped_at = int(checkpoint_files(run_dir)[-1].stem.split("_")[1])
     assert 3 <= stopped_at < 5 and len(checkpoint_files(run_dir)) == 2
@@ -202,7 +213,7 @@ def test_sigterm_saves_and_resume_finishes_the_run(preempted_run, tmp_path):
 # Checkpoint files are the scripts' shared code: one script suffices.
 @pytest.mark.parametrize("preempted_run", ["cleanba_ppo.py"], indirect=True)
 def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(preempted_run, tmp_path):
-    script, cwd, args = preempted_run
+    script, cwd, args = copy_of(preempted_run, tmp_path)
     run_dir = cwd / "runs" / "run"
     newest, previous = checkpoint_files(run_dir)[-1], checkpoint_files(run_dir)[-2]
     data = bytearray(newest.read_bytes())
