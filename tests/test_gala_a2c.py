@@ -12,8 +12,7 @@ from helpers import assert_refused, fingerprint_of, run_failing, run_script, sca
 
 from cleanba import cleanba_gala_a2c as gala
 
-# 4 agents x 2 envs x 4 steps = 32 steps per update; gradient similarity (a second compilation) only
-# on request.
+# 4 agents x 2 envs x 4 steps = 32 steps per update.
 TINY = [
     "--env-id",
     "CartPole-v1",
@@ -26,7 +25,8 @@ TINY = [
     "--log-frequency",
     5,
 ]
-TINY += ["--similarity-every", 1000]
+# Lock-step runs measure the gradient similarity (a second compilation) only on request.
+SYNC_TINY = [*TINY, "--similarity-every", 1000]
 STEPS_PER_UPDATE = 32
 
 
@@ -130,7 +130,7 @@ def logged(run_dir, tag):
 
 def test_gossip_alone_converges_to_the_initial_average_at_the_second_eigenvalue_rate(tmp_path):
     updates, num_peers = 12, 1
-    args = [*TINY, "--learning-rate", 0, "--total-timesteps", updates * STEPS_PER_UPDATE]
+    args = [*SYNC_TINY, "--learning-rate", 0, "--total-timesteps", updates * STEPS_PER_UPDATE]
     result = run_script(
         "cleanba_gala_a2c.py", [*args, "--run-name", "gossip", "--save-model"], tmp_path, devices=4
     )
@@ -166,7 +166,7 @@ def learning_runs(tmp_path_factory):
     for name in ["first", "second"]:
         cwd = tmp_path_factory.mktemp(name)
         args = [
-            *TINY,
+            *SYNC_TINY,
             "--total-timesteps",
             30 * STEPS_PER_UPDATE,
             "--similarity-every",
@@ -214,7 +214,7 @@ def test_with_learning_the_distance_to_consensus_stays_in_the_bound_of_the_ring(
 
 def test_allreduce_agents_hold_identical_parameters_after_every_update(tmp_path):
     args = [
-        *TINY,
+        *SYNC_TINY,
         "--topology",
         "allreduce",
         "--total-timesteps",
@@ -253,7 +253,7 @@ def test_async_gossip_runs_and_measures_staleness(tmp_path):
     ]
     result = run_script(
         "cleanba_gala_a2c.py",
-        [*args, "--similarity-every", 5, "--run-name", "async"],
+        [*args, "--run-name", "async"],
         tmp_path,
         devices=4,
     )
@@ -278,7 +278,13 @@ def test_a_crashing_agent_ends_the_process_promptly(tmp_path, monkeypatch, mode)
     result = run_failing(
         "cleanba_gala_a2c",
         "actor",
-        [*TINY, "--gossip", mode, "--total-timesteps", 1_000_000],
+        [
+            *(SYNC_TINY if mode == "sync" else TINY),
+            "--gossip",
+            mode,
+            "--total-timesteps",
+            1_000_000,
+        ],
         tmp_path,
     )
     assert result.returncode == 1 and "environment exploded" in result.stderr
@@ -310,6 +316,7 @@ BAD_INPUTS = [
     (["--gamma", "0"], "--gamma"),
     (["--local-num-envs", "0"], "--local-num-envs"),
     (["--similarity-every", "0"], "--similarity-every"),
+    (["--gossip", "async", "--similarity-every", "10"], "--similarity-every"),
     (["--num-steps", "0"], "--num-steps"),
     (["--env-id", "NoSuchGame-v5"], "--env-id"),
     (["--resume"], "--resume"),
@@ -319,38 +326,3 @@ BAD_INPUTS = [
 @pytest.mark.parametrize("args,option", BAD_INPUTS)
 def test_bad_input_is_refused_with_one_line(capsys, args, option):
     assert_refused(gala, args, option, capsys)
-
-
-# CartPole-v1 with the default 4 agents x 16 environments, 100k steps, seed 1. A uniformly random
-# policy averages about 22 (the first 20 episodes to end, the short ones, average 12-13). Sync
-# gossip is reproducible and nothing depends on the run's length, so the first 100k steps of the
-# benchmark's 200k-step runs are this run (checked: the same 3252 episodes for seed 1). Measured
-# 2026-11-21: the last 20 episodes average 68.1, 59.4 and 58.7 for seeds 1-3, and the runs reach
-# 188-219 at 200k (benchmark/results/learning_gala_cpu.md). 40 leaves a margin for float differences
-# between machines, while a learner that stopped learning stays near 22.
-RANDOM_POLICY_RETURN = 22
-THRESHOLD = 40
-
-
-def test_sync_gossip_learns_cartpole(tmp_path):
-    args = [
-        "--env-id",
-        "CartPole-v1",
-        "--hiddens",
-        64,
-        64,
-        "--total-timesteps",
-        100_000,
-        "--log-frequency",
-        1000,
-    ]
-    result = run_script(
-        "cleanba_gala_a2c.py", [*args, "--run-name", "learning"], tmp_path, devices=4
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    returns = [
-        value
-        for _, value in sorted(scalars(tmp_path / "runs" / "learning", "charts/episodic_return"))
-    ]
-    assert np.mean(returns[:20]) < 2 * RANDOM_POLICY_RETURN
-    assert np.mean(returns[-20:]) > THRESHOLD, np.mean(returns[-20:])
