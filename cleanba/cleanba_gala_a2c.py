@@ -5,10 +5,11 @@ Every agent has its own environments, optimizer and parameters x_i. After each l
 sends x_i to its out-peers i+1 .. i+k and averages with the messages it holds: x_i <- (x_i + sum of
 messages) / (1 + their number). The agents stay in a ball around their average x̄, which is saved.
 `--gossip sync` (default): lock step, one `pmap` over the agents' devices; at update t agent i mixes
-with its in-peers' parameters after update t-1 (a `lax.ppermute`), and the same seed gives the same
-run. `--gossip async` (the paper's): a learner thread per agent, messages left in mailboxes without
-waiting. `--topology allreduce`: A2C, gradients averaged over the agents; `none`: independent
-agents. Each agent's actor thread keeps Cleanba's protocol (queues of size 1, lag 1)."""
+its new parameters with its in-peers' new ones (a `lax.ppermute`), so the agents' mean moves by the
+mean of their steps, and the same seed gives the same run. `--gossip async` (the paper's): a learner
+thread per agent, messages left in mailboxes without waiting. `--topology allreduce`: A2C, gradients
+averaged over the agents; `none`: independent agents. Each agent's actor thread keeps Cleanba's
+protocol (queues of size 1, lag 1)."""
 
 import dataclasses
 import operator
@@ -31,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
-from cleanba_utils.envs import MACHADO_ATARI, envpool_num_threads, is_atari
+from cleanba_utils.envs import envpool_num_threads, is_atari
 from cleanba_utils.handoff import check_policy_lag
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_files import first_replica
@@ -61,7 +62,11 @@ class Args:
     """save the consensus average of the agents' final parameters to
     `runs/{run_name}/{exp_name}.cleanba_model`"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the consensus average and log their returns"""
+    """after training, play this many episodes with the consensus average x̄: each one's return
+    under `eval/episodic_return`, their mean under `charts/eval_return`"""
+    eval_actions: Literal["greedy", "sampled"] = "greedy"
+    """how the evaluation of x̄ chooses actions: greedy (argmax π(a|s), as the paper's Table 1) or
+    sampled from π as in training"""
     log_frequency: int = 100
     """print a console line every this many updates"""
     env_id: str = "Breakout-v5"
@@ -69,9 +74,18 @@ class Args:
     total_timesteps: int = 10_000_000
     """total environment steps (agent steps, not frames) of the run, all agents together"""
     learning_rate: float = 7e-4
-    """RMSProp's learning rate, constant (decay 0.99, epsilon 1e-5 added to the root as in PyTorch).
-    7e-4 is A2C's for a batch of 16 envs x 5 steps, each agent's batch here; the GALA authors' code
-    runs 4 agents at 1.4e-3"""
+    """the base learning rate of RMSProp (the paper's Table 2), constant; each agent's is this times
+    √(--num-agents) unless --no-scale-learning-rate (1.4e-3 for the default 4 agents)"""
+    scale_learning_rate: bool = True
+    """multiply the base learning rate by √(number of learners), the paper's scaling (Table 2, for
+    A2C and GALA-A2C alike: --topology allreduce scales it too)"""
+    rmsprop_decay: float = 0.99
+    """RMSProp's decay of the mean square. The paper does not give it; 0.99 is the A2C of Dhariwal
+    et al. (2017) and the PyTorch A2C code the GALA authors built on"""
+    rmsprop_eps: float = 0.01
+    """RMSProp's epsilon (the paper's Table 2; its momentum is 0, as here). Added to the root of the
+    mean square, as PyTorch's RMSprop that the authors ran does (optax eps_in_sqrt=False); the
+    table does not say which"""
     local_num_envs: int = 16
     """the number of environments of each agent"""
     envpool_num_threads: int | None = None
@@ -85,14 +99,19 @@ class Args:
     ent_coef: float = 0.01
     """the entropy coefficient"""
     vf_coef: float = 0.5
-    """the value function coefficient"""
+    """the value loss coefficient: the loss has vf_coef x mean((G - V)^2), 0.5 x the mean squared
+    error as in the A2C of Dhariwal et al. (2017)"""
     max_grad_norm: float = 0.5
     """the maximum global norm of each agent's gradient"""
-    channels: tuple[int, ...] = (16, 32, 32)
-    """the channels of the IMPALA ResNet stacks (image observations)"""
-    hiddens: tuple[int, ...] = (256,)
-    """dense layers after the ResNet (images), or hidden layers of each of the separate actor,
-    critic MLPs (vectors)"""
+    torso: Literal["nature", "impala"] = "nature"
+    """the torso for image observations: the network of Dhariwal et al. (2017), the paper's (three
+    convolutions 8x8 stride 4, 4x4 stride 2, 3x3 stride 1, then --hiddens), or the IMPALA ResNet"""
+    channels: tuple[int, ...] = (32, 64, 64)
+    """the channels of the torso's convolutions: the paper's network takes exactly three; with
+    --torso impala, one per ResNet stack (the IMPALA paper's are 16 32 32)"""
+    hiddens: tuple[int, ...] = (512,)
+    """dense layers after the torso (images; 512 is the paper's), or hidden layers of each of the
+    separate actor and critic MLPs (vector observations: e.g. --hiddens 64 64 for CartPole)"""
     num_agents: int = 4
     """the number of actor-learners, each on its own device (CPU:
     XLA_FLAGS=--xla_force_host_platform_device_count)"""
@@ -100,8 +119,9 @@ class Args:
     """gossip over a directed ring, gradients averaged over all agents (A2C), or independent agents
     """
     gossip: Literal["sync", "async"] = "sync"
-    """sync: lock step, peers' parameters one update old, reproducible; async: threads and mailboxes
-    (the paper's)"""
+    """async is the paper's: threads and mailboxes, messages mixed when they arrive. The default,
+    sync, is not: lock step, every message arrives at once; it is reproducible, and it is Algorithm
+    1 with no message delays"""
     num_peers: int = 1
     """the out-peers of each agent: agent i sends to agents i+1 .. i+num_peers (mod num_agents)"""
     staleness_bound: int = 0
@@ -112,8 +132,9 @@ class Args:
     10). Lock-step modes only: the agents of --gossip async never hold gradients of the same moment,
     so it is refused there"""
     concurrency: bool = True
-    """let each actor collect the next rollout while its learner trains (policy lag 1 instead of 0)
-    """
+    """let each actor collect the next rollout while its learner trains (policy lag 1 instead of 0).
+    Cleanba's protocol, not the paper's: in Algorithm 1 an agent acts with its current parameters
+    (--no-concurrency)"""
     distributed: bool = False
     """join a multi-process run with jax.distributed (--gossip sync and allreduce; agents split over
     processes)"""
@@ -170,6 +191,14 @@ def validate(args: Args):
     non_negative = "learning_rate ent_coef vf_coef eval_episodes checkpoint_every staleness_bound"
     parsing.check_signs(args, positive.split(), non_negative.split())
     parsing.check_in(args, "gamma", 0, 1, low_open=True)
+    parsing.check_in(args, "rmsprop_decay", 0, 1)
+    if args.rmsprop_eps <= 0:
+        parsing.fail(f"--rmsprop-eps must be positive, got {args.rmsprop_eps}")
+    if args.torso == "nature" and len(args.channels) != 3:
+        parsing.fail(
+            "--torso nature has three convolutions: --channels takes 3 values, got "
+            f"{len(args.channels)}"
+        )
     if args.similarity_every is not None and args.similarity_every <= 0:
         parsing.fail(f"--similarity-every must be positive, got {args.similarity_every}")
     num_agents = args.num_agents
@@ -217,13 +246,30 @@ def validate_layout(args: Args):
 # === Environment ===
 
 
+GALA_ATARI = dict(
+    repeat_action_probability=0.0,
+    full_action_space=False,
+    episodic_life=True,
+    noop_max=30,
+    max_episode_steps=27_000,
+    reward_clip=True,
+)
+"""The paper's Atari settings (Table 2): a life lost ends the episode for learning, rewards clipped
+to [-1, 1], up to 30 no-ops at the start; deterministic actions and the minimal action set, as the
+A2C of Dhariwal et al. (2017) that it follows; 84x84 grayscale, 4 repeats with a max over the last 2
+frames and 4 stacked frames are envpool's defaults."""
+
+
 def make_env(args: Args, seed: int, num_envs: int):
-    """envpool seeds its environment i with `seed + i`; Atari follows Machado et al. (2018)
-    (`MACHADO_ATARI`)."""
+    """envpool seeds its environment i with `seed + i`. Atari takes GALA's own options
+    (`GALA_ATARI`), not the Machado et al. (2018) protocol (`cleanba_utils.envs.MACHADO_ATARI`) of
+    the other scripts, so that the runs compare with the paper's: a lost life ends an episode for
+    learning, while the logged returns (`episode_over`) and the evaluation count whole games.
+    envpool also plays up to 30 no-ops after a lost life."""
     num_threads = envpool_num_threads(
         args.envpool_num_threads, num_envs=num_envs, instances=args.num_agents
     )
-    options = MACHADO_ATARI if is_atari(args.env_id) else {}
+    options = GALA_ATARI if is_atari(args.env_id) else {}
     return envpool.make(
         args.env_id,
         env_type="gymnasium",
@@ -232,6 +278,15 @@ def make_env(args: Args, seed: int, num_envs: int):
         num_threads=num_threads,
         **options,
     )
+
+
+def episode_over(terminated, truncated, info):
+    """Which environments ended a whole episode at this step: with episodic life, a lost life
+    terminates an Atari episode for learning, and the game is over when envpool's
+    `info["terminated"]` says so."""
+    if "lives" in info:
+        return truncated | info["terminated"].astype(bool)
+    return terminated | truncated
 
 
 # === Network ===
@@ -262,11 +317,32 @@ def mlp(x, hiddens: tuple, outputs: int, output_scale: float):
     return nn.Dense(outputs, kernel_init=nn.initializers.orthogonal(output_scale))(x)
 
 
-class Network(nn.Module):
-    """IMPALA ResNet torso shared by both heads for stacked frames (N, C, H, W); separate actor and
-    critic MLPs for vector observations (N, D): through a shared torso, the critic's gradients swamp
-    the policy's."""
+class NatureTorso(nn.Module):
+    """The convolutions of Dhariwal et al.'s (2017) network (the DQN Nature network): 8x8 stride 4,
+    4x4 stride 2, 3x3 stride 1, no padding, ReLU."""
 
+    channels: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, x):
+        for channels, size, stride in zip(self.channels, (8, 4, 3), (4, 2, 1)):
+            conv = nn.Conv(
+                channels,
+                (size, size),
+                strides=(stride, stride),
+                padding="VALID",
+                kernel_init=nn.initializers.orthogonal(np.sqrt(2)),
+            )
+            x = nn.relu(conv(x))
+        return x.reshape(x.shape[0], -1)
+
+
+class Network(nn.Module):
+    """For stacked frames (N, C, H, W), a torso (`torso`: the paper's network or the IMPALA ResNet)
+    and dense layers shared by both heads; for vector observations (N, D), separate actor and critic
+    MLPs: through a shared torso, the critic's gradients swamp the policy's."""
+
+    torso: str
     channels: tuple[int, ...]
     hiddens: tuple[int, ...]
     num_actions: int
@@ -279,14 +355,21 @@ class Network(nn.Module):
             value = mlp(x, self.hiddens, 1, 1.0)
             return logits, value[:, 0]
         x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
-        for channels in self.channels:
-            x = ConvSequence(channels)(x)
-        x = nn.relu(x).reshape(x.shape[0], -1)
+        if self.torso == "nature":
+            x = NatureTorso(self.channels)(x)
+        else:
+            for channels in self.channels:
+                x = ConvSequence(channels)(x)
+            x = nn.relu(x).reshape(x.shape[0], -1)
         for hidden in self.hiddens:
             x = nn.relu(nn.Dense(hidden, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
         logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(x)
         value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
         return logits, value[:, 0]
+
+
+def network_of(args: Args, num_actions: int) -> Network:
+    return Network(args.torso, args.channels, args.hiddens, num_actions)
 
 
 # === Actor ===
@@ -365,7 +448,12 @@ def actor(args, sizes, run, network, first_update, agent, device, param_queue, r
             )
             done = terminated | truncated
             global_step = policy_step * sizes.num_envs
-            finished = episodes.step(info.get("reward", reward), done, next_is_reset, global_step)
+            finished = episodes.step(
+                info.get("reward", reward),
+                episode_over(terminated, truncated, info),
+                next_is_reset,
+                global_step,
+            )
             for episode_return in finished:
                 run.log({f"charts/agent_{agent}/episodic_return": episode_return}, global_step)
             next_obs = obs
@@ -382,14 +470,17 @@ def actor(args, sizes, run, network, first_update, agent, device, param_queue, r
 
 
 def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
-    """Plays one episode in each of `num_episodes` fresh environments with the sampled policy."""
+    """Plays one whole episode (game) in each of `num_episodes` fresh environments, choosing
+    actions as --eval-actions says: greedy (argmax π) or sampled."""
     envs = make_env(args, seed, num_episodes)
-    network = Network(args.channels, args.hiddens, envs.action_space.n)
+    network = network_of(args, envs.action_space.n)
     env_ids = jnp.arange(num_episodes)
 
     @jax.jit
     def act(params, obs, step):
         logits = network.apply(params, obs)[0]
+        if args.eval_actions == "greedy":
+            return jnp.argmax(logits, axis=1)
         return sample_actions(logits, jax.random.PRNGKey(seed), step, env_ids)
 
     obs, _ = envs.reset()
@@ -399,7 +490,7 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     while not finished.all():
         obs, reward, terminated, truncated, info = envs.step(np.asarray(act(params, obs, step)))
         returns += info.get("reward", reward) * ~finished
-        finished |= terminated | truncated
+        finished |= episode_over(terminated, truncated, info)
         step += 1
     return returns.tolist()
 
@@ -471,7 +562,7 @@ def a2c_loss(params, apply_fn, batch: Batch, *, gamma, ent_coef, vf_coef):
     logprob = jnp.take_along_axis(log_probs, actions, axis=-1)[..., 0]
     mean = lambda x: (x * batch.valid).sum() / jnp.maximum(batch.valid.sum(), 1.0)
     policy_loss = mean(-(returns - jax.lax.stop_gradient(values)) * logprob)
-    value_loss = mean(0.5 * (returns - values) ** 2)
+    value_loss = mean((returns - values) ** 2)
     entropy = mean(-(jax.nn.softmax(logits) * log_probs).sum(-1))
     loss = policy_loss + vf_coef * value_loss - ent_coef * entropy
     return loss, Losses(policy_loss=policy_loss, value_loss=value_loss, entropy=entropy)
@@ -559,10 +650,16 @@ class Mailbox:
             return [self.slots.pop(sender) for sender in sorted(self.slots)]
 
 
+def broadcast(mailboxes: list, out_peers: list, message: Message):
+    for peer in out_peers:
+        mailboxes[peer].post(message)
+
+
 def receive(mailbox: Mailbox, silent: dict, staleness_bound: int, stop: threading.Event) -> list:
     """After a local update: the messages to mix with. `silent[j]` counts the local updates since
     the last message from in-peer j; with a bound τ > 0, the agent waits only for the in-peers
-    silent for τ updates."""
+    silent for τ updates. Algorithm 1 mixes only once a message from every in-peer is there; with
+    the paper's one in-peer that is the same as mixing whatever has arrived, which this does."""
     for sender in silent:
         silent[sender] += 1
     wait_for = [
@@ -582,9 +679,14 @@ def init_state(args: Args, sizes: Sizes):
     fresh or from the newest checkpoint (--resume). Agents start from different initializations,
     except allreduce's (one policy)."""
     probe_env = make_env(args, args.seed, 1)
-    network = Network(args.channels, args.hiddens, probe_env.action_space.n)
+    network = network_of(args, probe_env.action_space.n)
     obs = probe_env.reset()[0]
-    rmsprop = optax.rmsprop(args.learning_rate, decay=0.99, eps=1e-5, eps_in_sqrt=False)
+    rmsprop = optax.rmsprop(
+        scaled_learning_rate(args),
+        decay=args.rmsprop_decay,
+        eps=args.rmsprop_eps,
+        eps_in_sqrt=False,
+    )
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), rmsprop)
     init_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 0)
     keys = [
@@ -607,6 +709,13 @@ def init_state(args: Args, sizes: Sizes):
     return network, state, dict(counters, **identity)
 
 
+def scaled_learning_rate(args: Args) -> float:
+    """Every agent's learning rate: the base one times √(number of learners) (the paper's)."""
+    if not args.scale_learning_rate:
+        return args.learning_rate
+    return args.learning_rate * np.sqrt(args.num_agents)
+
+
 def a2c_gradients(args: Args, state, transitions: Transitions, bootstrap_obs):
     """The gradient of one agent's A2C loss on its rollout, and the losses."""
     return jax.grad(a2c_loss, has_aux=True)(
@@ -619,16 +728,15 @@ def a2c_gradients(args: Args, state, transitions: Transitions, bootstrap_obs):
     )
 
 
-def make_update(args: Args, agent_devices: list):
-    """The lock-step update of every agent, pmap'd over their devices: an A2C step (gradients
-    averaged for allreduce), then the gossip step with the in-peers' parameters of the last update
-    (j sends to j + d); the consensus, and with `with_similarity` the cosine similarity of ring
-    neighbours' gradients."""
-    num_agents = args.num_agents
+def lockstep_update(args: Args):
+    """One agent's share of the lock-step update, over the named axis "agents" (one agent per
+    index): an A2C step (gradients averaged for allreduce), then the gossip step with the in-peers'
+    new parameters (j sends to j + d); the consensus, and with `with_similarity` the cosine
+    similarity of ring neighbours' gradients."""
 
     def ring_shift(tree, distance):
         """Agent j's `tree` goes to agent j + distance."""
-        pairs = [(j, (j + distance) % num_agents) for j in range(num_agents)]
+        pairs = [(j, (j + distance) % args.num_agents) for j in range(args.num_agents)]
         return jax.lax.ppermute(tree, "agents", pairs)
 
     def update_all(state, transitions, bootstrap_obs, with_similarity):
@@ -638,18 +746,27 @@ def make_update(args: Args, agent_devices: list):
             similarity = jax.lax.pmean(cosine(grads, ring_shift(grads, 1)), "agents")
         if args.topology == "allreduce":
             grads = jax.lax.pmean(grads, "agents")
-        in_peers = []
-        if args.topology == "gossip":
-            in_peers = [ring_shift(state.params, d) for d in range(1, args.num_peers + 1)]
         state = state.apply_gradients(grads=grads)
         if args.topology == "gossip":
+            # Algorithm 1: after its step each agent sends its new parameters to its out-peers and
+            # averages its own with the ones it receives, so the agents' mean moves by the mean of
+            # their steps (mixing with the peers' parameters from before the step would halve it).
+            in_peers = [ring_shift(state.params, d) for d in range(1, args.num_peers + 1)]
             state = state.replace(params=mix(state.params, in_peers))
         losses = jax.lax.pmean(losses, "agents")
         consensus = consensus_of(jax.lax.all_gather(state.params, "agents"))
         return state, losses, consensus, similarity
 
+    return update_all
+
+
+def make_update(args: Args, agent_devices: list):
+    """The lock-step update of every agent, pmap'd over their devices."""
     return jax.pmap(
-        update_all, axis_name="agents", devices=agent_devices, static_broadcasted_argnums=3
+        lockstep_update(args),
+        axis_name="agents",
+        devices=agent_devices,
+        static_broadcasted_argnums=3,
     )
 
 
@@ -846,9 +963,9 @@ def agent_learner(
             if run.stop.is_set():
                 raise Stopped
             time.sleep(POLL_SECONDS / 10)
-        # The gossip step: broadcast to the out-peers, then mix with what has arrived.
-        for peer in out_peers:
-            mailboxes[peer].post(Message(sender=agent, version=update, params=state.params))
+        # The gossip step (Algorithm 1): broadcast the new parameters without waiting, then mix with
+        # the messages that have arrived.
+        broadcast(mailboxes, out_peers, Message(sender=agent, version=update, params=state.params))
         messages = receive(mailboxes[agent], silent, args.staleness_bound, run.stop)
         if messages:
             peers = [jax.device_put(m.params, device) for m in messages]
@@ -942,7 +1059,15 @@ def train(args: Args):
         consensus_params, version = train_sync(
             args, sizes, network, state, run, agent_devices, global_devices
         )
-    run.finish(consensus_params, version, evaluate)
+    global_step = version * sizes.steps_per_update
+
+    def evaluate_consensus(params, args, num_episodes, seed):
+        """`evaluate`, and the mean return of x̄ under its own key at the run's last step."""
+        returns = evaluate(params, args, num_episodes, seed)
+        run.log({"charts/eval_return": np.mean(returns)}, global_step)
+        return returns
+
+    run.finish(consensus_params, version, evaluate_consensus)
 
 
 # === Main ===
