@@ -5,10 +5,11 @@ Every agent has its own environments, optimizer and parameters x_i. After each l
 sends x_i to its out-peers i+1 .. i+k and averages with the messages it holds: x_i <- (x_i + sum of
 messages) / (1 + their number). The agents stay in a ball around their average x̄, which is saved.
 `--gossip sync` (default): lock step, one `pmap` over the agents' devices; at update t agent i mixes
-with its in-peers' parameters after update t-1 (a `lax.ppermute`), and the same seed gives the same
-run. `--gossip async` (the paper's): a learner thread per agent, messages left in mailboxes without
-waiting. `--topology allreduce`: A2C, gradients averaged over the agents; `none`: independent
-agents. Each agent's actor thread keeps Cleanba's protocol (queues of size 1, lag 1)."""
+its new parameters with its in-peers' new ones (a `lax.ppermute`), so the agents' mean moves by the
+mean of their steps, and the same seed gives the same run. `--gossip async` (the paper's): a learner
+thread per agent, messages left in mailboxes without waiting. `--topology allreduce`: A2C, gradients
+averaged over the agents; `none`: independent agents. Each agent's actor thread keeps Cleanba's
+protocol (queues of size 1, lag 1)."""
 
 import dataclasses
 import operator
@@ -31,9 +32,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
+from cleanba_utils.envs import envpool_num_threads, is_atari
+from cleanba_utils.handoff import check_policy_lag
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_files import first_replica
 from cleanba_utils.threads import POLL_SECONDS, Stopped, queue_get, queue_put, start_thread
+
+# === Args ===
 
 
 @dataclasses.dataclass
@@ -57,7 +62,11 @@ class Args:
     """save the consensus average of the agents' final parameters to
     `runs/{run_name}/{exp_name}.cleanba_model`"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the consensus average and log their returns"""
+    """after training, play this many episodes with the consensus average x̄: each one's return
+    under `eval/episodic_return`, their mean under `charts/eval_return`"""
+    eval_actions: Literal["greedy", "sampled"] = "greedy"
+    """how the evaluation of x̄ chooses actions: greedy (argmax π(a|s), as the paper's Table 1) or
+    sampled from π as in training"""
     log_frequency: int = 100
     """print a console line every this many updates"""
     env_id: str = "Breakout-v5"
@@ -65,30 +74,44 @@ class Args:
     total_timesteps: int = 10_000_000
     """total environment steps (agent steps, not frames) of the run, all agents together"""
     learning_rate: float = 7e-4
-    """RMSProp's learning rate, constant (decay 0.99, epsilon 1e-5 added to the root as in PyTorch).
-    7e-4 is A2C's for a batch of 16 envs x 5 steps, each agent's batch here; the GALA authors' code
-    runs 4 agents at 1.4e-3"""
+    """the base learning rate of RMSProp (the paper's Table 2), constant; each agent's is this times
+    √(--num-agents) unless --no-scale-learning-rate (1.4e-3 for the default 4 agents)"""
+    scale_learning_rate: bool = True
+    """multiply the base learning rate by √(number of learners), the paper's scaling (Table 2, for
+    A2C and GALA-A2C alike: --topology allreduce scales it too)"""
+    rmsprop_decay: float = 0.99
+    """RMSProp's decay of the mean square. The paper does not give it; 0.99 is the A2C of Dhariwal
+    et al. (2017) and the PyTorch A2C code the GALA authors built on"""
+    rmsprop_eps: float = 0.01
+    """RMSProp's epsilon (the paper's Table 2; its momentum is 0, as here). Added to the root of the
+    mean square, as PyTorch's RMSprop that the authors ran does (optax eps_in_sqrt=False); the
+    table does not say which"""
     local_num_envs: int = 16
     """the number of environments of each agent"""
     envpool_num_threads: int | None = None
     """worker threads of each envpool instance (default: CPUs / agents); results do not depend on it
     """
     num_steps: int = 5
-    """the number of steps each environment runs per rollout: the horizon of the bootstrapped returns
-    """
+    """the number of steps each environment runs per rollout: the horizon of the bootstrapped
+    returns"""
     gamma: float = 0.99
     """the discount factor"""
     ent_coef: float = 0.01
     """the entropy coefficient"""
     vf_coef: float = 0.5
-    """the value function coefficient"""
+    """the value loss coefficient: the loss has vf_coef x mean((G - V)^2), 0.5 x the mean squared
+    error as in the A2C of Dhariwal et al. (2017)"""
     max_grad_norm: float = 0.5
     """the maximum global norm of each agent's gradient"""
-    channels: tuple[int, ...] = (16, 32, 32)
-    """the channels of the IMPALA ResNet stacks (image observations)"""
-    hiddens: tuple[int, ...] = (256,)
-    """dense layers after the ResNet (images), or hidden layers of each of the separate actor, critic
-    MLPs (vectors)"""
+    torso: Literal["nature", "impala"] = "nature"
+    """the torso for image observations: the network of Dhariwal et al. (2017), the paper's (three
+    convolutions 8x8 stride 4, 4x4 stride 2, 3x3 stride 1, then --hiddens), or the IMPALA ResNet"""
+    channels: tuple[int, ...] = (32, 64, 64)
+    """the channels of the torso's convolutions: the paper's network takes exactly three; with
+    --torso impala, one per ResNet stack (the IMPALA paper's are 16 32 32)"""
+    hiddens: tuple[int, ...] = (512,)
+    """dense layers after the torso (images; 512 is the paper's), or hidden layers of each of the
+    separate actor and critic MLPs (vector observations: e.g. --hiddens 64 64 for CartPole)"""
     num_agents: int = 4
     """the number of actor-learners, each on its own device (CPU:
     XLA_FLAGS=--xla_force_host_platform_device_count)"""
@@ -96,19 +119,22 @@ class Args:
     """gossip over a directed ring, gradients averaged over all agents (A2C), or independent agents
     """
     gossip: Literal["sync", "async"] = "sync"
-    """sync: lock step, peers' parameters one update old, reproducible; async: threads and mailboxes
-    (the paper's)"""
+    """async is the paper's: threads and mailboxes, messages mixed when they arrive. The default,
+    sync, is not: lock step, every message arrives at once; it is reproducible, and it is Algorithm
+    1 with no message delays"""
     num_peers: int = 1
     """the out-peers of each agent: agent i sends to agents i+1 .. i+num_peers (mod num_agents)"""
     staleness_bound: int = 0
-    """--gossip async: an agent that made this many updates without a message from an in-peer waits (0:
-    never)"""
-    similarity_every: int = 10
-    """measure the cosine similarity of ring neighbours' gradients every this many updates (lock-step
-    modes)"""
+    """--gossip async: an agent that made this many updates without a message from an in-peer waits
+    (0: never)"""
+    similarity_every: int | None = None
+    """measure the cosine similarity of ring neighbours' gradients every this many updates (default
+    10). Lock-step modes only: the agents of --gossip async never hold gradients of the same moment,
+    so it is refused there"""
     concurrency: bool = True
-    """let each actor collect the next rollout while its learner trains (policy lag 1 instead of 0)
-    """
+    """let each actor collect the next rollout while its learner trains (policy lag 1 instead of 0).
+    Cleanba's protocol, not the paper's: in Algorithm 1 an agent acts with its current parameters
+    (--no-concurrency)"""
     distributed: bool = False
     """join a multi-process run with jax.distributed (--gossip sync and allreduce; agents split over
     processes)"""
@@ -122,22 +148,34 @@ class Args:
     """save a checkpoint of all agents every this many updates (0: only at the end and on SIGTERM /
     SIGUSR1)"""
     resume: bool = False
-    """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is none)
-    """
+    """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is
+    none)"""
+
+
+DEFAULT_SIMILARITY_EVERY = 10
 
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
     num_envs: int
-    batch_size: int
+    steps_per_update: int
     num_updates: int
 
 
 def sizes_of(args: Args) -> Sizes:
     num_envs = args.local_num_envs * args.num_agents
+    steps_per_update = num_envs * args.num_steps
     return Sizes(
-        num_envs, num_envs * args.num_steps, args.total_timesteps // (num_envs * args.num_steps)
+        num_envs=num_envs,
+        steps_per_update=steps_per_update,
+        num_updates=args.total_timesteps // steps_per_update,
     )
+
+
+def similarity_every(args: Args) -> int:
+    if args.similarity_every is None:
+        return DEFAULT_SIMILARITY_EVERY
+    return args.similarity_every
 
 
 def parse_args(argv=None) -> Args:
@@ -147,20 +185,39 @@ def parse_args(argv=None) -> Args:
 
 
 def validate(args: Args):
-    """Checks every argument that needs no device, before any other work; exits 2 on the first problem."""
-    positive = "total_timesteps local_num_envs num_steps max_grad_norm log_frequency num_agents similarity_every"
+    """Checks every argument that needs no device, before any other work; exits 2 on the first
+    problem."""
+    positive = "total_timesteps local_num_envs num_steps max_grad_norm log_frequency num_agents"
     non_negative = "learning_rate ent_coef vf_coef eval_episodes checkpoint_every staleness_bound"
     parsing.check_signs(args, positive.split(), non_negative.split())
     parsing.check_in(args, "gamma", 0, 1, low_open=True)
-    n, k = args.num_agents, args.num_peers
-    if args.topology == "gossip" and not 1 <= k < n:
+    parsing.check_in(args, "rmsprop_decay", 0, 1)
+    if args.rmsprop_eps <= 0:
+        parsing.fail(f"--rmsprop-eps must be positive, got {args.rmsprop_eps}")
+    if args.torso == "nature" and len(args.channels) != 3:
         parsing.fail(
-            f"--topology gossip needs --num-agents >= 2, --num-peers in 1 .. agents - 1; got {n} and {k}"
+            "--torso nature has three convolutions: --channels takes 3 values, got "
+            f"{len(args.channels)}"
+        )
+    if args.similarity_every is not None and args.similarity_every <= 0:
+        parsing.fail(f"--similarity-every must be positive, got {args.similarity_every}")
+    num_agents = args.num_agents
+    num_peers = args.num_peers
+    if args.topology == "gossip" and not 1 <= num_peers < num_agents:
+        parsing.fail(
+            "--topology gossip needs --num-agents >= 2, --num-peers in 1 .. agents - 1; got "
+            f"{num_agents} and {num_peers}"
         )
     one_process_without_checkpoints = args.distributed or args.checkpoint_every or args.resume
     if args.gossip == "async" and (args.topology != "gossip" or one_process_without_checkpoints):
         parsing.fail(
-            "--gossip async needs --topology gossip, in one process: not with --distributed/--checkpoint-every/--resume"
+            "--gossip async needs --topology gossip, in one process: not with "
+            "--distributed/--checkpoint-every/--resume"
+        )
+    if args.gossip == "async" and args.similarity_every is not None:
+        parsing.fail(
+            "--similarity-every compares gradients of one moment, which --gossip async agents "
+            "never hold; use it with --gossip sync or --topology allreduce/none"
         )
     if args.staleness_bound and args.gossip != "async":
         parsing.fail("--staleness-bound bounds asynchronous messages; use it with --gossip async")
@@ -169,42 +226,70 @@ def validate(args: Args):
 
 def validate_layout(args: Args):
     """The checks that need the devices (and, with --distributed, the number of processes)."""
-    sizes, num_processes, num_devices = (
-        sizes_of(args),
-        jax.process_count(),
-        len(jax.local_devices()),
-    )
-    if args.num_agents % num_processes or num_devices < args.num_agents // num_processes:
+    sizes = sizes_of(args)
+    num_processes = jax.process_count()
+    num_devices = len(jax.local_devices())
+    agents_per_process = args.num_agents // num_processes
+    if args.num_agents % num_processes or num_devices < agents_per_process:
         parsing.fail(
-            f"--num-agents {args.num_agents} needs one device per agent in each of {num_processes} process(es), this "
-            f"one has {num_devices}; on CPU run with XLA_FLAGS=--xla_force_host_platform_device_count="
-            f"{args.num_agents // num_processes}"
+            f"--num-agents {args.num_agents} needs one device per agent in each of {num_processes} "
+            f"process(es), this one has {num_devices}; on CPU run with "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={agents_per_process}"
         )
     if sizes.num_updates < 1:
         parsing.fail(
-            f"--total-timesteps {args.total_timesteps} is less than one update ({sizes.batch_size} steps)"
+            f"--total-timesteps {args.total_timesteps} is less than one update "
+            f"({sizes.steps_per_update} steps)"
         )
 
 
+# === Environment ===
+
+
+GALA_ATARI = dict(
+    repeat_action_probability=0.0,
+    full_action_space=False,
+    episodic_life=True,
+    noop_max=30,
+    max_episode_steps=27_000,
+    reward_clip=True,
+)
+"""The paper's Atari settings (Table 2): a life lost ends the episode for learning, rewards clipped
+to [-1, 1], up to 30 no-ops at the start; deterministic actions and the minimal action set, as the
+A2C of Dhariwal et al. (2017) that it follows; 84x84 grayscale, 4 repeats with a max over the last 2
+frames and 4 stacked frames are envpool's defaults."""
+
+
 def make_env(args: Args, seed: int, num_envs: int):
-    """envpool seeds its environment i with `seed + i`; Atari follows Machado et al. (2018): sticky
-    actions, the full action space, no life-loss signal, one no-op at reset at most, 108k frames per
-    episode at most."""
-    num_threads = args.envpool_num_threads or max(
-        1, min(num_envs, len(os.sched_getaffinity(0)) // args.num_agents)
+    """envpool seeds its environment i with `seed + i`. Atari takes GALA's own options
+    (`GALA_ATARI`), not the Machado et al. (2018) protocol (`cleanba_utils.envs.MACHADO_ATARI`) of
+    the other scripts, so that the runs compare with the paper's: a lost life ends an episode for
+    learning, while the logged returns (`episode_over`) and the evaluation count whole games.
+    envpool also plays up to 30 no-ops after a lost life."""
+    num_threads = envpool_num_threads(
+        args.envpool_num_threads, num_envs=num_envs, instances=args.num_agents
     )
-    atari = dict(
-        repeat_action_probability=0.25, full_action_space=True, episodic_life=False, noop_max=1
-    )
-    atari.update(max_episode_steps=27_000, reward_clip=True)
-    options = (
-        atari
-        if "repeat_action_probability" in envpool.make_spec(args.env_id).config._fields
-        else {}
-    )
+    options = GALA_ATARI if is_atari(args.env_id) else {}
     return envpool.make(
-        args.env_id, "gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads, **options
+        args.env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        num_threads=num_threads,
+        **options,
     )
+
+
+def episode_over(terminated, truncated, info):
+    """Which environments ended a whole episode at this step: with episodic life, a lost life
+    terminates an Atari episode for learning, and the game is over when envpool's
+    `info["terminated"]` says so."""
+    if "lives" in info:
+        return truncated | info["terminated"].astype(bool)
+    return terminated | truncated
+
+
+# === Network ===
 
 
 class ConvSequence(nn.Module):
@@ -215,8 +300,10 @@ class ConvSequence(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        x = nn.max_pool(nn.Conv(self.channels, (3, 3))(x), (3, 3), strides=(2, 2), padding="SAME")
+        x = nn.Conv(self.channels, (3, 3))(x)
+        x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
         for _ in range(2):
+            # flax names a layer when it is built: the outer convolution is built first.
             x = x + nn.Conv(self.channels, (3, 3))(
                 nn.relu(nn.Conv(self.channels, (3, 3))(nn.relu(x)))
             )
@@ -230,11 +317,32 @@ def mlp(x, hiddens: tuple, outputs: int, output_scale: float):
     return nn.Dense(outputs, kernel_init=nn.initializers.orthogonal(output_scale))(x)
 
 
-class Network(nn.Module):
-    """IMPALA ResNet torso shared by both heads for stacked frames (N, C, H, W); separate actor and
-    critic MLPs for vector observations (N, D): through a shared torso, the critic's gradients swamp
-    the policy's."""
+class NatureTorso(nn.Module):
+    """The convolutions of Dhariwal et al.'s (2017) network (the DQN Nature network): 8x8 stride 4,
+    4x4 stride 2, 3x3 stride 1, no padding, ReLU."""
 
+    channels: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, x):
+        for channels, size, stride in zip(self.channels, (8, 4, 3), (4, 2, 1)):
+            conv = nn.Conv(
+                channels,
+                (size, size),
+                strides=(stride, stride),
+                padding="VALID",
+                kernel_init=nn.initializers.orthogonal(np.sqrt(2)),
+            )
+            x = nn.relu(conv(x))
+        return x.reshape(x.shape[0], -1)
+
+
+class Network(nn.Module):
+    """For stacked frames (N, C, H, W), a torso (`torso`: the paper's network or the IMPALA ResNet)
+    and dense layers shared by both heads; for vector observations (N, D), separate actor and critic
+    MLPs: through a shared torso, the critic's gradients swamp the policy's."""
+
+    torso: str
     channels: tuple[int, ...]
     hiddens: tuple[int, ...]
     num_actions: int
@@ -243,16 +351,51 @@ class Network(nn.Module):
     def __call__(self, obs):
         if obs.ndim != 4:
             x = obs.astype(jnp.float32)
-            return mlp(x, self.hiddens, self.num_actions, 0.01), mlp(x, self.hiddens, 1, 1.0)[:, 0]
+            logits = mlp(x, self.hiddens, self.num_actions, 0.01)
+            value = mlp(x, self.hiddens, 1, 1.0)
+            return logits, value[:, 0]
         x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
-        for channels in self.channels:
-            x = ConvSequence(channels)(x)
-        x = nn.relu(x).reshape(x.shape[0], -1)
+        if self.torso == "nature":
+            x = NatureTorso(self.channels)(x)
+        else:
+            for channels in self.channels:
+                x = ConvSequence(channels)(x)
+            x = nn.relu(x).reshape(x.shape[0], -1)
         for hidden in self.hiddens:
             x = nn.relu(nn.Dense(hidden, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
         logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(x)
         value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
         return logits, value[:, 0]
+
+
+def network_of(args: Args, num_actions: int) -> Network:
+    return Network(args.torso, args.channels, args.hiddens, num_actions)
+
+
+# === Actor ===
+
+
+class Transitions(NamedTuple):
+    """What an actor played, (1, envs, steps, ...) arrays: `is_reset` marks envpool's reset steps,
+    which belong to no episode and are left out of learning."""
+
+    obs: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    is_reset: np.ndarray
+
+
+class Rollout(NamedTuple):
+    """An actor's rollout for `update` by parameters `policy_version`, on its agent's device:
+    `bootstrap_obs` (1, envs, ...) is the observation after the last step."""
+
+    update: int
+    policy_version: int
+    transitions: Transitions
+    bootstrap_obs: jax.Array
+    param_queue_get_time: float
 
 
 def sample_actions(logits, key, step, env_ids):
@@ -261,16 +404,6 @@ def sample_actions(logits, key, step, env_ids):
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_key, env_ids)
     gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[1:]))(keys)
     return jnp.argmax(logits + gumbel, axis=1)
-
-
-class Rollout(NamedTuple):
-    """An actor's rollout for `update` by parameters `policy_version`: (1, envs, steps, ...) arrays on
-    its device."""
-
-    update: int
-    policy_version: int
-    data: dict
-    param_queue_get_time: float
 
 
 def actor(args, sizes, run, network, first_update, agent, device, param_queue, rollout_queue):
@@ -282,9 +415,12 @@ def actor(args, sizes, run, network, first_update, agent, device, param_queue, r
         np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32), device
     )
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
-    get_action = jax.jit(
-        lambda p, obs, step: sample_actions(network.apply(p, obs)[0], action_key, step, env_ids)
-    )
+
+    @jax.jit
+    def get_action(params, obs, step):
+        logits = network.apply(params, obs)[0]
+        return sample_actions(logits, action_key, step, env_ids)
+
     episodes = run.episodes(args.local_num_envs)
     next_obs, _ = envs.reset()
     # envpool resets an environment on the step after its episode ended: that step ignores the
@@ -294,81 +430,145 @@ def actor(args, sizes, run, network, first_update, agent, device, param_queue, r
         param_wait_start = time.time()
         if not (args.concurrency and update == first_update + 1):
             policy_version, params = queue_get(param_queue, run.stop)
-        param_queue_get_time, steps = time.time() - param_wait_start, []
+        param_queue_get_time = time.time() - param_wait_start
+        steps = []
         for step in range(args.num_steps):
             policy_step = (update - 1) * args.num_steps + step
             action = np.asarray(get_action(params, jax.device_put(next_obs, device), policy_step))
             obs, reward, terminated, truncated, info = envs.step(action)
-            played = dict(obs=next_obs, actions=action, is_reset=next_is_reset)
             steps.append(
-                dict(played, rewards=reward, terminations=terminated, truncations=truncated)
+                Transitions(
+                    obs=next_obs,
+                    actions=action,
+                    rewards=reward,
+                    terminations=terminated,
+                    truncations=truncated,
+                    is_reset=next_is_reset,
+                )
             )
             done = terminated | truncated
             global_step = policy_step * sizes.num_envs
-            for episode_return in episodes.step(
-                info.get("reward", reward), done, next_is_reset, global_step
-            ):
+            finished = episodes.step(
+                info.get("reward", reward),
+                episode_over(terminated, truncated, info),
+                next_is_reset,
+                global_step,
+            )
+            for episode_return in finished:
                 run.log({f"charts/agent_{agent}/episodic_return": episode_return}, global_step)
-            next_obs, next_is_reset = obs, done
-        data = {key: np.stack([s[key] for s in steps], axis=1)[None] for key in steps[0]}
-        data["bootstrap_obs"] = next_obs[None]
+            next_obs = obs
+            next_is_reset = done
+        transitions = jax.tree.map(lambda *xs: np.stack(xs, axis=1)[None], *steps)
         rollout = Rollout(
-            update, policy_version, jax.device_put(data, device), param_queue_get_time
+            update=update,
+            policy_version=policy_version,
+            transitions=jax.device_put(transitions, device),
+            bootstrap_obs=jax.device_put(next_obs[None], device),
+            param_queue_get_time=param_queue_get_time,
         )
         queue_put(rollout_queue, rollout, run.stop)
 
 
+def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
+    """Plays one whole episode (game) in each of `num_episodes` fresh environments, choosing
+    actions as --eval-actions says: greedy (argmax π) or sampled."""
+    envs = make_env(args, seed, num_episodes)
+    network = network_of(args, envs.action_space.n)
+    env_ids = jnp.arange(num_episodes)
+
+    @jax.jit
+    def act(params, obs, step):
+        logits = network.apply(params, obs)[0]
+        if args.eval_actions == "greedy":
+            return jnp.argmax(logits, axis=1)
+        return sample_actions(logits, jax.random.PRNGKey(seed), step, env_ids)
+
+    obs, _ = envs.reset()
+    returns = np.zeros(num_episodes)
+    finished = np.zeros(num_episodes, dtype=bool)
+    step = 0
+    while not finished.all():
+        obs, reward, terminated, truncated, info = envs.step(np.asarray(act(params, obs, step)))
+        returns += info.get("reward", reward) * ~finished
+        finished |= episode_over(terminated, truncated, info)
+        step += 1
+    return returns.tolist()
+
+
+# === Loss ===
+
+
 def nstep_returns(rewards, next_values, terminations, truncations, gamma):
-    """Bootstrapped returns of one environment's rollout: R_t = r_t + γ R_{t+1}, from the value after
-    the last step; a termination stops bootstrapping, a truncation bootstraps from the value of its
-    last observation. `next_values[t]`: the value after step t. (rlax.lambda_returns is the same,
-    but importing it takes seconds.)"""
+    """Bootstrapped returns of one environment's rollout: R_t = r_t + γ R_{t+1}, from the value
+    after the last step; a termination stops bootstrapping, a truncation bootstraps from the value
+    of its last observation. `next_values[t]`: the value after step t. (rlax.lambda_returns is the
+    same, but importing it takes seconds.)"""
 
     def step(following, t):
         reward, next_value, terminated, truncated = t
-        following = reward + gamma * (1.0 - terminated) * jnp.where(
-            truncated > 0, next_value, following
-        )
+        bootstrap = jnp.where(truncated > 0, next_value, following)
+        following = reward + gamma * (1.0 - terminated) * bootstrap
         return following, following
 
     inputs = (rewards, next_values, terminations, truncations)
     return jax.lax.scan(step, next_values[-1], inputs, reverse=True)[1]
 
 
-def a2c_loss(params, apply_fn, data, args):
-    """A2C on one agent's rollout (envs, steps, ...); means over its valid (non-reset) steps."""
-    obs = jnp.concatenate([data["obs"], data["bootstrap_obs"][:, None]], axis=1)
-    logits, values = apply_fn(params, obs.reshape(-1, *obs.shape[2:]))
-    logits, values = logits.reshape(*obs.shape[:2], -1)[:, :-1], values.reshape(obs.shape[:2])
-    f = {
-        key: data[key].astype(jnp.float32)
-        for key in ["rewards", "terminations", "truncations", "is_reset"]
-    }
-    inputs = (
-        f["rewards"],
+class Batch(NamedTuple):
+    """One agent's rollout for the loss, (envs, steps, ...): `obs` has the bootstrap observation as
+    its last step; `valid` is 0 on envpool's reset steps."""
+
+    obs: jax.Array
+    actions: jax.Array
+    rewards: jax.Array
+    terminations: jax.Array
+    truncations: jax.Array
+    valid: jax.Array
+
+
+def batch_of(transitions: Transitions, bootstrap_obs) -> Batch:
+    return Batch(
+        obs=jnp.concatenate([transitions.obs, bootstrap_obs[:, None]], axis=1),
+        actions=transitions.actions,
+        rewards=transitions.rewards.astype(jnp.float32),
+        terminations=transitions.terminations.astype(jnp.float32),
+        truncations=transitions.truncations.astype(jnp.float32),
+        valid=1.0 - transitions.is_reset.astype(jnp.float32),
+    )
+
+
+class Losses(NamedTuple):
+    policy_loss: jax.Array
+    value_loss: jax.Array
+    entropy: jax.Array
+
+
+def a2c_loss(params, apply_fn, batch: Batch, *, gamma, ent_coef, vf_coef):
+    """A2C on one agent's rollout; means over its valid (non-reset) steps."""
+    envs_and_obs = batch.obs.shape[:2]
+    logits, values = apply_fn(params, batch.obs.reshape(-1, *batch.obs.shape[2:]))
+    logits = logits.reshape(*envs_and_obs, -1)[:, :-1]
+    values = values.reshape(envs_and_obs)
+    returns = jax.vmap(nstep_returns, (0, 0, 0, 0, None))(
+        batch.rewards,
         jax.lax.stop_gradient(values[:, 1:]),
-        f["terminations"],
-        f["truncations"],
+        batch.terminations,
+        batch.truncations,
+        gamma,
     )
-    returns = jax.vmap(nstep_returns, (0, 0, 0, 0, None))(*inputs, args.gamma)
-    values, log_probs = values[:, :-1], jax.nn.log_softmax(logits)
-    logprob = jnp.take_along_axis(log_probs, data["actions"][..., None].astype(jnp.int32), axis=-1)[
-        ..., 0
-    ]
-    valid = 1.0 - f["is_reset"]
-    mean = lambda x: (x * valid).sum() / jnp.maximum(valid.sum(), 1.0)
+    values = values[:, :-1]
+    log_probs = jax.nn.log_softmax(logits)
+    actions = batch.actions[..., None].astype(jnp.int32)
+    logprob = jnp.take_along_axis(log_probs, actions, axis=-1)[..., 0]
+    mean = lambda x: (x * batch.valid).sum() / jnp.maximum(batch.valid.sum(), 1.0)
     policy_loss = mean(-(returns - jax.lax.stop_gradient(values)) * logprob)
-    value_loss, entropy = (
-        mean(0.5 * (returns - values) ** 2),
-        mean(-(jax.nn.softmax(logits) * log_probs).sum(-1)),
-    )
-    loss = policy_loss + args.vf_coef * value_loss - args.ent_coef * entropy
-    return loss, dict(policy_loss=policy_loss, value_loss=value_loss, entropy=entropy)
+    value_loss = mean((returns - values) ** 2)
+    entropy = mean(-(jax.nn.softmax(logits) * log_probs).sum(-1))
+    loss = policy_loss + vf_coef * value_loss - ent_coef * entropy
+    return loss, Losses(policy_loss=policy_loss, value_loss=value_loss, entropy=entropy)
 
 
-def cosine(a, b):
-    dot = lambda u, v: sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(u), jax.tree.leaves(v)))
-    return dot(a, b) / (jnp.sqrt(dot(a, a) * dot(b, b)) + 1e-12)
+# === Gossip ===
 
 
 def mix(params, messages: list):
@@ -376,56 +576,37 @@ def mix(params, messages: list):
     return jax.tree.map(lambda x, *ms: (x + sum(ms)) / (1 + len(ms)), params, *messages)
 
 
-def consensus_stats(stacked):
-    """Of the agents' stacked parameters: each one's distance ‖x_i - x̄‖, their RMS and maximum (the
-    radius of the ε-ball around x̄) and its share of ‖x̄‖, and the largest difference of a parameter
-    between agents (0: all the same)."""
+class Consensus(NamedTuple):
+    """Of the agents' parameters: each one's distance ‖x_i - x̄‖, their RMS and maximum (the radius
+    of the ε-ball around x̄), its share of ‖x̄‖, and the largest difference of a parameter between
+    agents (0: all the same)."""
+
+    distances: jax.Array
+    distance: jax.Array
+    distance_max: jax.Array
+    share: jax.Array
+    spread: jax.Array
+
+
+def consensus_of(stacked) -> Consensus:
+    """`stacked`: the agents' parameters on a leading axis."""
     leaves = [x.reshape(x.shape[0], -1) for x in jax.tree.leaves(stacked)]
     squared = sum(jnp.sum((x - x.mean(0)) ** 2, axis=1) for x in leaves)
     mean_norm = jnp.sqrt(sum(jnp.sum(x.mean(0) ** 2) for x in leaves))
-    distances, spread = (
-        jnp.sqrt(squared),
-        jnp.max(jnp.stack([jnp.max(x.max(0) - x.min(0)) for x in leaves])),
-    )
-    stats = dict(
-        consensus_distances=distances,
-        consensus_distance=jnp.sqrt(squared.mean()),
-        consensus_spread=spread,
-    )
-    return dict(
-        stats, consensus_distance_max=distances.max(), consensus_share=distances.max() / mean_norm
+    distances = jnp.sqrt(squared)
+    spread = jnp.max(jnp.stack([jnp.max(x.max(0) - x.min(0)) for x in leaves]))
+    return Consensus(
+        distances=distances,
+        distance=jnp.sqrt(squared.mean()),
+        distance_max=distances.max(),
+        share=distances.max() / mean_norm,
+        spread=spread,
     )
 
 
-def make_sync_update(args, agent_devices):
-    """The lock-step update of every agent, pmap'd over their devices: an A2C step (gradients averaged
-    for allreduce), the gossip with the in-peers' parameters of the last update (j sends to j + d),
-    consensus, gradient similarity."""
-    n = args.num_agents
-    ring_shift = lambda tree, d: jax.lax.ppermute(
-        tree, "agents", [(j, (j + d) % n) for j in range(n)]
-    )
-
-    def update(state, data, with_similarity):
-        grads, metrics = jax.grad(a2c_loss, has_aux=True)(state.params, state.apply_fn, data, args)
-        if with_similarity:
-            metrics["gradient_similarity"] = jax.lax.pmean(
-                cosine(grads, ring_shift(grads, 1)), "agents"
-            )
-        if args.topology == "allreduce":
-            grads = jax.lax.pmean(grads, "agents")
-        peers = [
-            ring_shift(state.params, d)
-            for d in range(1, args.num_peers + 1)
-            if args.topology == "gossip"
-        ]
-        state = state.apply_gradients(grads=grads)
-        if args.topology == "gossip":
-            state = state.replace(params=mix(state.params, peers))
-        metrics = jax.lax.pmean(metrics, "agents")
-        return state, dict(metrics, **consensus_stats(jax.lax.all_gather(state.params, "agents")))
-
-    return jax.pmap(update, axis_name="agents", devices=agent_devices, static_broadcasted_argnums=2)
+def cosine(a, b):
+    dot = lambda u, v: sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(u), jax.tree.leaves(v)))
+    return dot(a, b) / (jnp.sqrt(dot(a, a) * dot(b, b)) + 1e-12)
 
 
 class Message(NamedTuple):
@@ -435,18 +616,16 @@ class Message(NamedTuple):
 
 
 class Mailbox:
-    """An agent's incoming messages in --gossip async: one slot per in-peer, written without waiting. A
-    message from a peer whose previous one is unread overwrites it (counted), so the receiver mixes
-    with the newest parameters sent to it; the GALA authors' code drops the new message instead,
-    leaving older ones to mix with."""
+    """An agent's incoming messages in --gossip async: one slot per in-peer, written without
+    waiting. A message from a peer whose previous one is unread overwrites it (counted), so the
+    receiver mixes with the newest parameters sent to it; the GALA authors' code drops the new
+    message instead, leaving older ones to mix with."""
 
     def __init__(self):
-        self.slots, self.finished, self.overwritten, self.condition = (
-            {},
-            set(),
-            0,
-            threading.Condition(),
-        )
+        self.slots = {}
+        self.finished = set()
+        self.overwritten = 0
+        self.condition = threading.Condition()
 
     def post(self, message: Message):
         with self.condition:
@@ -454,7 +633,8 @@ class Mailbox:
             self.slots[message.sender] = message
             self.condition.notify_all()
 
-    def close(self, sender: int):  # the sender made its last update: nobody waits for it any more
+    def close(self, sender: int):
+        """The sender made its last update: nobody waits for it any more."""
         with self.condition:
             self.finished.add(sender)
             self.condition.notify_all()
@@ -470,10 +650,16 @@ class Mailbox:
             return [self.slots.pop(sender) for sender in sorted(self.slots)]
 
 
+def broadcast(mailboxes: list, out_peers: list, message: Message):
+    for peer in out_peers:
+        mailboxes[peer].post(message)
+
+
 def receive(mailbox: Mailbox, silent: dict, staleness_bound: int, stop: threading.Event) -> list:
-    """After a local update: the messages to mix with. `silent[j]` counts the local updates since the
-    last message from in-peer j; with a bound τ > 0, the agent waits only for the in-peers silent
-    for τ updates."""
+    """After a local update: the messages to mix with. `silent[j]` counts the local updates since
+    the last message from in-peer j; with a bound τ > 0, the agent waits only for the in-peers
+    silent for τ updates. Algorithm 1 mixes only once a message from every in-peer is there; with
+    the paper's one in-peer that is the same as mixing whatever has arrived, which this does."""
     for sender in silent:
         silent[sender] += 1
     wait_for = [
@@ -485,37 +671,22 @@ def receive(mailbox: Mailbox, silent: dict, staleness_bound: int, stop: threadin
     return messages
 
 
-def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
-    """Plays one episode in each of `num_episodes` fresh environments with the sampled policy."""
-    envs = make_env(args, seed, num_episodes)
-    network = Network(args.channels, args.hiddens, envs.action_space.n)
-    env_ids = jnp.arange(num_episodes)
-    act = jax.jit(
-        lambda p, o, step: sample_actions(
-            network.apply(p, o)[0], jax.random.PRNGKey(seed), step, env_ids
-        )
-    )
-    obs, _ = envs.reset()
-    returns, finished = np.zeros(num_episodes), np.zeros(num_episodes, dtype=bool)
-    step = 0
-    while not finished.all():
-        obs, reward, terminated, truncated, info = envs.step(np.asarray(act(params, obs, step)))
-        returns += info.get("reward", reward) * ~finished
-        finished |= terminated | truncated
-        step += 1
-    return returns.tolist()
+# === Update ===
 
 
 def init_state(args: Args, sizes: Sizes):
-    """The network, every agent's state stacked on a leading axis (host arrays) and the counters, fresh
-    or from the newest checkpoint (--resume). Agents start from different initializations, except
-    allreduce's (one policy)."""
+    """The network, every agent's state stacked on a leading axis (host arrays) and the counters,
+    fresh or from the newest checkpoint (--resume). Agents start from different initializations,
+    except allreduce's (one policy)."""
     probe_env = make_env(args, args.seed, 1)
-    network, obs = (
-        Network(args.channels, args.hiddens, probe_env.action_space.n),
-        probe_env.reset()[0],
+    network = network_of(args, probe_env.action_space.n)
+    obs = probe_env.reset()[0]
+    rmsprop = optax.rmsprop(
+        scaled_learning_rate(args),
+        decay=args.rmsprop_decay,
+        eps=args.rmsprop_eps,
+        eps_in_sqrt=False,
     )
-    rmsprop = optax.rmsprop(args.learning_rate, decay=0.99, eps=1e-5, eps_in_sqrt=False)
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), rmsprop)
     init_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 0)
     keys = [
@@ -523,8 +694,8 @@ def init_state(args: Args, sizes: Sizes):
         for i in range(args.num_agents)
     ]
     states = [
-        TrainState.create(apply_fn=network.apply, params=network.init(k, obs), tx=optimizer)
-        for k in keys
+        TrainState.create(apply_fn=network.apply, params=network.init(key, obs), tx=optimizer)
+        for key in keys
     ]
     state = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *states)
     identity = dict(
@@ -538,58 +709,136 @@ def init_state(args: Args, sizes: Sizes):
     return network, state, dict(counters, **identity)
 
 
+def scaled_learning_rate(args: Args) -> float:
+    """Every agent's learning rate: the base one times √(number of learners) (the paper's)."""
+    if not args.scale_learning_rate:
+        return args.learning_rate
+    return args.learning_rate * np.sqrt(args.num_agents)
+
+
+def a2c_gradients(args: Args, state, transitions: Transitions, bootstrap_obs):
+    """The gradient of one agent's A2C loss on its rollout, and the losses."""
+    return jax.grad(a2c_loss, has_aux=True)(
+        state.params,
+        apply_fn=state.apply_fn,
+        batch=batch_of(transitions, bootstrap_obs),
+        gamma=args.gamma,
+        ent_coef=args.ent_coef,
+        vf_coef=args.vf_coef,
+    )
+
+
+def lockstep_update(args: Args):
+    """One agent's share of the lock-step update, over the named axis "agents" (one agent per
+    index): an A2C step (gradients averaged for allreduce), then the gossip step with the in-peers'
+    new parameters (j sends to j + d); the consensus, and with `with_similarity` the cosine
+    similarity of ring neighbours' gradients."""
+
+    def ring_shift(tree, distance):
+        """Agent j's `tree` goes to agent j + distance."""
+        pairs = [(j, (j + distance) % args.num_agents) for j in range(args.num_agents)]
+        return jax.lax.ppermute(tree, "agents", pairs)
+
+    def update_all(state, transitions, bootstrap_obs, with_similarity):
+        grads, losses = a2c_gradients(args, state, transitions, bootstrap_obs)
+        similarity = None
+        if with_similarity:
+            similarity = jax.lax.pmean(cosine(grads, ring_shift(grads, 1)), "agents")
+        if args.topology == "allreduce":
+            grads = jax.lax.pmean(grads, "agents")
+        state = state.apply_gradients(grads=grads)
+        if args.topology == "gossip":
+            # Algorithm 1: after its step each agent sends its new parameters to its out-peers and
+            # averages its own with the ones it receives, so the agents' mean moves by the mean of
+            # their steps (mixing with the peers' parameters from before the step would halve it).
+            in_peers = [ring_shift(state.params, d) for d in range(1, args.num_peers + 1)]
+            state = state.replace(params=mix(state.params, in_peers))
+        losses = jax.lax.pmean(losses, "agents")
+        consensus = consensus_of(jax.lax.all_gather(state.params, "agents"))
+        return state, losses, consensus, similarity
+
+    return update_all
+
+
+def make_update(args: Args, agent_devices: list):
+    """The lock-step update of every agent, pmap'd over their devices."""
+    return jax.pmap(
+        lockstep_update(args),
+        axis_name="agents",
+        devices=agent_devices,
+        static_broadcasted_argnums=3,
+    )
+
+
+def make_agent_update(args: Args):
+    """One agent's A2C step in --gossip async, on its own device."""
+
+    @jax.jit
+    def agent_update(state, transitions, bootstrap_obs):
+        transitions = jax.tree.map(lambda x: x[0], transitions)
+        grads, losses = a2c_gradients(args, state, transitions, bootstrap_obs[0])
+        return state.apply_gradients(grads=grads), losses
+
+    return agent_update
+
+
+# === Learner loop ===
+
+
 def start_actors(args, sizes, run, network, agent_devices, first_update: int = 1):
     """One param queue, one rollout queue and one actor thread per local agent."""
-    new_queues = lambda: [queue.Queue(maxsize=1) for _ in agent_devices]
-    param_queues, rollout_queues, threads = new_queues(), new_queues(), []
-    for index, (device, param_queue, rollout_queue) in enumerate(
-        zip(agent_devices, param_queues, rollout_queues)
-    ):
+    param_queues = []
+    rollout_queues = []
+    threads = []
+    for index, device in enumerate(agent_devices):
         agent = jax.process_index() * len(agent_devices) + index
-        kwargs = dict(
-            args=args, sizes=sizes, run=run, network=network, first_update=first_update, agent=agent
+        param_queues.append(queue.Queue(maxsize=1))
+        rollout_queues.append(queue.Queue(maxsize=1))
+        thread = start_thread(
+            target=actor,
+            name=f"actor-{agent}",
+            stop=run.stop,
+            failures=run.failures,
+            args=args,
+            sizes=sizes,
+            run=run,
+            network=network,
+            first_update=first_update,
+            agent=agent,
+            device=device,
+            param_queue=param_queues[-1],
+            rollout_queue=rollout_queues[-1],
         )
-        kwargs.update(device=device, param_queue=param_queue, rollout_queue=rollout_queue)
-        threads.append(start_thread(actor, f"actor-{agent}", run.stop, run.failures, **kwargs))
+        threads.append(thread)
     return param_queues, rollout_queues, threads
 
 
-def check_lag(
-    args, rollout: Rollout, update: int, learner_policy_version: int, first_update: int = 1
-):
-    """The Cleanba protocol: an agent trains on data exactly one policy version old with --concurrency."""
-    expected_lag, lag = (
-        int(args.concurrency and update > first_update),
-        learner_policy_version - rollout.policy_version,
-    )
-    if rollout.update != update or lag != expected_lag:
-        raise RuntimeError(
-            f"update {update}: rollout {rollout.update} from policy {rollout.policy_version} while the learner is "
-            f"at {learner_policy_version} (lag {lag}, expected {expected_lag})"
-        )
+def consensus_scalars(consensus: Consensus) -> dict:
+    return {
+        "stats/consensus_distance": consensus.distance,
+        "stats/consensus_distance_max": consensus.distance_max,
+        "stats/consensus_share": consensus.share,
+        "stats/consensus_spread": consensus.spread,
+    }
 
 
-def log_update(args, sizes, run, global_step: int, stats: dict, agent_scalars: dict, console: bool):
-    """TensorBoard: the group's `stats`, `agent_scalars[agent]` and SPS per agent; with `console`, a
-    console line."""
+def log_update(run, global_step: int, scalars: dict, agent_scalars: dict):
+    """TensorBoard: `scalars` under their keys and the SPS; `agent_scalars[agent]` under
+    `stats/agent_{agent}/` and the agent's SPS (from its `steps`)."""
     elapsed = time.time() - run.start_time
-    sps = int((global_step - run.counters["update"] * sizes.batch_size) / elapsed)
-    losses = ["policy_loss", "value_loss", "entropy"]
-    run.log(
-        {f"{'losses' if key in losses else 'stats'}/{key}": value for key, value in stats.items()},
-        global_step,
-    )
-    run.log({"charts/SPS": sps}, global_step)
-    for agent, scalars in agent_scalars.items():
+    run.log(scalars, global_step)
+    run.log({"charts/SPS": run.sps(global_step)}, global_step)
+    for agent, agent_values in agent_scalars.items():
         run.log(
-            {f"stats/agent_{agent}/{key}": value for key, value in scalars.items()}, global_step
+            {f"stats/agent_{agent}/{key}": value for key, value in agent_values.items()},
+            global_step,
         )
-        run.log({f"charts/agent_{agent}/SPS": int(scalars["steps"] / elapsed)}, global_step)
-    if console:
-        mean_return = f"{np.mean(run.recent_returns):.1f}" if run.recent_returns else "n/a"
-        line = f"update {global_step // sizes.batch_size}/{sizes.num_updates} step={global_step} SPS={sps} "
-        line += f"return={mean_return} consensus distance={stats['consensus_distance_max']:.3g} "
-        print(line + f"share={stats['consensus_share']:.3g}", flush=True)
+        run.log({f"charts/agent_{agent}/SPS": int(agent_values["steps"] / elapsed)}, global_step)
+
+
+def print_consensus(run, update: int, global_step: int, consensus: Consensus):
+    details = f"consensus distance={consensus.distance_max:.3g} share={consensus.share:.3g}"
+    run.print_progress(update, global_step, details)
 
 
 def train_sync(args: Args, sizes: Sizes, network, state, run, agent_devices, global_devices):
@@ -599,181 +848,229 @@ def train_sync(args: Args, sizes: Sizes, network, state, run, agent_devices, glo
     state = jax.tree.map(
         lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), state
     )
-    gather = lambda tree: multihost_utils.process_allgather(
-        tree, tiled=True
-    )  # all agents', from every process
-    update_fn, run.host_copy = make_sync_update(args, global_devices), gather
-    start = version = run.counters["update"]
-    param_queues, rollout_queues, threads = start_actors(
-        args, sizes, run, network, agent_devices, start + 1
-    )
-    # An actor's parameters: the slice of the pmap'd ones on its agent's device, without a copy.
-    on_device = lambda x, device: next(
-        shard.data[0] for shard in x.addressable_shards if shard.device == device
-    )
-    params_on = lambda device: jax.tree.map(lambda x: on_device(x, device), state.params)
-    to_global = lambda *xs: jax.make_array_from_single_device_arrays(
-        (args.num_agents, *xs[0].shape[1:]), sharding, xs
-    )
 
-    def loop() -> int:
-        nonlocal state, version
-        for update in range(start + 1, sizes.num_updates + 1):
-            for q, device in zip(param_queues, agent_devices):
-                queue_put(q, (version, params_on(device)), run.stop)
+    def gather(tree):
+        """Every agent's `tree`, from every process."""
+        return multihost_utils.process_allgather(tree, tiled=True)
+
+    def params_on(device):
+        """An actor's parameters: the slice of the pmap'd ones on its agent's device, not a copy."""
+        return jax.tree.map(
+            lambda x: next(s.data[0] for s in x.addressable_shards if s.device == device),
+            state.params,
+        )
+
+    def to_global(*agent_arrays):
+        shape = (args.num_agents, *agent_arrays[0].shape[1:])
+        return jax.make_array_from_single_device_arrays(shape, sharding, agent_arrays)
+
+    update_fn = make_update(args, global_devices)
+    run.host_copy = gather
+    first_update = run.counters["update"] + 1
+    learner_policy_version = run.counters["update"]
+    param_queues, rollout_queues, threads = start_actors(
+        args, sizes, run, network, agent_devices, first_update
+    )
+    with run.learner_loop(threads) as end:
+        for update in range(first_update, sizes.num_updates + 1):
+            for param_queue, device in zip(param_queues, agent_devices):
+                queue_put(param_queue, (learner_policy_version, params_on(device)), run.stop)
             wait_start = time.time()
             rollouts = [queue_get(q, run.stop) for q in rollout_queues]
-            rollout_queue_get_time, learn_start = time.time() - wait_start, time.time()
-            for rollout in rollouts:
-                check_lag(args, rollout, update, version, start + 1)
-            data = jax.tree.map(to_global, *[r.data for r in rollouts])
-            state, metrics = update_fn(state, data, update % args.similarity_every == 0)
-            stats = dict(
-                jax.device_get(first_replica(metrics)), learn_time=time.time() - learn_start
+            rollout_queue_get_time = time.time() - wait_start
+            learn_start = time.time()
+            check_policy_lag(
+                rollouts,
+                update=update,
+                learner_policy_version=learner_policy_version,
+                concurrency=args.concurrency,
+                first_update=first_update,
             )
-            version += 1
-            stats.update(
-                rollout_queue_get_time=rollout_queue_get_time, learner_policy_version=version
+            transitions = jax.tree.map(to_global, *[r.transitions for r in rollouts])
+            bootstrap_obs = to_global(*[r.bootstrap_obs for r in rollouts])
+            with_similarity = update % similarity_every(args) == 0
+            state, losses, consensus, similarity = update_fn(
+                state, transitions, bootstrap_obs, with_similarity
             )
-            stats.update(param_queue_get_time=np.mean([r.param_queue_get_time for r in rollouts]))
-            stats.update(actor_policy_version=rollouts[0].policy_version)
-            steps, distances = (
-                (update - start) * sizes.batch_size // args.num_agents,
-                stats.pop("consensus_distances"),
-            )
-            agent_scalars = {
-                agent: dict(consensus_distance=d, steps=steps) for agent, d in enumerate(distances)
+            losses = jax.device_get(first_replica(losses))
+            consensus = jax.device_get(first_replica(consensus))
+            learn_time = time.time() - learn_start
+            learner_policy_version += 1
+            global_step = update * sizes.steps_per_update
+            scalars = {
+                "losses/policy_loss": losses.policy_loss,
+                "losses/value_loss": losses.value_loss,
+                "losses/entropy": losses.entropy,
+                **consensus_scalars(consensus),
+                "stats/learn_time": learn_time,
+                "stats/rollout_queue_get_time": rollout_queue_get_time,
+                "stats/learner_policy_version": learner_policy_version,
+                "stats/param_queue_get_time": np.mean([r.param_queue_get_time for r in rollouts]),
+                "stats/actor_policy_version": rollouts[0].policy_version,
             }
-            console = update % args.log_frequency == 0 or update == sizes.num_updates
-            log_update(args, sizes, run, update * sizes.batch_size, stats, agent_scalars, console)
-            exit_code = run.after_update(state, update)
-            if exit_code:
-                return exit_code
-        return 0
+            if with_similarity:
+                scalars["stats/gradient_similarity"] = jax.device_get(first_replica(similarity))
+            steps = (update - first_update + 1) * sizes.steps_per_update // args.num_agents
+            agent_scalars = {
+                agent: dict(consensus_distance=distance, steps=steps)
+                for agent, distance in enumerate(consensus.distances)
+            }
+            log_update(run, global_step, scalars, agent_scalars)
+            if update % args.log_frequency == 0 or update == sizes.num_updates:
+                print_consensus(run, update, global_step, consensus)
+            end.exit_code = run.after_update(state, update)
+            if end.exit_code:
+                break
+    consensus_params = jax.tree.map(lambda x: x.mean(0), gather(state.params))
+    return consensus_params, learner_policy_version
 
-    run.exit_if_stopped(run.run_learner(loop), threads)
-    return jax.tree.map(lambda x: x.mean(0), gather(state.params)), version
+
+@dataclasses.dataclass
+class Board:
+    """What the agents of --gossip async show the main thread: each one's newest parameters and its
+    update count, and the agents that made their first update."""
+
+    params: list
+    updates: list
+    started: list
 
 
 def agent_learner(
-    args, sizes, run, agent, device, state, shared, mailboxes, param_queue, rollout_queue
+    args, sizes, run, agent, device, state, board, mailboxes, param_queue, rollout_queue
 ):
-    """An agent of --gossip async: A2C update, post to the out-peers' mailboxes, mix with the messages
-    in its own. `shared`: every agent's newest parameters and update count, and the agents that made
-    their first update."""
-    n, k = args.num_agents, args.num_peers
-    silent, mix_on_device = {(agent - d) % n: 0 for d in range(1, k + 1)}, jax.jit(mix)
-
-    @jax.jit
-    def local_update(state, data):
-        data = jax.tree.map(lambda x: x[0], data)
-        grads, metrics = jax.grad(a2c_loss, has_aux=True)(state.params, state.apply_fn, data, args)
-        return state.apply_gradients(grads=grads), metrics
-
+    """An agent of --gossip async: A2C update, post to the out-peers' mailboxes, mix with the
+    messages in its own."""
+    num_agents = args.num_agents
+    out_peers = [(agent + d) % num_agents for d in range(1, args.num_peers + 1)]
+    silent = {(agent - d) % num_agents: 0 for d in range(1, args.num_peers + 1)}
+    update_fn = make_agent_update(args)
+    mix_on_device = jax.jit(mix)
     for update in range(1, sizes.num_updates + 1):
         queue_put(param_queue, (update - 1, state.params), run.stop)
         rollout = queue_get(rollout_queue, run.stop)
-        check_lag(args, rollout, update, update - 1)
-        state, metrics = local_update(state, rollout.data)
-        shared["started"] += [agent] if update == 1 else []
-        while (
-            len(shared["started"]) < n
-        ):  # the agents start together, whatever they took to compile
+        check_policy_lag(
+            [rollout],
+            update=update,
+            learner_policy_version=update - 1,
+            concurrency=args.concurrency,
+            first_update=1,
+        )
+        state, losses = update_fn(state, rollout.transitions, rollout.bootstrap_obs)
+        if update == 1:
+            board.started.append(agent)
+        # The agents start together, whatever each took to compile.
+        while len(board.started) < num_agents:
             if run.stop.is_set():
                 raise Stopped
             time.sleep(POLL_SECONDS / 10)
-        for d in range(1, k + 1):
-            mailboxes[(agent + d) % n].post(Message(agent, update, state.params))
+        # The gossip step (Algorithm 1): broadcast the new parameters without waiting, then mix with
+        # the messages that have arrived.
+        broadcast(mailboxes, out_peers, Message(sender=agent, version=update, params=state.params))
         messages = receive(mailboxes[agent], silent, args.staleness_bound, run.stop)
         if messages:
             peers = [jax.device_put(m.params, device) for m in messages]
             state = state.replace(params=mix_on_device(state.params, peers))
-        shared["params"][agent], shared["updates"][agent] = state.params, update
-        global_step = sum(shared["updates"]) * sizes.batch_size // n
-        scalars = dict(metrics, steps=update * sizes.batch_size // n, messages_mixed=len(messages))
-        scalars.update(messages_overwritten=mailboxes[agent].overwritten)
+        board.params[agent] = state.params
+        board.updates[agent] = update
+        global_step = sum(board.updates) * sizes.steps_per_update // num_agents
+        agent_values = {
+            **jax.device_get(losses)._asdict(),
+            "steps": update * sizes.steps_per_update // num_agents,
+            "messages_mixed": len(messages),
+            "messages_overwritten": mailboxes[agent].overwritten,
+        }
         if messages:
-            scalars["message_staleness"] = np.mean([update - m.version for m in messages])
-        log_update(
-            args, sizes, run, global_step, {}, {agent: jax.device_get(scalars)}, console=False
-        )
-    for d in range(1, k + 1):
-        mailboxes[(agent + d) % n].close(agent)
+            agent_values["message_staleness"] = np.mean([update - m.version for m in messages])
+        log_update(run, global_step, {}, {agent: agent_values})
+    for peer in out_peers:
+        mailboxes[peer].close(agent)
 
 
-def train_async(args: Args, sizes: Sizes, network, state, run, agent_devices, global_devices):
-    """A learner thread per agent; the main thread measures the consensus after every n updates of all
-    agents."""
-    shared = dict(params=[None] * args.num_agents, updates=[0] * args.num_agents, started=[])
+def train_async(args: Args, sizes: Sizes, network, state, run, agent_devices):
+    """A learner thread per agent; the main thread measures the consensus after every n updates of
+    all agents."""
+    board = Board(params=[None] * args.num_agents, updates=[0] * args.num_agents, started=[])
     mailboxes = [Mailbox() for _ in range(args.num_agents)]
     param_queues, rollout_queues, threads = start_actors(args, sizes, run, network, agent_devices)
     for agent, device in enumerate(agent_devices):
         agent_state = jax.device_put(jax.tree.map(operator.itemgetter(agent), state), device)
-        shared["params"][agent] = agent_state.params
-        kwargs = dict(
+        board.params[agent] = agent_state.params
+        thread = start_thread(
+            target=agent_learner,
+            name=f"agent-{agent}",
+            stop=run.stop,
+            failures=run.failures,
             args=args,
             sizes=sizes,
             run=run,
             agent=agent,
             device=device,
             state=agent_state,
-            shared=shared,
-        )
-        kwargs.update(
+            board=board,
             mailboxes=mailboxes,
             param_queue=param_queues[agent],
             rollout_queue=rollout_queues[agent],
         )
-        threads.append(
-            start_thread(agent_learner, f"agent-{agent}", run.stop, run.failures, **kwargs)
-        )
-
-    def loop() -> int:
-        measured, per_line = 0, args.num_agents * args.log_frequency
+        threads.append(thread)
+    learners = threads[args.num_agents :]
+    measured = 0
+    updates_per_line = args.num_agents * args.log_frequency
+    with run.learner_loop(threads) as end:
         while not run.stop.is_set() and not run.received_signals:
-            running, updates = (
-                any(t.is_alive() for t in threads[args.num_agents :]),
-                sum(shared["updates"]),
-            )
+            running = any(t.is_alive() for t in learners)
+            updates = sum(board.updates)
             if updates >= measured + args.num_agents or not running:
-                params, counts = (
-                    list(shared["params"]),
-                    list(shared["updates"]),
-                )  # together: the agents go on
-                stats = jax.device_get(
-                    consensus_stats(jax.tree.map(lambda *xs: np.stack(xs), *jax.device_get(params)))
-                )
-                steps = [u * sizes.batch_size // args.num_agents for u in counts]
-                distances = enumerate(zip(stats.pop("consensus_distances"), steps))
-                agent_scalars = {a: dict(consensus_distance=d, steps=s) for a, (d, s) in distances}
-                console = updates // per_line > measured // per_line or not running
-                log_update(args, sizes, run, sum(steps), stats, agent_scalars, console)
+                # Read together, while the agents go on.
+                params = list(board.params)
+                counts = list(board.updates)
+                stacked = jax.tree.map(lambda *xs: np.stack(xs), *jax.device_get(params))
+                consensus = jax.device_get(consensus_of(stacked))
+                steps = [count * sizes.steps_per_update // args.num_agents for count in counts]
+                global_step = sum(steps)
+                agent_scalars = {
+                    agent: dict(consensus_distance=distance, steps=agent_steps)
+                    for agent, (distance, agent_steps) in enumerate(zip(consensus.distances, steps))
+                }
+                log_update(run, global_step, consensus_scalars(consensus), agent_scalars)
+                if updates // updates_per_line > measured // updates_per_line or not running:
+                    update = global_step // sizes.steps_per_update
+                    print_consensus(run, update, global_step, consensus)
                 measured = updates
             if not running:
-                return 0
+                break
             time.sleep(POLL_SECONDS / 10)
         if run.received_signals:
             print("stopped by a signal; --gossip async runs keep no checkpoint", file=sys.stderr)
-            return 128 + run.received_signals[0]
-        return 0
-
-    run.exit_if_stopped(run.run_learner(loop), threads)
-    return jax.tree.map(
-        lambda *xs: np.mean(xs, axis=0), *jax.device_get(shared["params"])
-    ), sizes.num_updates
+            end.exit_code = 128 + run.received_signals[0]
+    consensus_params = jax.tree.map(lambda *xs: np.mean(xs, axis=0), *jax.device_get(board.params))
+    return consensus_params, sizes.num_updates
 
 
 def train(args: Args):
-    sizes, local_agents = sizes_of(args), args.num_agents // jax.process_count()
+    sizes = sizes_of(args)
+    local_agents = args.num_agents // jax.process_count()
     agent_devices = jax.local_devices()[:local_agents]
     global_devices = distributed.global_learner_devices(range(local_agents))
     network, state, counters = init_state(args, sizes)
     run = open_run(args, sizes, __file__, counters, global_devices)
-    train_agents = train_async if args.gossip == "async" else train_sync
-    consensus, version = train_agents(
-        args, sizes, network, state, run, agent_devices, global_devices
-    )
-    run.finish(consensus, version, evaluate)
+    if args.gossip == "async":
+        consensus_params, version = train_async(args, sizes, network, state, run, agent_devices)
+    else:
+        consensus_params, version = train_sync(
+            args, sizes, network, state, run, agent_devices, global_devices
+        )
+    global_step = version * sizes.steps_per_update
+
+    def evaluate_consensus(params, args, num_episodes, seed):
+        """`evaluate`, and the mean return of x̄ under its own key at the run's last step."""
+        returns = evaluate(params, args, num_episodes, seed)
+        run.log({"charts/eval_return": np.mean(returns)}, global_step)
+        return returns
+
+    run.finish(consensus_params, version, evaluate_consensus)
+
+
+# === Main ===
 
 
 def main(argv=None):
