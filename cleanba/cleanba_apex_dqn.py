@@ -1,15 +1,14 @@
-"""Cleanba Ape-X DQN (Horgan et al., 2018, "Distributed Prioritized Experience Replay"): actor threads
-play with per-environment exploration rates and compute n-step transitions with their initial
-priorities; the learner keeps one prioritized replay, inserts each rollout in global environment
-order, makes exactly --updates-per-rollout sampled double-Q updates (pmap'd) and publishes the
-parameters. With `--concurrency` (the default) actors play with parameters exactly one version
-behind, as in Cleanba; with a seeded sampler, the same seed gives the same run.
-"""
+"""Cleanba Ape-X DQN (Horgan et al., 2018, "Distributed Prioritized Experience Replay"): actor
+threads play with per-environment exploration rates and compute n-step transitions with their
+initial priorities; the learner keeps one prioritized replay, inserts each rollout in global
+environment order, makes exactly --updates-per-rollout sampled double-Q optimizer steps (pmap'd) and
+publishes the parameters. One learner update is one rollout of every actor thread and these
+optimizer steps. With `--concurrency` (the default) actors play with parameters exactly one version
+behind, as in Cleanba; with a seeded sampler, the same seed gives the same run."""
 
 import dataclasses
 import os
 import queue
-import sys
 import time
 from typing import Any, NamedTuple
 
@@ -25,10 +24,14 @@ from jax.experimental import multihost_utils
 
 from cleanba_utils import distributed, parsing, sum_tree
 from cleanba_utils.checkpoints import resume_from
+from cleanba_utils.envs import MACHADO_ATARI, envpool_num_threads, is_atari
+from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.parsing import fail
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_files import first_replica, replicate
-from cleanba_utils.threads import Stopped, queue_get, queue_put, start_thread
+from cleanba_utils.threads import queue_get, queue_put, start_thread
+
+# === Args ===
 
 
 @dataclasses.dataclass
@@ -53,7 +56,7 @@ class Args:
     eval_episodes: int = 0
     """after training, play this many episodes with the final greedy policy and log their returns"""
     log_frequency: int = 10
-    """print and log losses every this many iterations"""
+    """print and log losses every this many updates"""
 
     env_id: str = "Breakout-v5"
     """the id of the envpool environment"""
@@ -66,10 +69,10 @@ class Args:
     num_actor_threads: int = 2
     """the number of actor threads per actor device"""
     envpool_num_threads: int | None = None
-    """worker threads of each envpool instance (default: CPUs / actor threads); results do not depend
-    on it"""
+    """worker threads of each envpool instance (default: CPUs / actor threads); results do not
+    depend on it"""
     num_steps: int = 32
-    """the number of steps each environment runs per rollout (one iteration of the learner)"""
+    """the number of steps each environment runs per rollout (one update of the learner)"""
     gamma: float = 0.99
     """the discount factor"""
     n_step: int = 3
@@ -85,13 +88,13 @@ class Args:
     batch_size: int = 512
     """the number of transitions of one learner update (sampled from the replay)"""
     updates_per_rollout: int = 6
-    """learner updates per iteration: a fixed replay ratio of updates x batch / (num envs x num steps)
-    samples per inserted transition (0.75 at the defaults; Ape-X measured about 0.8)"""
+    """optimizer steps per learner update: a fixed replay ratio of steps x batch / (num envs x num
+    steps) samples per inserted transition (0.75 at the defaults; Ape-X measured about 0.8)"""
     priority_exponent: float = 0.6
     """alpha: an item is sampled in proportion to its priority ** alpha"""
     importance_sampling_exponent: float = 0.4
-    """beta: the importance-sampling weights are (1 / probability) ** beta, normalized by their batch
-    maximum"""
+    """beta: the importance-sampling weights are (1 / probability) ** beta, normalized by their
+    batch maximum"""
     target_update_period: int = 2500
     """copy the parameters to the target network every this many learner updates"""
     max_grad_norm: float = 40.0
@@ -106,13 +109,13 @@ class Args:
     actor_device_ids: tuple[int, ...] = (0,)
     """the local device ids that run actor threads"""
     learner_device_ids: tuple[int, ...] = (0,)
-    """the local device ids the learner update is pmap'd over (each takes an equal share of the batch)
-    """
+    """the local device ids the learner update is pmap'd over (each takes an equal share of the
+    batch)"""
     concurrency: bool = True
     """let actors collect the next rollout while the learner trains (policy lag 1 instead of 0)"""
     distributed: bool = False
-    """join a multi-process run with jax.distributed (configured by SLURM or the three options below)
-    """
+    """join a multi-process run with jax.distributed (configured by SLURM or the three options
+    below)"""
     coordinator_address: str | None = None
     """host:port of process 0, for --distributed outside SLURM"""
     num_processes: int | None = None
@@ -120,7 +123,7 @@ class Args:
     process_id: int | None = None
     """this process's index in 0 .. num_processes - 1, for --distributed outside SLURM"""
     checkpoint_every: int = 0
-    """save a checkpoint every this many iterations (0: only at the end and on SIGTERM / SIGUSR1)"""
+    """save a checkpoint every this many updates (0: only at the end and on SIGTERM / SIGUSR1)"""
     resume: bool = False
     """continue from the newest readable checkpoint of `runs/{run_name}` (the replay restarts empty)
     """
@@ -129,20 +132,23 @@ class Args:
 @dataclasses.dataclass(frozen=True)
 class Sizes:
     num_envs: int
-    batch_size: (
-        int  # environment steps per iteration, num_envs x num_steps (--batch-size is the learner's)
-    )
-    num_updates: (
-        int  # iterations: rollouts per actor thread, each followed by --updates-per-rollout updates
-    )
+    steps_per_update: int
+    """environment steps of one learner update: num_envs x num_steps (--batch-size is the number of
+    transitions of one optimizer step)"""
+    num_updates: int
+    """rollouts per actor thread, each followed by --updates-per-rollout optimizer steps"""
 
 
 def sizes_of(args: Args, num_processes: int) -> Sizes:
     num_envs = (
         args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids) * num_processes
     )
-    batch_size = num_envs * args.num_steps
-    return Sizes(num_envs, batch_size, args.total_timesteps // batch_size)
+    steps_per_update = num_envs * args.num_steps
+    return Sizes(
+        num_envs=num_envs,
+        steps_per_update=steps_per_update,
+        num_updates=args.total_timesteps // steps_per_update,
+    )
 
 
 def parse_args(argv=None) -> Args:
@@ -152,90 +158,59 @@ def parse_args(argv=None) -> Args:
 
 
 def validate(args: Args):
-    """Checks every argument that needs no device, before any other work; exits 2 on the first problem."""
-    positive = "total_timesteps learning_rate local_num_envs num_actor_threads num_steps n_step buffer_size"
-    positive += " batch_size updates_per_rollout target_update_period max_grad_norm log_frequency"
-    non_negative = (
-        "learning_starts epsilon_alpha priority_exponent eval_episodes checkpoint_every".split()
+    """Checks every argument that needs no device, before any other work; exits 2 on the first
+    problem."""
+    positive = (
+        "total_timesteps learning_rate local_num_envs num_actor_threads num_steps n_step"
+        " buffer_size batch_size updates_per_rollout target_update_period max_grad_norm"
+        " log_frequency"
     )
-    parsing.check_signs(args, positive.split(), non_negative)
+    non_negative = "learning_starts epsilon_alpha priority_exponent eval_episodes checkpoint_every"
+    parsing.check_signs(args, positive.split(), non_negative.split())
     parsing.check_in(args, "gamma", 0, 1, low_open=True)
     parsing.check_in(args, "epsilon_base", 0, 1)
     parsing.check_in(args, "importance_sampling_exponent", 0, 1)
     parsing.check_run_options(args)
     if args.learning_starts > args.buffer_size:
         fail(
-            f"--learning-starts {args.learning_starts} exceeds --buffer-size {args.buffer_size}: it would never start"
+            f"--learning-starts {args.learning_starts} exceeds --buffer-size {args.buffer_size}: "
+            "it would never start"
         )
-
-
-# A replay slot: its frame, the frame's step in its episode (uint8), the action (int32), the n-step
-# return and discount (float32), the bootstrap offset (uint8), the validity flag; plus the sum tree
-# (2 float64 nodes per leaf, leaves a power of two). 3 GiB are kept for the rest of the process
-# (networks, environments, batches).
-SLOT_BYTES = 1 + 4 + 4 + 4 + 1 + 1
-MEMORY_RESERVE_BYTES = 3 * 2**30
-PRIORITY_EPSILON = 1e-6  # keeps a transition with zero TD error sampleable
-EVAL_EPSILON = 0.01
-
-
-def frame_spec(env_id: str):
-    """(frames per observation, shape and dtype of one stored frame): stacked images store their newest
-    frame."""
-    space = envpool.make_spec(env_id).observation_space
-    return (
-        (space.shape[0], space.shape[1:], space.dtype)
-        if len(space.shape) == 3
-        else (1, space.shape, space.dtype)
-    )
-
-
-def replay_bytes(args: Args) -> int:
-    _, frame_shape, dtype = frame_spec(args.env_id)
-    tree_bytes = sum_tree.empty(1).itemsize * 2 * (1 << max(0, args.buffer_size - 1).bit_length())
-    return (
-        args.buffer_size * (int(np.prod(frame_shape)) * np.dtype(dtype).itemsize + SLOT_BYTES)
-        + tree_bytes
-    )
 
 
 def validate_layout(args: Args):
     """The checks that need the devices (and, with --distributed, the number of processes) or the
     machine."""
     sizes = sizes_of(args, jax.process_count())
-    parsing.check_devices(args, sizes.num_updates, sizes.batch_size)
+    parsing.check_devices(args, sizes.num_updates, sizes.steps_per_update)
     num_learner_devices = len(args.learner_device_ids) * jax.process_count()
     if args.batch_size % num_learner_devices:
         fail(
-            f"--batch-size {args.batch_size} must be divisible by the {num_learner_devices} learner device(s)"
+            f"--batch-size {args.batch_size} must be divisible by the {num_learner_devices} "
+            "learner device(s)"
         )
-    ring, needed = (
-        args.buffer_size // sizes.num_envs,
-        args.num_steps + args.n_step + frame_spec(args.env_id)[0],
-    )
+    ring = args.buffer_size // sizes.num_envs
+    needed = args.num_steps + args.n_step + frame_spec(args.env_id)[0]
     if ring < needed:
         fail(
-            f"--buffer-size {args.buffer_size} holds {ring} steps per env, fewer than a rollout's {needed}; raise it"
+            f"--buffer-size {args.buffer_size} holds {ring} steps per env, fewer than a rollout's "
+            f"{needed}; raise it"
         )
     parsing.check_memory(args, "buffer_size", replay_bytes(args), MEMORY_RESERVE_BYTES)
 
 
+# === Environment ===
+
+
 def make_env(args: Args, seed: int, num_envs: int):
-    """envpool seeds its environment i with `seed + i`; Atari follows Machado et al. (2018): sticky
-    actions, the full action space, no life-loss signal, one no-op at reset at most, 108k frames per
-    episode at most."""
-    cpus_per_thread = len(os.sched_getaffinity(0)) // (
-        args.num_actor_threads * len(args.actor_device_ids)
+    """envpool seeds its environment i with `seed + i`; Atari follows Machado et al. (2018)
+    (`MACHADO_ATARI`)."""
+    num_threads = envpool_num_threads(
+        args.envpool_num_threads,
+        num_envs=num_envs,
+        instances=args.num_actor_threads * len(args.actor_device_ids),
     )
-    num_threads = args.envpool_num_threads or max(1, min(num_envs, cpus_per_thread))
-    atari = dict(
-        repeat_action_probability=0.25, full_action_space=True, episodic_life=False, noop_max=1
-    )
-    options = (
-        dict(atari, max_episode_steps=27_000, reward_clip=True)
-        if frame_spec(args.env_id)[0] > 1
-        else {}
-    )
+    options = MACHADO_ATARI if is_atari(args.env_id) else {}
     return envpool.make(
         args.env_id,
         env_type="gymnasium",
@@ -246,10 +221,22 @@ def make_env(args: Args, seed: int, num_envs: int):
     )
 
 
+def frame_spec(env_id: str):
+    """(frames per observation, shape and dtype of one stored frame): stacked images store their
+    newest frame."""
+    space = envpool.make_spec(env_id).observation_space
+    if len(space.shape) == 3:
+        return space.shape[0], space.shape[1:], space.dtype
+    return 1, space.shape, space.dtype
+
+
+# === Network ===
+
+
 class Network(nn.Module):
-    """Dueling Q-network (Wang et al., 2016): the IMPALA ResNet torso for stacked frames (N, C, H, W),
-    an MLP torso for vector observations (N, D); then a value and an advantage stream, Q = V + A -
-    mean(A)."""
+    """Dueling Q-network (Wang et al., 2016): the IMPALA ResNet torso for stacked frames (N, C, H,
+    W), an MLP torso for vector observations (N, D); then a value and an advantage stream, Q = V + A
+    - mean(A)."""
 
     channels: tuple[int, ...]
     hiddens: tuple[int, ...]
@@ -275,8 +262,74 @@ class Network(nn.Module):
         stream = lambda outputs: nn.Dense(outputs)(
             nn.relu(nn.Dense(self.hiddens[-1])(x)) if self.hiddens else x
         )
-        value, advantage = stream(1), stream(self.num_actions)
+        value = stream(1)
+        advantage = stream(self.num_actions)
         return value + advantage - advantage.mean(axis=-1, keepdims=True)
+
+
+# === Actor ===
+
+EVAL_EPSILON = 0.01
+
+
+class Played(NamedTuple):
+    """One rollout as an actor thread played it, env-major (envs, steps): the newest frame of each
+    observation, its step in its episode (uint8, to 255), the action, the actor's Q-value of that
+    action and its greedy Q-value, the reward and the episode's end. `is_reset` marks envpool's
+    reset steps (the step after an episode's end: the action is ignored and the observation is the
+    next episode's first)."""
+
+    frames: np.ndarray
+    episode_step: np.ndarray
+    actions: np.ndarray
+    q_taken: np.ndarray
+    q_max: np.ndarray
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    is_reset: np.ndarray
+
+
+class Tail(NamedTuple):
+    """The last n steps of an environment's previous rollout, whose transitions wait for the next
+    rollout's rewards (the fields of `Played` that make transitions)."""
+
+    actions: np.ndarray
+    q_taken: np.ndarray
+    q_max: np.ndarray
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    is_reset: np.ndarray
+
+
+class Transitions(NamedTuple):
+    """What a rollout adds to the replay, env-major (envs, steps): the frames of its L steps, and
+    the n-step transitions of the L steps that start n steps earlier (the last n of the previous
+    rollout, all but the last n of this one) with their initial priorities; `valid` is False where a
+    step starts no transition (a reset step, or the padding before the first rollout). `env_ids` are
+    the environments' global indices."""
+
+    env_ids: np.ndarray
+    frames: np.ndarray
+    episode_step: np.ndarray
+    actions: np.ndarray
+    returns: np.ndarray
+    discounts: np.ndarray
+    offsets: np.ndarray
+    valid: np.ndarray
+    priorities: np.ndarray
+
+
+class Rollout(NamedTuple):
+    """What an actor thread puts on its rollout queue: the learner update it is for, the version of
+    the parameters that played it, its transitions, and the seconds the actor spent waiting for
+    parameters, playing, stepping and inferring."""
+
+    update: int
+    policy_version: int
+    data: Transitions
+    timing: dict
 
 
 def epsilons_of(env_ids, num_envs: int, base: float, alpha: float) -> np.ndarray:
@@ -286,8 +339,8 @@ def epsilons_of(env_ids, num_envs: int, base: float, alpha: float) -> np.ndarray
 
 
 def epsilon_greedy(q_values, epsilons, key, step, env_ids):
-    """Per environment, a uniform action with probability epsilon, else the greedy one; the draws are
-    keyed by (step, global env index), so they do not depend on the layout."""
+    """Per environment, a uniform action with probability epsilon, else the greedy one; the draws
+    are keyed by (step, global env index), so they do not depend on the layout."""
     step_key = jax.random.fold_in(key, step)
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_key, env_ids)
     explore = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, 0)))(keys) < epsilons
@@ -297,63 +350,31 @@ def epsilon_greedy(q_values, epsilons, key, step, env_ids):
     return jnp.where(explore, random, jnp.argmax(q_values, axis=1))
 
 
-def n_step_transitions(rewards, terminations, truncations, is_reset, gamma: float, n: int):
-    """Transitions of steps 0 .. L - 1 of env-major windows (envs, L + n): the return of up to n
-    rewards, the bootstrap's discount (0 after a termination, gamma ** offset otherwise, truncations
-    included) and offset. None spans two episodes; envpool's reset steps (after an episode's end;
-    the action is ignored) are not valid."""
-    length = rewards.shape[1] - n
-    returns, offsets = (
-        np.zeros((len(rewards), length), np.float32),
-        np.full((len(rewards), length), n, np.uint8),
-    )
-    open_, terminated = np.ones(returns.shape, bool), np.zeros(returns.shape, bool)
-    for k in range(n):
-        returns += open_ * np.float32(gamma**k) * rewards[:, k : k + length]
-        ends = open_ & (terminations[:, k : k + length] | truncations[:, k : k + length])
-        offsets[ends] = k + 1
-        terminated |= open_ & terminations[:, k : k + length]
-        open_ &= ~ends
-    discounts = np.where(terminated, 0.0, np.float32(gamma) ** offsets).astype(np.float32)
-    return returns, discounts, offsets, ~is_reset[:, :length]
-
-
-class Rollout(NamedTuple):
-    """An actor's iteration, parameter version, `rollout_data` (env-major NumPy arrays) and timings
-    (seconds)."""
-
-    update: int
-    policy_version: int
-    data: dict
-    timing: dict
-
-
 def actor(args, sizes, run, network, first_update, env_offset, device, param_queue, rollout_queue):
-    """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs -
-    1."""
+    """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs
+    - 1."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
     epsilons = jax.device_put(
         epsilons_of(env_ids, sizes.num_envs, args.epsilon_base, args.epsilon_alpha), device
     )
-    env_ids_on_device, image = (
-        jax.device_put(env_ids, device),
-        len(envs.observation_space.shape) == 3,
-    )
+    env_ids_on_device = jax.device_put(env_ids, device)
+    image = len(envs.observation_space.shape) == 3
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
 
     @jax.jit
     def act(params, obs, step):
         q_values = network.apply(params, obs)
-        action = epsilon_greedy(q_values, epsilons, action_key, step, env_ids_on_device)
+        action = epsilon_greedy(
+            q_values, epsilons=epsilons, key=action_key, step=step, env_ids=env_ids_on_device
+        )
         return action, q_values[jnp.arange(action.shape[0]), action], q_values.max(axis=1)
 
     episodes = run.episodes(args.local_num_envs)
-    (next_obs, _), tail = envs.reset(), None
-    next_is_reset, episode_step = (
-        np.zeros(args.local_num_envs, bool),
-        np.zeros(args.local_num_envs, np.uint8),
-    )
+    next_obs, _ = envs.reset()
+    tail = None
+    next_is_reset = np.zeros(args.local_num_envs, bool)
+    episode_step = np.zeros(args.local_num_envs, np.uint8)
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
         if not (args.concurrency and update == first_update + 1):
@@ -361,7 +382,8 @@ def actor(args, sizes, run, network, first_update, env_offset, device, param_que
         param_queue_get_time = time.time() - param_wait_start
 
         rollout_start = time.time()
-        inference_time = env_step_time = 0.0
+        inference_time = 0.0
+        env_step_time = 0.0
         steps = []
         for step in range(args.num_steps):
             tic = time.time()
@@ -373,197 +395,274 @@ def actor(args, sizes, run, network, first_update, env_offset, device, param_que
             tic = time.time()
             obs, reward, terminated, truncated, info = envs.step(action)
             env_step_time += time.time() - tic
-            played = dict(
+            played_step = Played(
                 frames=next_obs[:, -1] if image else next_obs,
                 episode_step=episode_step,
                 actions=action,
+                q_taken=q_taken,
+                q_max=q_max,
+                rewards=reward,
+                terminations=terminated,
+                truncations=truncated,
+                is_reset=next_is_reset,
             )
-            played.update(q_taken=q_taken, q_max=q_max, rewards=reward, is_reset=next_is_reset)
-            steps.append(dict(played, terminations=terminated, truncations=truncated))
+            steps.append(played_step)
             done = terminated | truncated
             episodes.step(
                 info.get("reward", reward), done, next_is_reset, policy_step * sizes.num_envs
             )
             # The observation after a reset step is its episode's first; a count to 255 tells the
             # stack enough.
-            episode_step = np.where(next_is_reset, 0, np.minimum(episode_step, 254) + 1).astype(
-                np.uint8
-            )
-            next_obs, next_is_reset = obs, done
+            episode_step = np.where(next_is_reset, 0, np.minimum(episode_step, 254) + 1)
+            episode_step = episode_step.astype(np.uint8)
+            next_obs = obs
+            next_is_reset = done
 
-        played = {key: np.stack([s[key] for s in steps], axis=1) for key in steps[0]}
-        data, tail = rollout_data(played, tail, args.gamma, args.n_step)
+        played = Played(*[np.stack(field, axis=1) for field in zip(*steps)])
+        data, tail = rollout_data(played, tail, env_ids=env_ids, gamma=args.gamma, n=args.n_step)
         timing = dict(
-            param_queue_get_time=param_queue_get_time, rollout_time=time.time() - rollout_start
+            param_queue_get_time=param_queue_get_time,
+            rollout_time=time.time() - rollout_start,
+            inference_time=inference_time,
+            env_step_time=env_step_time,
         )
-        timing.update(inference_time=inference_time, env_step_time=env_step_time)
-        queue_put(
-            rollout_queue,
-            Rollout(update, policy_version, dict(data, env_ids=env_ids), timing),
-            run.stop,
-        )
+        queue_put(rollout_queue, Rollout(update, policy_version, data, timing), run.stop)
 
 
-def rollout_data(played: dict, tail: dict | None, gamma: float, n: int):
-    """The frames of a rollout's L steps, the transitions (with initial priorities) of the n steps
-    before them and of all but its last n, and the new tail: its last n steps. The first rollout's
-    tail is padding: reset steps."""
-    num_envs, length = played["rewards"].shape
+def rollout_data(played: Played, tail: Tail | None, env_ids, gamma: float, n: int):
+    """The rollout's `Transitions` and the new tail (its last n steps). The first rollout's tail is
+    padding: reset steps."""
+    num_envs, length = played.rewards.shape
     if tail is None:
-        keys = ["rewards", "terminations", "truncations", "is_reset", "actions", "q_taken", "q_max"]
-        tail = {key: np.zeros((num_envs, n), played[key].dtype) for key in keys}
-        tail["is_reset"][:] = True
-    window = {key: np.concatenate([tail[key], played[key]], axis=1) for key in tail}
-    keys = ["rewards", "terminations", "truncations", "is_reset"]
+        tail = Tail(*[np.zeros((num_envs, n), getattr(played, key).dtype) for key in Tail._fields])
+        tail.is_reset[:] = True
+    window = Tail(
+        *[
+            np.concatenate([getattr(tail, key), getattr(played, key)], axis=1)
+            for key in Tail._fields
+        ]
+    )
     returns, discounts, offsets, valid = n_step_transitions(
-        *[window[key] for key in keys], gamma, n
+        rewards=window.rewards,
+        terminations=window.terminations,
+        truncations=window.truncations,
+        is_reset=window.is_reset,
+        gamma=gamma,
+        n=n,
     )
     # Initial priority: |n-step TD error| under the actor's parameters, which are its online and its
     # target network, so the double-Q bootstrap is the max of the bootstrap observation's Q-values.
     bootstrap = np.take_along_axis(
-        window["q_max"], np.arange(length) + offsets.astype(np.int64), axis=1
+        window.q_max, np.arange(length) + offsets.astype(np.int64), axis=1
     )
-    priorities = np.abs(returns + discounts * bootstrap - window["q_taken"][:, :length]).astype(
-        np.float32
+    td = returns + discounts * bootstrap - window.q_taken[:, :length]
+    data = Transitions(
+        env_ids=env_ids,
+        frames=played.frames,
+        episode_step=played.episode_step,
+        actions=window.actions[:, :length],
+        returns=returns,
+        discounts=discounts,
+        offsets=offsets,
+        valid=valid,
+        priorities=np.abs(td).astype(np.float32),
     )
-    data = dict(
-        frames=played["frames"],
-        episode_step=played["episode_step"],
-        actions=window["actions"][:, :length],
-    )
-    data.update(
-        returns=returns, discounts=discounts, offsets=offsets, valid=valid, priorities=priorities
-    )
-    return data, {key: value[:, -n:] for key, value in window.items()}
-
-
-def make_replay(args: Args, num_envs: int) -> dict:
-    """One FIFO ring of T = buffer_size // num_envs steps per environment, all advancing together. Slot
-    g T + t % T holds env g's step t: the newest frame of its observation (stacks are rebuilt on
-    sampling) and its transition."""
-    stack, frame_shape, dtype = frame_spec(args.env_id)
-    capacity = (args.buffer_size // num_envs) * num_envs
-    fields = dict(episode_step=np.uint8, actions=np.int32, returns=np.float32, discounts=np.float32)
-    replay = {
-        key: np.zeros(capacity, dtype)
-        for key, dtype in dict(fields, offsets=np.uint8, valid=bool).items()
-    }
-    replay.update(frames=np.zeros((capacity, *frame_shape), dtype), tree=sum_tree.empty(capacity))
-    return dict(
-        replay, ring=capacity // num_envs, stack=stack, image=len(frame_shape) == 2, steps=0
-    )
-
-
-def replay_insert(replay: dict, data: dict, n: int, alpha: float) -> int:
-    """Writes one rollout of every environment (env-major, in global env order); returns the valid
-    transitions."""
-    ring, steps, length = replay["ring"], replay["steps"], data["frames"].shape[1]
-    env_base = data["env_ids"][:, None].astype(np.int64) * ring
-    frame_slots = env_base + (steps + np.arange(length)) % ring
-    replay["frames"][frame_slots] = data["frames"]
-    replay["episode_step"][frame_slots] = data["episode_step"]
-    slots = env_base + (steps - n + np.arange(length)) % ring
-    for key in ["actions", "returns", "discounts", "offsets", "valid"]:
-        replay[key][slots] = data[key]
-    # No transition in the slots with new frames but no transition yet, nor in the stack - 1 slots
-    # after them.
-    dead = env_base + (steps + length - n + np.arange(n + replay["stack"] - 1)) % ring
-    replay["valid"][dead] = False
-    weights = np.where(data["valid"], (data["priorities"] + PRIORITY_EPSILON) ** alpha, 0.0)
-    sum_tree.set_weights(
-        replay["tree"], np.concatenate([slots.ravel(), dead.ravel()]), np.append(weights, 0 * dead)
-    )
-    replay["steps"] += length
-    return int(data["valid"].sum())
-
-
-def stacked(replay: dict, slots):
-    """The observations of `slots`, stacks rebuilt from single frames: a frame before the episode's
-    first is its first, as envpool fills the stack at a reset."""
-    ring, stack = replay["ring"], replay["stack"]
-    back = np.minimum(np.arange(stack)[::-1], replay["episode_step"][slots][:, None])
-    frames = replay["frames"][
-        (slots - slots % ring)[:, None] + (slots[:, None] % ring - back) % ring
-    ]
-    return frames if replay["image"] else frames[:, 0]
-
-
-def replay_sample(replay: dict, batch_size: int, rng, beta: float):
-    """A prioritized batch (host NumPy) and its slots; importance weights are normalized by the batch
-    maximum."""
-    slots, ring = sum_tree.sample_stratified(replay["tree"], batch_size, rng), replay["ring"]
-    weights = sum_tree.weights(replay["tree"], slots)
-    next_slots = slots - slots % ring + (slots % ring + replay["offsets"][slots]) % ring
-    batch = {key: replay[key][slots] for key in ["actions", "returns", "discounts"]}
-    batch.update(obs=stacked(replay, slots), next_obs=stacked(replay, next_slots))
-    return dict(batch, weights=((weights.min() / weights) ** beta).astype(np.float32)), slots
-
-
-def dqn_loss(params, apply_fn, batch, q_next_target, q_next_online, batch_size: int):
-    """Importance-weighted ½ TD² of the n-step double-Q targets, this device's share of the global
-    mean."""
-    q_values = apply_fn(params, batch["obs"])
-    td = jax.vmap(rlax.double_q_learning)(
-        q_values,
-        batch["actions"],
-        batch["returns"],
-        batch["discounts"],
-        q_next_target,
-        q_next_online,
-    )
-    return (batch["weights"] * 0.5 * td**2).sum() / batch_size, (td, q_values)
-
-
-class QState(TrainState):
-    target_params: Any
-
-
-def make_update(args: Args, learner_devices):
-    """The learner update, pmap'd over the learner devices, each with its slice of the batch (gradients
-    summed); the target is copied every --target-update-period updates; all devices return the whole
-    batch's TD errors."""
-
-    def update(state, batch):
-        q_next_target = state.apply_fn(state.target_params, batch["next_obs"])
-        q_next_online = state.apply_fn(state.params, batch["next_obs"])
-        (loss, (td, q_values)), grads = jax.value_and_grad(dqn_loss, has_aux=True)(
-            state.params, state.apply_fn, batch, q_next_target, q_next_online, args.batch_size
-        )
-        grads, loss = jax.lax.psum((grads, loss), "devices")
-        state = state.apply_gradients(grads=grads)
-        copy = state.step % args.target_update_period == 0
-        target = jax.tree.map(lambda t, p: jnp.where(copy, p, t), state.target_params, state.params)
-        metrics = dict(td_loss=loss, q_values=jax.lax.pmean(q_values.mean(), "devices"))
-        return (
-            state.replace(target_params=target),
-            metrics,
-            jax.lax.all_gather(td, "devices").reshape(-1),
-        )
-
-    return jax.pmap(update, axis_name="devices", devices=learner_devices)
+    return data, Tail(*[field[:, -n:] for field in window])
 
 
 def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
-    """Plays one episode in each of `num_episodes` fresh environments, epsilon-greedy with EVAL_EPSILON
-    (a greedy Atari policy that never fires would play the whole 27,000 steps)."""
+    """Plays one episode in each of `num_episodes` fresh environments, epsilon-greedy with
+    EVAL_EPSILON (a greedy Atari policy that never fires would play the whole 27,000 steps)."""
     envs = make_env(args, seed, num_episodes)
     network = Network(args.channels, args.hiddens, envs.action_space.n)
-    env_ids, key = jnp.arange(num_episodes), jax.random.PRNGKey(seed)
+    env_ids = jnp.arange(num_episodes)
+    key = jax.random.PRNGKey(seed)
     act = jax.jit(
-        lambda p, o, step: epsilon_greedy(network.apply(p, o), EVAL_EPSILON, key, step, env_ids)
+        lambda p, o, step: epsilon_greedy(
+            network.apply(p, o), epsilons=EVAL_EPSILON, key=key, step=step, env_ids=env_ids
+        )
     )
-    (obs, _), returns, finished, step = (
-        envs.reset(),
-        np.zeros(num_episodes),
-        np.zeros(num_episodes, bool),
-        0,
-    )
+    obs, _ = envs.reset()
+    returns = np.zeros(num_episodes)
+    finished = np.zeros(num_episodes, bool)
+    step = 0
     while not finished.all():
         obs, reward, terminated, truncated, info = envs.step(np.asarray(act(params, obs, step)))
         returns += info.get("reward", reward) * ~finished
         finished |= terminated | truncated
         step += 1
     return returns.tolist()
+
+
+# === Replay ===
+
+# A replay slot: its frame, the frame's step in its episode (uint8), the action (int32), the n-step
+# return and discount (float32), the bootstrap offset (uint8), the validity flag; plus the sum tree
+# (2 float64 nodes per leaf, leaves a power of two). 3 GiB are kept for the rest of the process
+# (networks, environments, batches).
+SLOT_BYTES = 1 + 4 + 4 + 4 + 1 + 1
+MEMORY_RESERVE_BYTES = 3 * 2**30
+PRIORITY_EPSILON = 1e-6  # keeps a transition with zero TD error sampleable
+
+
+@dataclasses.dataclass
+class Replay:
+    """One FIFO ring of T = buffer_size // num_envs steps per environment, all advancing together.
+    Slot g T + t % T holds env g's step t: the newest frame of its observation (stacks are rebuilt
+    on sampling) and its transition; `tree` holds each slot's priority ** alpha (0: no transition).
+    """
+
+    frames: np.ndarray
+    episode_step: np.ndarray
+    actions: np.ndarray
+    returns: np.ndarray
+    discounts: np.ndarray
+    offsets: np.ndarray
+    valid: np.ndarray
+    tree: np.ndarray
+    ring: int
+    """T, the slots of one environment"""
+    stack: int
+    """frames per observation"""
+    image: bool
+    steps: int = 0
+    """the steps of every environment inserted so far"""
+
+
+def replay_bytes(args: Args) -> int:
+    _, frame_shape, dtype = frame_spec(args.env_id)
+    tree_bytes = sum_tree.empty(1).itemsize * 2 * (1 << max(0, args.buffer_size - 1).bit_length())
+    frame_bytes = int(np.prod(frame_shape)) * np.dtype(dtype).itemsize
+    return args.buffer_size * (frame_bytes + SLOT_BYTES) + tree_bytes
+
+
+def make_replay(args: Args, num_envs: int) -> Replay:
+    stack, frame_shape, dtype = frame_spec(args.env_id)
+    capacity = (args.buffer_size // num_envs) * num_envs
+    return Replay(
+        frames=np.zeros((capacity, *frame_shape), dtype),
+        episode_step=np.zeros(capacity, np.uint8),
+        actions=np.zeros(capacity, np.int32),
+        returns=np.zeros(capacity, np.float32),
+        discounts=np.zeros(capacity, np.float32),
+        offsets=np.zeros(capacity, np.uint8),
+        valid=np.zeros(capacity, bool),
+        tree=sum_tree.empty(capacity),
+        ring=capacity // num_envs,
+        stack=stack,
+        image=len(frame_shape) == 2,
+    )
+
+
+def replay_insert(replay: Replay, data: Transitions, n: int, alpha: float) -> int:
+    """Writes one rollout of every environment (env-major, in global env order); returns the valid
+    transitions."""
+    ring = replay.ring
+    length = data.frames.shape[1]
+    env_base = data.env_ids[:, None].astype(np.int64) * ring
+    frame_slots = env_base + (replay.steps + np.arange(length)) % ring
+    replay.frames[frame_slots] = data.frames
+    replay.episode_step[frame_slots] = data.episode_step
+    slots = env_base + (replay.steps - n + np.arange(length)) % ring
+    replay.actions[slots] = data.actions
+    replay.returns[slots] = data.returns
+    replay.discounts[slots] = data.discounts
+    replay.offsets[slots] = data.offsets
+    replay.valid[slots] = data.valid
+    # No transition in the slots with new frames but no transition yet, nor in the stack - 1 slots
+    # after them.
+    dead = env_base + (replay.steps + length - n + np.arange(n + replay.stack - 1)) % ring
+    replay.valid[dead] = False
+    weights = np.where(data.valid, (data.priorities + PRIORITY_EPSILON) ** alpha, 0.0)
+    sum_tree.set_weights(
+        replay.tree, np.concatenate([slots.ravel(), dead.ravel()]), np.append(weights, 0 * dead)
+    )
+    replay.steps += length
+    return int(data.valid.sum())
+
+
+def stacked(replay: Replay, slots):
+    """The observations of `slots`, stacks rebuilt from single frames: a frame before the episode's
+    first is its first, as envpool fills the stack at a reset."""
+    ring = replay.ring
+    back = np.minimum(np.arange(replay.stack)[::-1], replay.episode_step[slots][:, None])
+    frames = replay.frames[(slots - slots % ring)[:, None] + (slots[:, None] % ring - back) % ring]
+    return frames if replay.image else frames[:, 0]
+
+
+def replay_sample(replay: Replay, batch_size: int, rng, beta: float):
+    """A prioritized `Batch` (host NumPy) and its slots; importance weights are normalized by the
+    batch maximum."""
+    ring = replay.ring
+    slots = sum_tree.sample_stratified(replay.tree, batch_size, rng)
+    probabilities = sum_tree.weights(replay.tree, slots)
+    next_slots = slots - slots % ring + (slots % ring + replay.offsets[slots]) % ring
+    batch = Batch(
+        obs=stacked(replay, slots),
+        actions=replay.actions[slots],
+        returns=replay.returns[slots],
+        discounts=replay.discounts[slots],
+        next_obs=stacked(replay, next_slots),
+        weights=((probabilities.min() / probabilities) ** beta).astype(np.float32),
+    )
+    return batch, slots
+
+
+# === Loss ===
+
+
+def n_step_transitions(rewards, terminations, truncations, is_reset, gamma: float, n: int):
+    """Transitions of steps 0 .. L - 1 of env-major windows (envs, L + n): the return of up to n
+    rewards, the bootstrap's discount (0 after a termination, gamma ** offset otherwise, truncations
+    included) and offset. None spans two episodes; envpool's reset steps (after an episode's end;
+    the action is ignored) are not valid."""
+    length = rewards.shape[1] - n
+    returns = np.zeros((len(rewards), length), np.float32)
+    offsets = np.full((len(rewards), length), n, np.uint8)
+    open_ = np.ones(returns.shape, bool)
+    terminated = np.zeros(returns.shape, bool)
+    for k in range(n):
+        returns += open_ * np.float32(gamma**k) * rewards[:, k : k + length]
+        ends = open_ & (terminations[:, k : k + length] | truncations[:, k : k + length])
+        offsets[ends] = k + 1
+        terminated |= open_ & terminations[:, k : k + length]
+        open_ &= ~ends
+    discounts = np.where(terminated, 0.0, np.float32(gamma) ** offsets).astype(np.float32)
+    return returns, discounts, offsets, ~is_reset[:, :length]
+
+
+class Batch(NamedTuple):
+    """Sampled transitions: the observation, the action, the n-step return, the bootstrap's discount
+    and observation, and the importance-sampling weight."""
+
+    obs: Any
+    actions: Any
+    returns: Any
+    discounts: Any
+    next_obs: Any
+    weights: Any
+
+
+def dqn_loss(params, apply_fn, batch: Batch, q_next_target, q_next_online, batch_size: int):
+    """Importance-weighted ½ TD² of the n-step double-Q targets, this device's share of the global
+    mean."""
+    q_values = apply_fn(params, batch.obs)
+    td = jax.vmap(rlax.double_q_learning)(
+        q_values,
+        batch.actions,
+        batch.returns,
+        batch.discounts,
+        q_next_target,
+        q_next_online,
+    )
+    return (batch.weights * 0.5 * td**2).sum() / batch_size, (td, q_values)
+
+
+# === Update ===
+
+
+class QState(TrainState):
+    target_params: Any
 
 
 def init_state(args: Args, sizes: Sizes):
@@ -585,109 +684,179 @@ def init_state(args: Args, sizes: Sizes):
     return network, state, dict(counters, **identity)
 
 
+def make_update(args: Args, learner_devices):
+    """One optimizer step, pmap'd over the learner devices, each with its slice of the batch
+    (gradients summed); the target is copied every --target-update-period steps; all devices return
+    the whole batch's TD errors."""
+
+    def update_step(state, batch: Batch):
+        q_next_target = state.apply_fn(state.target_params, batch.next_obs)
+        q_next_online = state.apply_fn(state.params, batch.next_obs)
+        (loss, (td, q_values)), grads = jax.value_and_grad(dqn_loss, has_aux=True)(
+            state.params,
+            apply_fn=state.apply_fn,
+            batch=batch,
+            q_next_target=q_next_target,
+            q_next_online=q_next_online,
+            batch_size=args.batch_size,
+        )
+        grads, loss = jax.lax.psum((grads, loss), "devices")
+        state = state.apply_gradients(grads=grads)
+        copy = state.step % args.target_update_period == 0
+        target = jax.tree.map(lambda t, p: jnp.where(copy, p, t), state.target_params, state.params)
+        metrics = dict(td_loss=loss, q_values=jax.lax.pmean(q_values.mean(), "devices"))
+        all_td = jax.lax.all_gather(td, "devices").reshape(-1)
+        return state.replace(target_params=target), metrics, all_td
+
+    return jax.pmap(update_step, axis_name="devices", devices=learner_devices)
+
+
+# === Learner loop ===
+
+
+@dataclasses.dataclass
+class Tally:
+    """The learner's running counts."""
+
+    learner_updates: int
+    """optimizer steps so far (a resumed run continues the count)"""
+    replay_size: int = 0
+    """valid transitions in the replay"""
+    inserted: int = 0
+    """transitions inserted in this session"""
+    sampled: int = 0
+    """transitions sampled in this session"""
+
+
+class LearnStats(NamedTuple):
+    """The optimizer steps of one learner update: the importance weights of the last batch, the
+    seconds spent sampling and writing priorities, and the optimizer steps per second."""
+
+    is_weight_min: float
+    is_weight_max: float
+    replay_time: float
+    learner_updates_per_second: float
+
+
+class LoopStats(NamedTuple):
+    """One learner update's waits and times, and the policy versions of actor and learner."""
+
+    rollout_queue_get_time: float
+    insert_time: float
+    learn_time: float
+    actor_policy_version: int
+    learner_policy_version: int
+
+
 def start_actors(args, sizes, run, network, first_update, actor_devices):
-    """One param queue, one rollout queue and one thread per actor thread of every local actor device."""
-    param_queues, rollout_queues, threads = [], [], []
+    """One param queue, one rollout queue and one thread per actor thread of every local actor
+    device."""
+    param_queues = []
+    rollout_queues = []
+    threads = []
     first_thread = jax.process_index() * len(actor_devices) * args.num_actor_threads
     for index in range(len(actor_devices) * args.num_actor_threads):
         param_queues.append(queue.Queue(maxsize=1))
         rollout_queues.append(queue.Queue(maxsize=1))
-        kwargs = dict(args=args, sizes=sizes, run=run, network=network, first_update=first_update)
-        kwargs.update(
-            env_offset=(first_thread + index) * args.local_num_envs, param_queue=param_queues[-1]
+        thread = start_thread(
+            target=actor,
+            name=f"actor-{first_thread + index}",
+            stop=run.stop,
+            failures=run.failures,
+            args=args,
+            sizes=sizes,
+            run=run,
+            network=network,
+            first_update=first_update,
+            env_offset=(first_thread + index) * args.local_num_envs,
+            device=actor_devices[index // args.num_actor_threads],
+            param_queue=param_queues[-1],
+            rollout_queue=rollout_queues[-1],
         )
-        kwargs.update(
-            device=actor_devices[index // args.num_actor_threads], rollout_queue=rollout_queues[-1]
-        )
-        threads.append(
-            start_thread(actor, f"actor-{first_thread + index}", run.stop, run.failures, **kwargs)
-        )
+        threads.append(thread)
     return param_queues, rollout_queues, threads
 
 
-def send_params(state, policy_version, actor_devices, param_queues, stop):
-    host_copy = first_replica(state.params)
-    threads_per_device = len(param_queues) // len(actor_devices)
-    for device_index, actor_device in enumerate(actor_devices):
-        on_device = jax.device_put(host_copy, actor_device)
-        for q in param_queues[
-            device_index * threads_per_device : (device_index + 1) * threads_per_device
-        ]:
-            queue_put(q, (policy_version, on_device), stop)
-
-
-def insert_rollouts(args, replay, rollouts, tally):
-    """Every process's rollouts, env-major in global env order (each process holds the whole replay)."""
-    data = {key: np.concatenate([r.data[key] for r in rollouts]) for key in rollouts[0].data}
+def insert_rollouts(args, replay: Replay, rollouts, tally: Tally):
+    """Every process's rollouts, env-major in global env order (each process holds the whole
+    replay)."""
+    data = Transitions(*[np.concatenate(fields) for fields in zip(*[r.data for r in rollouts])])
     if args.distributed:
-        data = {
-            k: np.asarray(v).reshape(-1, *v.shape[2:])
-            for k, v in multihost_utils.process_allgather(data).items()
-        }
-    tally["inserted"] += replay_insert(replay, data, args.n_step, args.priority_exponent)
-    tally["replay_size"] = int(np.count_nonzero(replay["valid"]))
+        gathered = multihost_utils.process_allgather(data)
+        data = Transitions(*[np.asarray(v).reshape(-1, *v.shape[2:]) for v in gathered])
+    tally.inserted += replay_insert(replay, data, n=args.n_step, alpha=args.priority_exponent)
+    tally.replay_size = int(np.count_nonzero(replay.valid))
 
 
-def learn(args, replay, state, update, tally):
-    """--updates-per-rollout updates, each on a batch sampled on the host from the one global sum tree
-    with a generator seeded by (seed, learner update): the same batches on every layout. Returns the
-    state and stats."""
+def learn(args, replay: Replay, state, update_fn, tally: Tally):
+    """--updates-per-rollout optimizer steps, each on a batch sampled on the host from the one
+    global sum tree with a generator seeded by (seed, optimizer step): the same batches on every
+    layout. Returns the state, the last step's metrics and the `LearnStats`."""
     num_local = len(args.learner_device_ids)
     local = slice(jax.process_index() * num_local, (jax.process_index() + 1) * num_local)
-    replay_time, learn_start = 0.0, time.time()
+    replay_time = 0.0
+    learn_start = time.time()
     for _ in range(args.updates_per_rollout):
         tic = time.time()
-        rng = np.random.default_rng([args.seed, 3, tally["learner_updates"]])
+        rng = np.random.default_rng([args.seed, 3, tally.learner_updates])
         batch, slots = replay_sample(
-            replay, args.batch_size, rng, args.importance_sampling_exponent
+            replay, args.batch_size, rng, beta=args.importance_sampling_exponent
         )
-        shards = {
-            k: v.reshape(num_local * jax.process_count(), -1, *v.shape[1:])[local]
-            for k, v in batch.items()
-        }
+        shards = jax.tree.map(
+            lambda v: v.reshape(num_local * jax.process_count(), -1, *v.shape[1:])[local], batch
+        )
         replay_time += time.time() - tic
-        state, metrics, td = update(state, shards)
+        state, metrics, td = update_fn(state, shards)
         td = np.asarray(jax.device_get(first_replica(td)))
         tic = time.time()
         sum_tree.set_weights(
-            replay["tree"], slots, (np.abs(td) + PRIORITY_EPSILON) ** args.priority_exponent
+            replay.tree, slots, (np.abs(td) + PRIORITY_EPSILON) ** args.priority_exponent
         )
         replay_time += time.time() - tic
-        tally["learner_updates"] += 1
-        tally["sampled"] += args.batch_size
-    stats = dict(
-        is_weight_min=batch["weights"].min(),
-        is_weight_max=batch["weights"].max(),
+        tally.learner_updates += 1
+        tally.sampled += args.batch_size
+    stats = LearnStats(
+        is_weight_min=batch.weights.min(),
+        is_weight_max=batch.weights.max(),
         replay_time=replay_time,
+        learner_updates_per_second=args.updates_per_rollout / (time.time() - learn_start),
     )
-    return (
-        state,
-        metrics,
-        dict(
-            stats, learner_updates_per_second=args.updates_per_rollout / (time.time() - learn_start)
-        ),
-    )
+    return state, metrics, stats
 
 
-def log_update(args, sizes, run, update, rollouts, replay, metrics, stats):
-    """TensorBoard every iteration; priorities (an O(N) pass), losses and a console line every
-    --log-frequency."""
-    global_step, elapsed = update * sizes.batch_size, time.time() - run.start_time
+def log_update(
+    args, sizes, run, update, rollouts, replay: Replay, metrics, learn_stats, tally, loop_stats
+):
+    """TensorBoard every update; priorities (an O(N) pass), losses and a console line every
+    --log-frequency. `metrics` and `learn_stats` are those of the last update that learned (None
+    before the first)."""
+    global_step = update * sizes.steps_per_update
+    elapsed = time.time() - run.start_time
     timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
-    sps = int((update - run.counters["update"]) * sizes.batch_size / elapsed)
-    stats.update(actor_sps=args.local_num_envs * args.num_steps / timing["rollout_time"])
-    stats.update(
-        replay_insert_per_second=stats["inserted"] / elapsed,
-        replay_sample_per_second=stats["sampled"] / elapsed,
+    epsilons = epsilons_of(
+        np.arange(sizes.num_envs), sizes.num_envs, args.epsilon_base, args.epsilon_alpha
     )
+    param_lag = loop_stats.learner_policy_version - 1 - loop_stats.actor_policy_version
+    stats = {
+        **timing,
+        **loop_stats._asdict(),
+        **dataclasses.asdict(tally),
+        **(learn_stats._asdict() if learn_stats is not None else {}),
+        "param_lag": param_lag,
+        "epsilon_min": epsilons.min(),
+        "epsilon_max": epsilons.max(),
+        "actor_sps": args.local_num_envs * args.num_steps / timing["rollout_time"],
+        "replay_insert_per_second": tally.inserted / elapsed,
+        "replay_sample_per_second": tally.sampled / elapsed,
+    }
     run.log(
-        {f"stats/{key}": value for key, value in dict(timing, **stats).items()}
-        | {"charts/SPS": sps},
+        {f"stats/{key}": value for key, value in stats.items()}
+        | {"charts/SPS": run.sps(global_step)},
         global_step,
     )
     if update % args.log_frequency and update != sizes.num_updates:
         return
-    priorities = sum_tree.weights(replay["tree"], np.flatnonzero(replay["valid"])) ** (
+    priorities = sum_tree.weights(replay.tree, np.flatnonzero(replay.valid)) ** (
         1 / max(args.priority_exponent, 1e-9)
     )
     if priorities.size and args.priority_exponent:
@@ -696,20 +865,14 @@ def log_update(args, sizes, run, update, rollouts, replay, metrics, stats):
             global_step,
         )
     if metrics is not None:
-        run.log(
-            {
-                f"losses/{key}": value
-                for key, value in jax.device_get(first_replica(metrics)).items()
-            },
-            global_step,
-        )
-    mean_return = f"{np.mean(run.recent_returns):.1f}" if run.recent_returns else "n/a"
-    line = f"update {update}/{sizes.num_updates} step={global_step} SPS={sps} return={mean_return} learner updates="
-    line += f"{stats['learner_updates']} replay={stats['replay_size']} policy lag={stats['param_lag']} wait rollout="
-    print(
-        f"{line}{stats['rollout_queue_get_time']:.2f}s param={timing['param_queue_get_time']:.2f}s",
-        flush=True,
+        losses = jax.device_get(first_replica(metrics))
+        run.log({f"losses/{key}": value for key, value in losses.items()}, global_step)
+    details = (
+        f"learner updates={tally.learner_updates} replay={tally.replay_size} policy lag={param_lag}"
+        " wait rollout="
+        f"{loop_stats.rollout_queue_get_time:.2f}s param={timing['param_queue_get_time']:.2f}s"
     )
+    run.print_progress(update, global_step, details)
 
 
 def train(args: Args):
@@ -719,70 +882,81 @@ def train(args: Args):
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
     network, state, counters = init_state(args, sizes)
     run = open_run(args, sizes, __file__, counters, global_learner_devices)
-    tally = dict(learner_updates=int(state.step), replay_size=0, inserted=0, sampled=0)
+    tally = Tally(learner_updates=int(state.step))
     state = replicate(state, learner_devices)
-    update, replay = make_update(args, global_learner_devices), make_replay(args, sizes.num_envs)
-    epsilons = epsilons_of(
-        np.arange(sizes.num_envs), sizes.num_envs, args.epsilon_base, args.epsilon_alpha
-    )
-    start_update = learner_policy_version = counters["update"]
+    update_fn = make_update(args, global_learner_devices)
+    replay = make_replay(args, sizes.num_envs)
+    learner_policy_version = counters["update"]
+    first_update = counters["update"] + 1
     param_queues, rollout_queues, threads = start_actors(
-        args, sizes, run, network, start_update + 1, actor_devices
+        args=args,
+        sizes=sizes,
+        run=run,
+        network=network,
+        first_update=first_update,
+        actor_devices=actor_devices,
     )
-    exit_code, metrics, learn_stats = 0, None, {}
-    try:
-        send_params(state, learner_policy_version, actor_devices, param_queues, run.stop)
-        for update_index in range(start_update + 1, sizes.num_updates + 1):
+    metrics = None
+    learn_stats = None
+    with run.learner_loop(threads) as end:
+        send_params(
+            first_replica(state.params),
+            policy_version=learner_policy_version,
+            actor_devices=actor_devices,
+            param_queues=param_queues,
+            stop=run.stop,
+        )
+        for update in range(first_update, sizes.num_updates + 1):
             wait_start = time.time()
             rollouts = [queue_get(q, run.stop) for q in rollout_queues]
             rollout_queue_get_time = time.time() - wait_start
-            # The Cleanba protocol: data exactly one policy version old with --concurrency, else
-            # current.
-            expected_lag = 1 if args.concurrency and update_index > start_update + 1 else 0
-            for r in rollouts:
-                lag = learner_policy_version - r.policy_version
-                if r.update != update_index or lag != expected_lag:
-                    raise RuntimeError(
-                        f"update {update_index}: rollout {r.update} from policy {r.policy_version}"
-                        f" while the learner is at {learner_policy_version} (lag {lag}, expected {expected_lag})"
-                    )
+            check_policy_lag(
+                rollouts,
+                update=update,
+                learner_policy_version=learner_policy_version,
+                concurrency=args.concurrency,
+                first_update=first_update,
+            )
             learn_start = time.time()
             insert_rollouts(args, replay, rollouts, tally)
             insert_time = time.time() - learn_start
-            if tally["replay_size"] >= max(args.learning_starts, 1):
-                state, metrics, learn_stats = learn(args, replay, state, update, tally)
+            if tally.replay_size >= max(args.learning_starts, 1):
+                state, metrics, learn_stats = learn(args, replay, state, update_fn, tally)
             learner_policy_version += 1
-            stats = dict(
-                learn_stats,
-                **tally,
+            loop_stats = LoopStats(
                 rollout_queue_get_time=rollout_queue_get_time,
                 insert_time=insert_time,
-            )
-            stats.update(
                 learn_time=time.time() - learn_start,
-                epsilon_min=epsilons.min(),
-                epsilon_max=epsilons.max(),
-            )
-            stats.update(
                 actor_policy_version=rollouts[0].policy_version,
                 learner_policy_version=learner_policy_version,
             )
-            stats.update(param_lag=learner_policy_version - 1 - rollouts[0].policy_version)
-            log_update(args, sizes, run, update_index, rollouts, replay, metrics, stats)
-            exit_code = run.after_update(state, update_index)
-            if exit_code:
+            log_update(
+                args,
+                sizes=sizes,
+                run=run,
+                update=update,
+                rollouts=rollouts,
+                replay=replay,
+                metrics=metrics,
+                learn_stats=learn_stats,
+                tally=tally,
+                loop_stats=loop_stats,
+            )
+            end.exit_code = run.after_update(state, update)
+            if end.exit_code:
                 break
-            if update_index < sizes.num_updates:
-                send_params(state, learner_policy_version, actor_devices, param_queues, run.stop)
-    except KeyboardInterrupt:
-        print("interrupted: stopping threads and flushing logs", file=sys.stderr)
-        exit_code = 130
-    except Stopped:
-        exit_code = 1
-    except Exception:
-        run.record_failure()
-    run.exit_if_stopped(exit_code, threads)
+            if update < sizes.num_updates:
+                send_params(
+                    first_replica(state.params),
+                    policy_version=learner_policy_version,
+                    actor_devices=actor_devices,
+                    param_queues=param_queues,
+                    stop=run.stop,
+                )
     run.finish(jax.device_get(first_replica(state.params)), learner_policy_version, evaluate)
+
+
+# === Main ===
 
 
 def main(argv=None):
