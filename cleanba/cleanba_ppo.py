@@ -167,7 +167,7 @@ def validate(args: Args):
     )
     non_negative = "ent_coef vf_coef eval_episodes checkpoint_every"
     parsing.check_signs(args, positive.split(), non_negative.split())
-    parsing.check_in(args, "gamma", 0, 1, low_open=True)
+    parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
     parsing.check_in(args, "gae_lambda", 0, 1)
     parsing.check_run_options(args)
 
@@ -708,7 +708,13 @@ def train(args: Args):
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
     network, state, counters = init_state(args, sizes)
-    run = open_run(args, sizes, __file__, counters, global_learner_devices)
+    run = open_run(
+        args=args,
+        sizes=sizes,
+        script_path=__file__,
+        counters=counters,
+        global_learner_devices=global_learner_devices,
+    )
     state = replicate(state, learner_devices)
     update_fn = make_update(
         args, global_learner_devices, rolled=learner_devices[0].platform != "cpu"
@@ -752,7 +758,15 @@ def train(args: Args):
                 learn_time=time.time() - learn_start,
                 learner_policy_version=learner_policy_version,
             )
-            log_update(args, sizes, run, update, rollouts, metrics, learner_stats)
+            log_update(
+                args=args,
+                sizes=sizes,
+                run=run,
+                update=update,
+                rollouts=rollouts,
+                metrics=metrics,
+                learner_stats=learner_stats,
+            )
             end.exit_code = run.after_update(state, update)
             if end.exit_code:
                 break
