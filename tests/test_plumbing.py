@@ -233,7 +233,7 @@ def test_episodes_count_rewards_and_steps_but_not_reset_steps(tmp_path):
 @dataclasses.dataclass(frozen=True)
 class RunSizes:
     num_updates: int = 5
-    batch_size: int = 8
+    steps_per_update: int = 8
 
 
 @dataclasses.dataclass
