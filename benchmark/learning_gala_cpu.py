@@ -163,7 +163,7 @@ def main():
     parser.add_argument("--timesteps", type=int, default=500_000)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument(
-        "--half-lr-seeds", type=int, nargs="+", default=[1, 2], help="sync gossip at half the lr"
+        "--half-lr-seeds", type=int, nargs="*", default=[1, 2], help="sync gossip at half the lr"
     )
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/cleanba_learning_gala_cpu"))
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmark" / "results")
