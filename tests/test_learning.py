@@ -64,7 +64,7 @@ APEX = (
     " --updates-per-rollout 4 --learning-rate 1e-3 --target-update-period 200"
     " --total-timesteps 30000"
 )
-GALA = "--env-id CartPole-v1 --hiddens 64 64 --total-timesteps 100000 --log-frequency 1000"
+GALA = "--env-id CartPole-v1 --hiddens 64 64 --total-timesteps 300000 --log-frequency 1000"
 RUN = " --seed 1 --run-name learning"
 LEARNING_TESTS = {
     "ppo": LearningTest("cleanba_ppo.py", (CARTPOLE + CLEANRL_PPO + RUN).split(), 1, 200),
