@@ -76,15 +76,16 @@ def main():
             result = measure(script, options.updates, Path(work_dir))
             sps = f"{result['steady_sps']:.1f}" if result["steady_sps"] else "n/a"
             rows.append(
-                f"| `{result['command']}` | {result['exit_code']} | {sps} | {result['peak_rss_gib']:.1f} | "
-                f"{result['wall_time_min']:.1f} |"
+                f"| `{result['command']}` | {result['exit_code']} | {sps} | "
+                f"{result['peak_rss_gib']:.1f} | {result['wall_time_min']:.1f} |"
             )
             print(rows[-1], flush=True)
     options.out.write_text(
         f"# The README's commands at their defaults ({time.strftime('%Y-%m-%d')})\n\n"
-        f"Machine: {platform.machine()}, 2 CPU cores, 24 GiB, Python {platform.python_version()}. Made by "
-        f"`python benchmark/defaults_cpu.py {' '.join(sys.argv[1:])}`.\n\n"
-        "| command | exit code | steady SPS | peak RSS (GiB) | wall time (min) |\n|---|---|---|---|---|\n"
+        f"Machine: {platform.machine()}, 2 CPU cores, 24 GiB, Python {platform.python_version()}. "
+        f"Made by `python benchmark/defaults_cpu.py {' '.join(sys.argv[1:])}`.\n\n"
+        "| command | exit code | steady SPS | peak RSS (GiB) | wall time (min) |\n"
+        "|---|---|---|---|---|\n"
         + "\n".join(rows)
         + "\n"
     )

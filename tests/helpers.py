@@ -154,6 +154,21 @@ def run_failing(script: str, failure: str, args: list, cwd):
     )
 
 
+# A process whose thread failed ends within this many seconds of the failure (measured: 3.6 and 4.9
+# s for PPO's learner and actor on 2 cores at a load of 8-9, most of it joining the other threads,
+# which poll their queues every 0.2 s); a run that ignored the failure would train on for minutes.
+# Counted from the failure, not from the start, so that a slow machine's start-up and compilation do
+# not count.
+PROMPT_EXIT_SECONDS = 30
+
+
+def seconds_after_failure(result, exited_at: float) -> float:
+    """How long a `run_failing` process ran on after its injected failure (its `failed at TIME`
+    line on stderr) until `exited_at`."""
+    line = next(line for line in result.stderr.splitlines() if line.startswith("failed at "))
+    return exited_at - float(line.removeprefix("failed at "))
+
+
 def evaluate_saved_model(model_path) -> dict:
     """`python -m cleanba_utils.evaluate MODEL --episodes 2 --json`, as a user runs it."""
     result = subprocess.run(
@@ -179,10 +194,11 @@ def failing_program(script: str, failure: str) -> str:
     """A Python program that runs `cleanba.<script>` with one part made to fail on purpose:
     - "actor": the 20th environment step raises "environment exploded";
     - "learner": the update raises "learner exploded";
+    (these two and "oom" print `failed at TIME` on stderr first: see `seconds_after_failure`)
     - "lag": the actor thread skips its second parameter fetch and plays with the stale parameters;
     - "oom": the update fails as XLA does when a device allocation fails."""
     return (
-        f"import sys\nimport threading\nimport cleanba.{script} as script\n"
+        f"import sys\nimport threading\nimport time\nimport cleanba.{script} as script\n"
         + FAILURES[failure]
         + ("\nscript.main(sys.argv[1:])\n")
     )
@@ -203,6 +219,7 @@ class FailingEnv:
     def step(self, action):
         self.steps += 1
         if self.steps == 20:
+            print(f"failed at {time.time()}", file=sys.stderr, flush=True)
             raise RuntimeError("environment exploded")
         return self.env.step(action)
 
@@ -212,6 +229,7 @@ script.make_env = lambda *args: FailingEnv(make_env(*args))
     learner="""
 def make_failing_update(*args, **kwargs):
     def update_fn(*update_args):
+        print(f"failed at {time.time()}", file=sys.stderr, flush=True)
         raise RuntimeError("learner exploded")
 
     return update_fn
@@ -225,6 +243,7 @@ import jax
 
 def make_update_out_of_memory(*args, **kwargs):
     def update_fn(*update_args):
+        print(f"failed at {time.time()}", file=sys.stderr, flush=True)
         raise jax.errors.JaxRuntimeError(
             "RESOURCE_EXHAUSTED: Out of memory allocating 271191357088 bytes."
         )

@@ -1,5 +1,5 @@
-"""Both scripts, the same global config (8 envs, 3 concurrent updates) under several layouts on 4 CPU
-devices: the policy lag of every update, determinism, layout invariance, and what is logged."""
+"""Both scripts, the same global config (8 envs, 3 concurrent updates) under several layouts on 4
+CPU devices: the policy lag of every update, determinism, layout invariance, and what is logged."""
 
 import json
 

@@ -13,7 +13,10 @@ from helpers import REPO
 from measure import run_measured
 
 BOUND_GIB = 2.0
-COMMAND = "--env-id Breakout-v5 --num-actor-threads 1 --local-num-envs 2 --total-timesteps 256 --run-name memory"
+COMMAND = (
+    "--env-id Breakout-v5 --num-actor-threads 1 --local-num-envs 2 --total-timesteps 256"
+    " --run-name memory"
+)
 
 
 def test_one_default_update_stays_under_the_memory_bound(tmp_path):

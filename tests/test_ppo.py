@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import (
+    PROMPT_EXIT_SECONDS,
     REPO,
     TINY,
     assert_policy_lag,
@@ -20,6 +21,7 @@ from helpers import (
     run_failing,
     run_script,
     scalars,
+    seconds_after_failure,
     wait_for_line,
 )
 
@@ -237,10 +239,9 @@ def test_wandb_offline_run_is_written(sync_run):
 )
 def test_a_failing_thread_ends_the_process(tmp_path, failure, message):
     args = [*TINY, "--local-num-envs", 4, "--total-timesteps", 100_000, "--concurrency"]
-    start = time.time()
     result = run_failing("cleanba_ppo", failure, args, tmp_path)
     assert result.returncode == 1 and message in result.stderr
-    assert time.time() - start < 60
+    assert seconds_after_failure(result, time.time()) < PROMPT_EXIT_SECONDS
 
 
 def test_out_of_device_memory_is_one_line_naming_the_options_and_exit_2(tmp_path):
@@ -332,12 +333,13 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("args,option", PROCESS_BAD_INPUTS)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, option):
-    start = time.time()
-    result = run_script("cleanba_ppo.py", args, tmp_path, devices=2, timeout=30)
+    # A hang (the run going on to train) ends in TimeoutExpired; the bound leaves a slow machine
+    # its start-up.
+    result = run_script("cleanba_ppo.py", args, tmp_path, devices=2, timeout=120)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and option in lines[0], result.stderr
-    assert "Traceback" not in result.stderr and time.time() - start < 30
+    assert "Traceback" not in result.stderr
     assert not (tmp_path / "runs").exists()
 
 
