@@ -190,7 +190,7 @@ def validate(args: Args):
     positive = "total_timesteps local_num_envs num_steps max_grad_norm log_frequency num_agents"
     non_negative = "learning_rate ent_coef vf_coef eval_episodes checkpoint_every staleness_bound"
     parsing.check_signs(args, positive.split(), non_negative.split())
-    parsing.check_in(args, "gamma", 0, 1, low_open=True)
+    parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
     parsing.check_in(args, "rmsprop_decay", 0, 1)
     if args.rmsprop_eps <= 0:
         parsing.fail(f"--rmsprop-eps must be positive, got {args.rmsprop_eps}")
@@ -869,7 +869,12 @@ def train_sync(args: Args, sizes: Sizes, network, state, run, agent_devices, glo
     first_update = run.counters["update"] + 1
     learner_policy_version = run.counters["update"]
     param_queues, rollout_queues, threads = start_actors(
-        args, sizes, run, network, agent_devices, first_update
+        args=args,
+        sizes=sizes,
+        run=run,
+        network=network,
+        agent_devices=agent_devices,
+        first_update=first_update,
     )
     with run.learner_loop(threads) as end:
         for update in range(first_update, sizes.num_updates + 1):
@@ -991,7 +996,9 @@ def train_async(args: Args, sizes: Sizes, network, state, run, agent_devices):
     all agents."""
     board = Board(params=[None] * args.num_agents, updates=[0] * args.num_agents, started=[])
     mailboxes = [Mailbox() for _ in range(args.num_agents)]
-    param_queues, rollout_queues, threads = start_actors(args, sizes, run, network, agent_devices)
+    param_queues, rollout_queues, threads = start_actors(
+        args=args, sizes=sizes, run=run, network=network, agent_devices=agent_devices
+    )
     for agent, device in enumerate(agent_devices):
         agent_state = jax.device_put(jax.tree.map(operator.itemgetter(agent), state), device)
         board.params[agent] = agent_state.params
@@ -1052,12 +1059,31 @@ def train(args: Args):
     agent_devices = jax.local_devices()[:local_agents]
     global_devices = distributed.global_learner_devices(range(local_agents))
     network, state, counters = init_state(args, sizes)
-    run = open_run(args, sizes, __file__, counters, global_devices)
+    run = open_run(
+        args=args,
+        sizes=sizes,
+        script_path=__file__,
+        counters=counters,
+        global_learner_devices=global_devices,
+    )
     if args.gossip == "async":
-        consensus_params, version = train_async(args, sizes, network, state, run, agent_devices)
+        consensus_params, version = train_async(
+            args=args,
+            sizes=sizes,
+            network=network,
+            state=state,
+            run=run,
+            agent_devices=agent_devices,
+        )
     else:
         consensus_params, version = train_sync(
-            args, sizes, network, state, run, agent_devices, global_devices
+            args=args,
+            sizes=sizes,
+            network=network,
+            state=state,
+            run=run,
+            agent_devices=agent_devices,
+            global_devices=global_devices,
         )
     global_step = version * sizes.steps_per_update
 
