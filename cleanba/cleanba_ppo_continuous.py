@@ -26,6 +26,7 @@ hides in `info`) is not counted; every observation the policy acted on is.
 """
 
 import dataclasses
+import functools
 import os
 import queue
 import time
@@ -370,7 +371,7 @@ def sample_actions(mean, log_std, key, step, env_ids):
     return mean + jnp.exp(log_std) * noise
 
 
-class Steps(NamedTuple):
+class Trajectories(NamedTuple):
     """One rollout, env-major (envs, steps, ...): raw observations and rewards, the unclipped
     actions and their log-probabilities, the values (one more step: the bootstrap), each
     environment's discounted return so far (what scales the rewards), and the reset steps (envpool's
@@ -390,20 +391,22 @@ class Steps(NamedTuple):
 
 class Rollout(NamedTuple):
     """What an actor thread puts on its rollout queue: the learner update it is for, the version of
-    the policy that played it and the normalizer statistics it played with, its Steps with one slice
-    of environments per learner device, and the seconds the actor spent waiting for parameters,
-    playing, stepping and inferring."""
+    the policy that played it and the normalizer statistics it played with, its trajectories with
+    one slice of environments per learner device, and the seconds the actor spent waiting for
+    parameters, playing, stepping and inferring."""
 
     update: int
     policy_version: int
     normalizer: Normalizer
-    steps: Steps
+    data: Trajectories
     timing: dict
 
 
-def empty_steps(num_envs: int, num_steps: int, obs_dim: int, action_dim: int, env_ids) -> Steps:
+def empty_trajectories(
+    num_envs: int, num_steps: int, obs_dim: int, action_dim: int, env_ids
+) -> Trajectories:
     per_step = lambda dtype, *shape: np.zeros((num_envs, num_steps, *shape), dtype)
-    return Steps(
+    return Trajectories(
         obs=per_step(np.float32, obs_dim),
         actions=per_step(np.float32, action_dim),
         logprobs=per_step(np.float32),
@@ -461,7 +464,7 @@ def actor(args, sizes, run, network, first_update, env_offset, devices, param_qu
         rollout_start = time.time()
         inference_time = 0.0
         env_step_time = 0.0
-        steps = empty_steps(
+        data = empty_trajectories(
             num_envs=args.local_num_envs,
             num_steps=args.num_steps,
             obs_dim=next_obs.shape[1],
@@ -482,25 +485,25 @@ def actor(args, sizes, run, network, first_update, env_offset, devices, param_qu
             env_step_time += time.time() - tic
             # Each environment's discounted return, restarted with each episode.
             discounted_return = discounted_return * args.gamma + reward
-            steps.obs[:, step] = next_obs
-            steps.actions[:, step] = action
-            steps.logprobs[:, step] = logprob
-            steps.values[:, step] = value
-            steps.rewards[:, step] = reward
-            steps.discounted_returns[:, step] = discounted_return
-            steps.terminations[:, step] = terminated
-            steps.truncations[:, step] = truncated
-            steps.is_reset[:, step] = next_is_reset
+            data.obs[:, step] = next_obs
+            data.actions[:, step] = action
+            data.logprobs[:, step] = logprob
+            data.values[:, step] = value
+            data.rewards[:, step] = reward
+            data.discounted_returns[:, step] = discounted_return
+            data.terminations[:, step] = terminated
+            data.truncations[:, step] = truncated
+            data.is_reset[:, step] = next_is_reset
             done = terminated | truncated
             discounted_return[done] = 0.0
             episodes.step(reward, done, next_is_reset, policy_step * sizes.num_envs)
             next_obs = flat_observation(obs)
             next_is_reset = done
 
-        steps.values[:, -1] = get_value(policy, jax.device_put(next_obs, actor_device))
+        data.values[:, -1] = get_value(policy, jax.device_put(next_obs, actor_device))
         # One slice of environments per learner device: a single host-to-device copy of the whole
         # rollout, overlapped with the learner's work.
-        by_device = jax.tree.map(lambda x: x.reshape(len(learner_devices), -1, *x.shape[1:]), steps)
+        by_device = jax.tree.map(lambda x: x.reshape(len(learner_devices), -1, *x.shape[1:]), data)
         timing = dict(
             param_queue_get_time=param_queue_get_time,
             rollout_time=time.time() - rollout_start,
@@ -511,7 +514,7 @@ def actor(args, sizes, run, network, first_update, env_offset, devices, param_qu
             update=update,
             policy_version=policy_version,
             normalizer=jax.device_get(policy.normalizer),
-            steps=jax.device_put(by_device, learner_sharding),
+            data=jax.device_put(by_device, learner_sharding),
             timing=timing,
         )
         queue_put(rollout_queue, rollout, run.stop)
@@ -547,7 +550,7 @@ def evaluate(saved_policy: dict, args: Args, num_episodes: int, seed: int) -> li
 # === Loss ===
 
 
-def gae(rewards, values, terminations, truncations, gamma, gae_lambda):
+def gae(rewards, values, terminations, truncations, *, gamma, gae_lambda):
     """Advantages and returns of one environment's rollout; `values` has one more entry (the
     bootstrap).
 
@@ -575,7 +578,7 @@ class Batch(NamedTuple):
     valid: jax.Array
 
 
-def ppo_loss(params, apply_fn, batch: Batch, count, clip_coef, ent_coef, vf_coef, clip_vloss):
+def ppo_loss(params, apply_fn, batch: Batch, count, *, clip_coef, ent_coef, vf_coef, clip_vloss):
     """Sums of per-sample losses over this device's valid samples, divided by the global count."""
     obs = batch.obs.reshape(-1, batch.obs.shape[-1])
     mean, log_std, value = apply_fn(params, obs)
@@ -640,7 +643,19 @@ def init_state(args: Args, sizes: Sizes):
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
     checkpoint = resume_from(run_dir_of(args), state, identity) if args.resume else None
     state, counters = checkpoint or (state, dict(update=0, wall_time_s=0.0))
-    return network, state, dict(counters, **identity)
+    counters = dict(
+        update=counters["update"],
+        wall_time_s=counters["wall_time_s"],
+        sizes=identity["sizes"],
+        seed=identity["seed"],
+    )
+    return network, state, counters
+
+
+def take_steps(x, steps):
+    """`x[e, steps[e, i]]` for every environment e: the chosen steps of each environment's
+    rollout."""
+    return jnp.take_along_axis(x, steps.reshape(*steps.shape, *[1] * (x.ndim - 2)), axis=1)
 
 
 def make_update(args: Args, learner_devices: list):
@@ -657,10 +672,8 @@ def make_update(args: Args, learner_devices: list):
     epochs of a scan over minibatches): the network is small enough to need no gradient
     accumulation."""
     learner_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 2)
-    chunk = args.num_steps // args.num_minibatches
-    take = lambda x, steps: jnp.take_along_axis(
-        x, steps.reshape(*steps.shape, *[1] * (x.ndim - 2)), axis=1
-    )
+    minibatch_steps = args.num_steps // args.num_minibatches
+    per_env_gae = functools.partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda)
 
     def normalized_advantages(batch: Batch, count):
         """Per minibatch, over every learner device; the standard deviation with Bessel's
@@ -671,34 +684,33 @@ def make_update(args: Args, learner_devices: list):
         return (batch.advantages - mean) / (std + 1e-8)
 
     def update_on_device(state: LearnerState, rollouts, played: Normalizer, update):
-        steps = jax.tree.map(lambda *xs: jnp.concatenate(xs), *rollouts)
-        advantages, returns = jax.vmap(gae, in_axes=(0, 0, 0, 0, None, None))(
-            scale_rewards(played.returns, steps.rewards),
-            steps.values,
-            steps.terminations.astype(jnp.float32),
-            steps.truncations.astype(jnp.float32),
-            args.gamma,
-            args.gae_lambda,
+        data = jax.tree.map(lambda *xs: jnp.concatenate(xs), *rollouts)
+        advantages, returns = jax.vmap(per_env_gae)(
+            scale_rewards(played.returns, data.rewards),
+            data.values,
+            data.terminations.astype(jnp.float32),
+            data.truncations.astype(jnp.float32),
         )
         rollout = Batch(
-            obs=normalize_observations(played.obs, steps.obs),
-            actions=steps.actions,
-            logprobs=steps.logprobs,
-            values=steps.values[:, :-1],
+            obs=normalize_observations(played.obs, data.obs),
+            actions=data.actions,
+            logprobs=data.logprobs,
+            values=data.values[:, :-1],
             returns=returns,
             advantages=advantages,
-            valid=1.0 - steps.is_reset.astype(jnp.float32),
+            valid=1.0 - data.is_reset.astype(jnp.float32),
         )
 
         def epoch_step(state, epoch):
             epoch_key = jax.random.fold_in(jax.random.fold_in(learner_key, update), epoch)
             orders = jax.vmap(
                 lambda g: jax.random.permutation(jax.random.fold_in(epoch_key, g), args.num_steps)
-            )(steps.env_ids)
+            )(data.env_ids)
 
             def minibatch_step(state, minibatch):
-                picked = jax.lax.dynamic_slice_in_dim(orders, minibatch * chunk, chunk, axis=1)
-                batch = jax.tree.map(lambda x: take(x, picked), rollout)
+                first = minibatch * minibatch_steps
+                picked = jax.lax.dynamic_slice_in_dim(orders, first, minibatch_steps, axis=1)
+                batch = jax.tree.map(lambda x: take_steps(x, picked), rollout)
                 count = jnp.maximum(jax.lax.psum(batch.valid.sum(), "devices"), 1.0)
                 if args.norm_adv:
                     batch = batch._replace(advantages=normalized_advantages(batch, count))
@@ -721,10 +733,8 @@ def make_update(args: Args, learner_devices: list):
 
         state, metrics = jax.lax.scan(epoch_step, state, jnp.arange(args.update_epochs))
         normalizer = Normalizer(
-            obs=updated_stats(state.normalizer.obs, steps.obs, rollout.valid),
-            returns=updated_stats(
-                state.normalizer.returns, steps.discounted_returns, rollout.valid
-            ),
+            obs=updated_stats(state.normalizer.obs, data.obs, rollout.valid),
+            returns=updated_stats(state.normalizer.returns, data.discounted_returns, rollout.valid),
         )
         return state.replace(normalizer=normalizer), jax.tree.map(jnp.mean, metrics)
 
@@ -751,11 +761,15 @@ def start_actors(args, sizes, run, network, first_update, actor_devices, learner
     threads = []
     for device_index, actor_device in enumerate(actor_devices):
         for thread_id in range(args.num_actor_threads):
-            thread_index = jax.process_index() * len(actor_devices) + device_index
-            thread_index = thread_index * args.num_actor_threads + thread_id
+            device_number = jax.process_index() * len(actor_devices) + device_index
+            thread_index = device_number * args.num_actor_threads + thread_id
             param_queues.append(queue.Queue(maxsize=1))
             rollout_queues.append(queue.Queue(maxsize=1))
-            kwargs = dict(
+            thread = start_thread(
+                target=actor,
+                name=f"actor-{thread_index}",
+                stop=run.stop,
+                failures=run.failures,
                 args=args,
                 sizes=sizes,
                 run=run,
@@ -766,44 +780,53 @@ def start_actors(args, sizes, run, network, first_update, actor_devices, learner
                 param_queue=param_queues[-1],
                 rollout_queue=rollout_queues[-1],
             )
-            threads.append(
-                start_thread(actor, f"actor-{thread_index}", run.stop, run.failures, **kwargs)
-            )
+            threads.append(thread)
     return param_queues, rollout_queues, threads
 
 
 def host_policy(state: LearnerState) -> Policy:
+    """The policy the actors play with next: this process's first replica of the learner's."""
     return first_replica(Policy(params=state.params, normalizer=state.normalizer))
 
 
-def log_update(args, sizes, run, update, rollouts, metrics, stats):
+def log_update(args, sizes, run, update, rollouts, metrics, learner_stats):
     """TensorBoard every update; the losses and a console line every --log-frequency updates."""
     global_step = update * sizes.steps_per_update
     timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
-    run.log({f"stats/{key}": value for key, value in (timing | stats).items()}, global_step)
-    charts = {
-        "charts/SPS": run.sps(global_step),
-        "charts/learning_rate": learning_rate_at(args, sizes, update),
-    }
-    run.log(charts, global_step)
+    actor_policy_version = rollouts[0].policy_version
+    run.log(
+        {
+            "stats/param_queue_get_time": timing["param_queue_get_time"],
+            "stats/rollout_time": timing["rollout_time"],
+            "stats/inference_time": timing["inference_time"],
+            "stats/env_step_time": timing["env_step_time"],
+            "stats/rollout_queue_get_time": learner_stats["rollout_queue_get_time"],
+            "stats/learn_time": learner_stats["learn_time"],
+            "stats/actor_policy_version": actor_policy_version,
+            "stats/learner_policy_version": learner_stats["learner_policy_version"],
+            "charts/SPS": run.sps(global_step),
+            "charts/learning_rate": learning_rate_at(args, sizes, update),
+        },
+        global_step,
+    )
     if update % args.log_frequency and update != sizes.num_updates:
         return
     losses = jax.device_get(first_replica(metrics))
     run.log({f"losses/{key}": value for key, value in losses.items()}, global_step)
     details = (
-        f"policy actor={stats['actor_policy_version']} learner={stats['learner_policy_version']} "
-        f"wait rollout={stats['rollout_queue_get_time']:.2f}s "
+        f"policy actor={actor_policy_version} learner={learner_stats['learner_policy_version']} "
+        f"wait rollout={learner_stats['rollout_queue_get_time']:.2f}s "
         f"param={timing['param_queue_get_time']:.2f}s"
     )
     run.print_progress(update, global_step, details)
 
 
-def evaluate_during_training(args, sizes, run, state, update):
+def evaluate_during_training(args, run, state, global_step: int):
     """--eval-every: the mean return of --eval-episodes episodes, logged as charts/eval_return."""
     saved_policy = flax.serialization.to_state_dict(jax.device_get(host_policy(state)))
     returns = evaluate(saved_policy, args, args.eval_episodes, args.seed + 1_000_000)
-    run.log({"charts/eval_return": np.mean(returns)}, update * sizes.steps_per_update)
-    print(f"eval at update {update}: mean return {np.mean(returns):.1f}", flush=True)
+    run.log({"charts/eval_return": np.mean(returns)}, global_step)
+    print(f"eval at step {global_step}: mean return {np.mean(returns):.1f}", flush=True)
 
 
 def train(args: Args):
@@ -816,49 +839,62 @@ def train(args: Args):
     state = replicate(state, learner_devices)
     update_fn = make_update(args, global_learner_devices)
     learner_policy_version = counters["update"]
-    first_update = learner_policy_version + 1
+    first_update = counters["update"] + 1
     param_queues, rollout_queues, threads = start_actors(
-        args, sizes, run, network, first_update, actor_devices, learner_devices
+        args=args,
+        sizes=sizes,
+        run=run,
+        network=network,
+        first_update=first_update,
+        actor_devices=actor_devices,
+        learner_devices=learner_devices,
     )
     with run.learner_loop(threads) as end:
         send_params(
-            host_policy(state), learner_policy_version, actor_devices, param_queues, run.stop
+            host_policy(state),
+            policy_version=learner_policy_version,
+            actor_devices=actor_devices,
+            param_queues=param_queues,
+            stop=run.stop,
         )
         for update in range(first_update, sizes.num_updates + 1):
             wait_start = time.time()
             rollouts = [queue_get(q, run.stop) for q in rollout_queues]
             rollout_queue_get_time = time.time() - wait_start
             check_policy_lag(
-                rollouts, update, learner_policy_version, args.concurrency, first_update
+                rollouts,
+                update=update,
+                learner_policy_version=learner_policy_version,
+                concurrency=args.concurrency,
+                first_update=first_update,
             )
             learn_start = time.time()
-            # Every rollout of an update was played by the same policy version, so with the same
+            # The rollouts of an update were all played by one policy version, so with the same
             # statistics.
             played_normalizer = replicate(rollouts[0].normalizer, learner_devices)
             state, metrics = update_fn(
-                state, tuple(r.steps for r in rollouts), played_normalizer, np.int32(update)
+                state, tuple(r.data for r in rollouts), played_normalizer, np.int32(update)
             )
             jax.block_until_ready(state)
             learner_policy_version += 1
-            stats = dict(
+            learner_stats = dict(
                 rollout_queue_get_time=rollout_queue_get_time,
                 learn_time=time.time() - learn_start,
-                actor_policy_version=rollouts[0].policy_version,
                 learner_policy_version=learner_policy_version,
             )
-            log_update(args, sizes, run, update, rollouts, metrics, stats)
+            log_update(args, sizes, run, update, rollouts, metrics, learner_stats)
             if args.eval_every and update % args.eval_every == 0 and run.is_main:
-                evaluate_during_training(args, sizes, run, state, update)
+                evaluate_during_training(args, run, state, update * sizes.steps_per_update)
             end.exit_code = run.after_update(state, update)
             if end.exit_code:
                 break
             if update < sizes.num_updates:
                 send_params(
                     host_policy(state),
-                    learner_policy_version,
-                    actor_devices,
-                    param_queues,
-                    run.stop,
+                    policy_version=learner_policy_version,
+                    actor_devices=actor_devices,
+                    param_queues=param_queues,
+                    stop=run.stop,
                 )
     saved_policy = flax.serialization.to_state_dict(jax.device_get(host_policy(state)))
     run.finish(saved_policy, learner_policy_version, evaluate)

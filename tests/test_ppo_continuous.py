@@ -95,11 +95,11 @@ def test_gae_truncation_bootstraps_from_the_last_observation_hand_computed():
     values = jnp.array([0.5, 1.0, 4.0, 2.0, 8.0])
     no_end = jnp.zeros(4)
     truncated = jnp.array([0.0, 1.0, 0.0, 0.0])
-    advantages, returns = ppo.gae(rewards, values, no_end, truncated, 0.5, 0.5)
+    advantages, returns = ppo.gae(rewards, values, no_end, truncated, gamma=0.5, gae_lambda=0.5)
     np.testing.assert_allclose(advantages, [1.75, 3.0, -1.75, 5.0])
     np.testing.assert_allclose(returns, [2.25, 4.0, 2.25, 7.0])
     # Terminated instead: no bootstrap, A1 = 2 - 1.
-    advantages, _ = ppo.gae(rewards, values, truncated, no_end, 0.5, 0.5)
+    advantages, _ = ppo.gae(rewards, values, truncated, no_end, gamma=0.5, gae_lambda=0.5)
     np.testing.assert_allclose(advantages, [1.25, 1.0, -1.75, 5.0])
 
 
@@ -136,7 +136,7 @@ class RecordingEnv:
 
 def recording_queue_put(q, item, stop):
     if isinstance(item, script.Rollout):
-        stored.append(np.asarray(item.steps.actions)[0])
+        stored.append(np.asarray(item.data.actions)[0])
     return queue_put(q, item, stop)
 
 
