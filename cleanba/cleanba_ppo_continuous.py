@@ -2,9 +2,9 @@
 tasks, with the hyperparameters of CleanRL's `ppo_continuous_action.py`.
 
 The default layout, 8 environments x 256 steps, keeps CleanRL's batch of 2048 steps but needs 256
-policy calls per rollout instead of 2048: on 2 CPU cores a call costs about as much as 8 MuJoCo
-steps, so the defaults run about 3x faster than `--local-num-envs 1 --num-steps 2048`, CleanRL's
-exact layout (which this script also runs).
+policy calls per rollout instead of 2048: on 2 CPU cores a call costs about as much as one step
+of 8 MuJoCo environments (0.25 ms), so the defaults run about 3x faster than `--local-num-envs 1
+--num-steps 2048`, CleanRL's exact layout (which this script also runs).
 
 Actor threads collect rollouts, a pmap'd learner trains on them. Each actor thread owns one
 `param_queue` and one `rollout_queue` (both maxsize 1). With `--concurrency` the actor skips its
@@ -26,8 +26,9 @@ uses: the wrappers update their statistics at every step, before normalizing tha
 in each process; here the statistics move once per rollout, so an actor plays with statistics up to
 one rollout old (two with `--concurrency`), and the first rollout is played with the initial ones
 (mean 0, variance 1). The batched update is the wrappers' parallel-moments formula, so over the same
-data the statistics agree up to rounding. The observation a truncated episode ends with (which gym
-hides in `info`) is not counted; every observation the policy acted on is.
+data the statistics agree up to rounding. As with the wrappers, every observation the policy acted
+on is counted, and the observation an episode ends with (envpool returns it on the episode's last
+step, gym's vector environments in `info`) is not.
 """
 
 import dataclasses
@@ -341,6 +342,7 @@ def gaussian_log_prob(mean, log_std, action):
 
 
 def gaussian_entropy(log_std):
+    """The diagonal Gaussian's entropy, which depends on its standard deviation only."""
     return (0.5 + 0.5 * jnp.log(2 * jnp.pi) + log_std).sum(-1)
 
 
