@@ -15,6 +15,7 @@ import argparse
 import csv
 import json
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -124,7 +125,12 @@ def plot(names: list[str], work_dir: Path, path: Path):
             returns = np.array([value for _, value in curve])
             window = np.ones(LAST_EPISODES) / LAST_EPISODES
             smoothed = np.convolve(returns, window, mode="valid")
-            ax.plot(steps[LAST_EPISODES - 1 :], smoothed, label=f"{mode}, seed {seed}")
+            ax.plot(
+                steps[LAST_EPISODES - 1 :],
+                smoothed,
+                linestyle="-" if mode == "defaults" else ":",
+                label=f"{mode}, seed {seed}",
+            )
         reference, spread = CLEANRL[env_id]
         ax.axhspan(reference - spread, reference + spread, color="grey", alpha=0.2)
         ax.axhline(reference, color="grey", linestyle="--", label=f"CleanRL 1M ({reference})")
@@ -168,7 +174,7 @@ def report(work_dir: Path, out: Path, date: str, note: str, argv: list[str]):
                 f"{np.std(finals):.0f} | {reference} ± {spread} |"
             )
     missing = [name for name in RUNS if name not in names]
-    commands = "\n".join(command_line([f"cleanba/{SCRIPT}.py", *command_of(n)[1:]]) for n in names)
+    commands = "\n".join(shlex.join(["python", *command_of(name)]) for name in names)
     out.write_text(
         f"# MuJoCo learning on a CPU ({date})\n\n"
         f"Machine: {platform.machine()}, 2 CPU cores, 24 GiB, Python "
