@@ -1,9 +1,11 @@
-"""envpool environments as every script makes them: which tasks are Atari games, the Atari protocol
-of Machado et al. (2018), and how many worker threads an envpool instance gets."""
+"""envpool environments as every script makes them: which tasks are Atari games and which have
+continuous actions, the Atari protocol of Machado et al. (2018), and how many worker threads an
+envpool instance gets."""
 
 import os
 
 import envpool
+import numpy as np
 
 MACHADO_ATARI = dict(
     repeat_action_probability=0.25,
@@ -32,3 +34,8 @@ def envpool_num_threads(requested: int | None, num_envs: int, instances: int) ->
     # sched_getaffinity counts the CPUs this process may use (a SLURM allocation), not the node's.
     cpus_per_instance = len(os.sched_getaffinity(0)) // instances
     return max(1, min(num_envs, cpus_per_instance))
+
+
+def is_continuous(env_id: str) -> bool:
+    """Tasks whose actions are vectors of reals (MuJoCo, dm_control), not the index of a choice."""
+    return np.issubdtype(envpool.make_spec(env_id).action_space.dtype, np.floating)

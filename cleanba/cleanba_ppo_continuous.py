@@ -1,0 +1,921 @@
+"""Cleanba PPO for continuous control: a diagonal Gaussian policy on envpool's MuJoCo and dm_control
+tasks, with the hyperparameters of CleanRL's `ppo_continuous_action.py`.
+
+The default layout, 8 environments x 256 steps, keeps CleanRL's batch of 2048 steps but needs 256
+policy calls per rollout instead of 2048: on 2 CPU cores a call costs about as much as one step
+of 8 MuJoCo environments (0.25 ms), so the defaults run about 3x faster than `--local-num-envs 1
+--num-steps 2048`, CleanRL's exact layout (which this script also runs).
+
+Actor threads collect rollouts, a pmap'd learner trains on them. Each actor thread owns one
+`param_queue` and one `rollout_queue` (both maxsize 1). With `--concurrency` the actor skips its
+parameter fetch on its second rollout, so the learner always trains on data from the policy exactly
+one version behind; without it (the default) actor and learner take turns and the lag is zero.
+
+Observation normalization and reward scaling. The running statistics (mean and variance of the
+observations; variance of each environment's discounted return) belong to the learner, are saved
+with its checkpoints and with the model, and travel to the actors with the parameters. An actor
+plays a whole rollout with the statistics it received (frozen), and returns the raw observations
+and rewards with its environments' discounted-return accumulators. The learner normalizes the
+rollout with the statistics the actor played with, trains on it, then folds the whole rollout's
+observations and returns into the statistics at once: one batched mean / variance update over every
+environment of the run, summed in a fixed order. The statistics therefore never depend on thread
+timing or on the layout (threads, learner devices, processes) beyond float rounding.
+
+How this differs from gym's `NormalizeObservation` / `NormalizeReward` wrappers, which CleanRL
+uses: the wrappers update their statistics at every step, before normalizing that step, separately
+in each process; here the statistics move once per rollout, so an actor plays with statistics up to
+one rollout old (two with `--concurrency`), and the first rollout is played with the initial ones
+(mean 0, variance 1). The batched update is the wrappers' parallel-moments formula, so over the same
+data the statistics agree up to rounding. As with the wrappers, every observation the policy acted
+on is counted, and the observation an episode ends with (envpool returns it on the episode's last
+step, gym's vector environments in `info`) is not.
+"""
+
+import dataclasses
+import functools
+import os
+import queue
+import time
+import types
+from typing import NamedTuple
+
+import envpool
+import flax.linen as nn
+import flax.serialization
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import rlax
+from flax.training.train_state import TrainState
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from cleanba_utils import distributed, parsing
+from cleanba_utils.checkpoints import resume_from
+from cleanba_utils.envs import envpool_num_threads, is_continuous
+from cleanba_utils.handoff import check_policy_lag, send_params
+from cleanba_utils.parsing import fail
+from cleanba_utils.run import open_run, run_dir_of
+from cleanba_utils.run_files import first_replica, replicate
+from cleanba_utils.threads import queue_get, queue_put, start_thread
+
+# === Args ===
+
+
+@dataclasses.dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment: environments, action sampling, initialization and minibatch order"""
+    run_name: str | None = None
+    """name of the run folder under `runs/` (default: `{env_id}__{exp_name}__{seed}__{unix time}`)
+    """
+    group: str = ""
+    """free-form label of the experiment this run belongs to, recorded in spec.json"""
+    track: bool = False
+    """log to Weights & Biases"""
+    wandb_project_name: str = "cleanba"
+    """the Weights & Biases project"""
+    wandb_entity: str | None = None
+    """the Weights & Biases entity (team)"""
+    save_model: bool = False
+    """save the final parameters and normalizer statistics to
+    `runs/{run_name}/{exp_name}.cleanba_model`"""
+    eval_episodes: int = 0
+    """play this many episodes with the mean action after training (and every --eval-every updates)
+    and log their returns"""
+    eval_every: int = 0
+    """also evaluate every this many updates, logged as charts/eval_return (0: only at the end)"""
+    log_frequency: int = 10
+    """print and log losses every this many updates"""
+
+    env_id: str = "HalfCheetah-v4"
+    """the id of the envpool environment (continuous actions: MuJoCo or dm_control)"""
+    total_timesteps: int = 1_000_000
+    """total environment steps of the run"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to zero over the run"""
+    local_num_envs: int = 8
+    """the number of environments of each actor thread"""
+    num_actor_threads: int = 1
+    """the number of actor threads per actor device"""
+    envpool_num_threads: int | None = None
+    """worker threads of each envpool instance (default: CPUs / actor threads); results do not
+    depend on it"""
+    num_steps: int = 256
+    """the number of steps each environment runs per rollout"""
+    gamma: float = 0.99
+    """the discount factor (of the advantages and of the returns that scale the rewards)"""
+    gae_lambda: float = 0.95
+    """the lambda of generalized advantage estimation"""
+    num_minibatches: int = 32
+    """the number of minibatches per epoch"""
+    update_epochs: int = 10
+    """the number of epochs over each rollout"""
+    norm_adv: bool = True
+    """normalize advantages with the statistics of the whole minibatch"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """clip the value loss: per sample, the larger of the squared errors of the new value and of the
+    rollout's value moved towards it by at most --clip-coef"""
+    ent_coef: float = 0.0
+    """the entropy coefficient"""
+    vf_coef: float = 0.5
+    """the value function coefficient"""
+    max_grad_norm: float = 0.5
+    """the maximum global norm of the gradient"""
+    hiddens: tuple[int, ...] = (64, 64)
+    """the sizes of the tanh hidden layers of each of the separate actor and critic MLPs"""
+
+    actor_device_ids: tuple[int, ...] = (0,)
+    """the local device ids that run actor threads"""
+    learner_device_ids: tuple[int, ...] = (0,)
+    """the local device ids the learner update is pmap'd over"""
+    concurrency: bool = False
+    """let actors collect the next rollout while the learner trains (policy lag 1 instead of 0)"""
+    distributed: bool = False
+    """join a multi-process run with jax.distributed (configured by SLURM or the three options
+    below)"""
+    coordinator_address: str | None = None
+    """host:port of process 0, for --distributed outside SLURM"""
+    num_processes: int | None = None
+    """the number of processes, for --distributed outside SLURM"""
+    process_id: int | None = None
+    """this process's index in 0 .. num_processes - 1, for --distributed outside SLURM"""
+    checkpoint_every: int = 0
+    """save a checkpoint every this many updates (0: only at the end and on SIGTERM / SIGUSR1)"""
+    resume: bool = False
+    """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is
+    none)"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    num_envs: int
+    steps_per_update: int
+    minibatch_size: int
+    num_updates: int
+
+
+def sizes_of(args: Args, num_processes: int) -> Sizes:
+    num_envs = args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids)
+    num_envs *= num_processes
+    steps_per_update = num_envs * args.num_steps
+    return Sizes(
+        num_envs=num_envs,
+        steps_per_update=steps_per_update,
+        minibatch_size=steps_per_update // args.num_minibatches,
+        num_updates=args.total_timesteps // steps_per_update,
+    )
+
+
+def parse_args(argv=None) -> Args:
+    args = parsing.parse_args(Args, argv)
+    validate(args)
+    return args
+
+
+def validate(args: Args):
+    """Checks every argument that needs no device, before any other work; exits 2 on the first
+    problem."""
+    positive = "total_timesteps learning_rate local_num_envs num_actor_threads num_steps"
+    positive += " num_minibatches update_epochs clip_coef max_grad_norm log_frequency"
+    non_negative = "ent_coef vf_coef eval_episodes eval_every checkpoint_every"
+    parsing.check_signs(args, positive.split(), non_negative.split())
+    parsing.check_in(args, "gamma", 0, 1, low_open=True)
+    parsing.check_in(args, "gae_lambda", 0, 1)
+    if args.eval_every and not args.eval_episodes:
+        fail("--eval-every needs --eval-episodes: the number of episodes of each evaluation")
+    if args.env_id not in envpool.list_all_envs():
+        fail(
+            f"--env-id {args.env_id} is not an envpool environment; try HalfCheetah-v4 or "
+            "CheetahRun-v1"
+        )
+    if not is_continuous(args.env_id):
+        fail(f"--env-id {args.env_id} has discrete actions; train it with cleanba_ppo.py")
+    # The shared checks cover an image network's channels too; this MLP has none.
+    parsing.check_run_options(types.SimpleNamespace(**vars(args), channels=()))
+
+
+def validate_layout(args: Args):
+    """The checks that need the devices (and, with --distributed, the number of processes)."""
+    sizes = sizes_of(args, jax.process_count())
+    parsing.check_devices(args, sizes.num_updates, sizes.steps_per_update)
+    if args.num_steps % args.num_minibatches:
+        fail(
+            f"--num-steps {args.num_steps} must be divisible by --num-minibatches "
+            f"{args.num_minibatches}: a minibatch takes an equal chunk of every environment's steps"
+        )
+
+
+# === Environment ===
+
+
+def make_env(args: Args, seed: int, num_envs: int):
+    """envpool seeds its environment i with `seed + i`. Episodes end on termination or at the task's
+    time limit (1000 steps for MuJoCo and dm_control), which envpool reports as a truncation."""
+    instances = args.num_actor_threads * len(args.actor_device_ids)
+    return envpool.make(
+        args.env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        num_threads=envpool_num_threads(args.envpool_num_threads, num_envs, instances),
+    )
+
+
+def flat_observation(obs) -> np.ndarray:
+    """float32 (envs, features). dm_control tasks observe a dict of arrays: their features are
+    concatenated in sorted key order."""
+    if isinstance(obs, dict):
+        return np.concatenate(
+            [np.asarray(obs[key], np.float32).reshape(len(obs[key]), -1) for key in sorted(obs)],
+            axis=1,
+        )
+    return np.asarray(obs, np.float32)
+
+
+# === Normalization ===
+
+OBS_CLIP = 10.0
+REWARD_CLIP = 10.0
+EPSILON = 1e-8
+
+
+class MeanVar(NamedTuple):
+    """Running statistics of a stream of samples; the count starts at 1e-4 (mean 0, variance 1), as
+    gym's RunningMeanStd."""
+
+    mean: jax.Array
+    var: jax.Array
+    count: jax.Array
+
+
+class Normalizer(NamedTuple):
+    """The observations' statistics (per feature) and the discounted returns' (a scalar)."""
+
+    obs: MeanVar
+    returns: MeanVar
+
+
+def initial_normalizer(obs_dim: int) -> Normalizer:
+    fresh = lambda shape: MeanVar(
+        mean=np.zeros(shape, np.float32),
+        var=np.ones(shape, np.float32),
+        count=np.float32(1e-4),
+    )
+    return Normalizer(obs=fresh((obs_dim,)), returns=fresh(()))
+
+
+def normalize_observations(stats: MeanVar, obs):
+    return jnp.clip((obs - stats.mean) / jnp.sqrt(stats.var + EPSILON), -OBS_CLIP, OBS_CLIP)
+
+
+def scale_rewards(stats: MeanVar, rewards):
+    """Divided by the standard deviation of the discounted return (not centered), then clipped."""
+    return jnp.clip(rewards / jnp.sqrt(stats.var + EPSILON), -REWARD_CLIP, REWARD_CLIP)
+
+
+def combined(stats: MeanVar, batch: MeanVar) -> MeanVar:
+    """The statistics of the union of two sets of samples (Chan et al.'s parallel formula)."""
+    delta = batch.mean - stats.mean
+    count = stats.count + batch.count
+    mean = stats.mean + delta * batch.count / count
+    sum_of_squares = stats.var * stats.count + batch.var * batch.count
+    sum_of_squares += delta**2 * stats.count * batch.count / count
+    return MeanVar(mean=mean, var=sum_of_squares / count, count=count)
+
+
+def updated_stats(stats: MeanVar, samples, valid) -> MeanVar:
+    """`stats` with the valid samples of (envs, steps, ...) arrays of every learner device (inside
+    the learner's pmap): a two-pass mean and variance of the batch, then `combined`."""
+    weights = valid.reshape(*valid.shape, *[1] * (samples.ndim - valid.ndim))
+    count = jax.lax.psum(valid.sum(), "devices")
+    safe_count = jnp.maximum(count, 1.0)
+    mean = jax.lax.psum((samples * weights).sum((0, 1)), "devices") / safe_count
+    var = jax.lax.psum((((samples - mean) ** 2) * weights).sum((0, 1)), "devices") / safe_count
+    return combined(stats, MeanVar(mean=mean, var=var, count=count))
+
+
+# === Network ===
+
+
+class MLP(nn.Module):
+    """tanh hidden layers and a linear output, orthogonally initialized (scale sqrt 2, then
+    `output_scale`), biases zero."""
+
+    hiddens: tuple[int, ...]
+    outputs: int
+    output_scale: float
+
+    @nn.compact
+    def __call__(self, x):
+        for hidden in self.hiddens:
+            x = nn.tanh(nn.Dense(hidden, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+        return nn.Dense(self.outputs, kernel_init=nn.initializers.orthogonal(self.output_scale))(x)
+
+
+class Network(nn.Module):
+    """Separate actor and critic MLPs on normalized observations (N, D): the actor gives the mean of
+    a diagonal Gaussian whose log standard deviation is a state-independent parameter (initially
+    0)."""
+
+    hiddens: tuple[int, ...]
+    action_dim: int
+
+    @nn.compact
+    def __call__(self, obs):
+        mean = MLP(self.hiddens, self.action_dim, 0.01)(obs)
+        log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+        value = MLP(self.hiddens, 1, 1.0)(obs)[:, 0]
+        return mean, log_std, value
+
+
+def gaussian_log_prob(mean, log_std, action):
+    """log density of `action` under the diagonal Gaussian, summed over the action's dimensions."""
+    z = (action - mean) * jnp.exp(-log_std)
+    return (-0.5 * z**2 - log_std - 0.5 * jnp.log(2 * jnp.pi)).sum(-1)
+
+
+def gaussian_entropy(log_std):
+    """The diagonal Gaussian's entropy, which depends on its standard deviation only."""
+    return (0.5 + 0.5 * jnp.log(2 * jnp.pi) + log_std).sum(-1)
+
+
+# === Actor ===
+
+
+class Policy(NamedTuple):
+    """What the learner sends its actors, and what the model file holds: the parameters and the
+    normalizer statistics to play with."""
+
+    params: dict
+    normalizer: Normalizer
+
+
+def policy_from_dict(saved: dict) -> Policy:
+    """A Policy from its flax state dict (`flax.serialization.to_state_dict`), as the model file
+    holds it."""
+    normalizer = saved["normalizer"]
+    return Policy(
+        params=saved["params"],
+        normalizer=Normalizer(
+            obs=MeanVar(**normalizer["obs"]), returns=MeanVar(**normalizer["returns"])
+        ),
+    )
+
+
+def sample_actions(mean, log_std, key, step, env_ids):
+    """Unclipped Gaussian actions, the noise keyed by (step, global env index): the same draws
+    whatever the layout."""
+    step_key = jax.random.fold_in(key, step)
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_key, env_ids)
+    noise = jax.vmap(lambda k: jax.random.normal(k, mean.shape[1:]))(keys)
+    return mean + jnp.exp(log_std) * noise
+
+
+class Trajectories(NamedTuple):
+    """One rollout, env-major (envs, steps, ...): raw observations and rewards, the unclipped
+    actions and their log-probabilities, the values (one more step: the bootstrap), each
+    environment's discounted return so far (what scales the rewards), and the reset steps (envpool's
+    step after an episode's end, masked out of learning and of the statistics)."""
+
+    obs: np.ndarray
+    actions: np.ndarray
+    logprobs: np.ndarray
+    values: np.ndarray
+    rewards: np.ndarray
+    discounted_returns: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    is_reset: np.ndarray
+    env_ids: np.ndarray
+
+
+class Rollout(NamedTuple):
+    """What an actor thread puts on its rollout queue: the learner update it is for, the version of
+    the policy that played it and the normalizer statistics it played with, its trajectories with
+    one slice of environments per learner device, and the seconds the actor spent waiting for
+    parameters, playing, stepping and inferring."""
+
+    update: int
+    policy_version: int
+    normalizer: Normalizer
+    data: Trajectories
+    timing: dict
+
+
+def empty_trajectories(
+    num_envs: int, num_steps: int, obs_dim: int, action_dim: int, env_ids
+) -> Trajectories:
+    per_step = lambda dtype, *shape: np.zeros((num_envs, num_steps, *shape), dtype)
+    return Trajectories(
+        obs=per_step(np.float32, obs_dim),
+        actions=per_step(np.float32, action_dim),
+        logprobs=per_step(np.float32),
+        values=np.zeros((num_envs, num_steps + 1), np.float32),
+        rewards=per_step(np.float32),
+        discounted_returns=per_step(np.float32),
+        terminations=per_step(bool),
+        truncations=per_step(bool),
+        is_reset=per_step(bool),
+        env_ids=env_ids,
+    )
+
+
+def actor(args, sizes, run, network, first_update, env_offset, devices, param_queue, rollout_queue):
+    """One actor thread: environments with global indices env_offset .. env_offset +
+    local_num_envs - 1. `devices` are its own device and the local learner devices.
+
+    The policy's actions are stored unclipped (their log-probabilities are the Gaussian's); the
+    environments receive them clipped to the action bounds."""
+    actor_device, learner_devices = devices
+    envs = make_env(args, args.seed + env_offset, args.local_num_envs)
+    action_low = envs.action_space.low
+    action_high = envs.action_space.high
+    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
+    env_ids_on_device = jax.device_put(env_ids, actor_device)
+    action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
+    learner_sharding = NamedSharding(
+        Mesh(np.array(learner_devices), ("devices",)), PartitionSpec("devices")
+    )
+
+    @jax.jit
+    def get_action(policy, obs, step):
+        mean, log_std, value = network.apply(
+            policy.params, normalize_observations(policy.normalizer.obs, obs)
+        )
+        action = sample_actions(mean, log_std, action_key, step, env_ids_on_device)
+        return action, gaussian_log_prob(mean, log_std, action), value
+
+    @jax.jit
+    def get_value(policy, obs):
+        return network.apply(policy.params, normalize_observations(policy.normalizer.obs, obs))[2]
+
+    episodes = run.episodes(args.local_num_envs)
+    next_obs = flat_observation(envs.reset()[0])
+    # envpool resets an environment on the step after its episode ended: that step ignores the
+    # action, returns the first observation of the next episode, and is masked out of learning.
+    next_is_reset = np.zeros(args.local_num_envs, dtype=bool)
+    discounted_return = np.zeros(args.local_num_envs)
+    for update in range(first_update, sizes.num_updates + 1):
+        param_wait_start = time.time()
+        if not (args.concurrency and update == first_update + 1):
+            policy_version, policy = queue_get(param_queue, run.stop)
+        param_queue_get_time = time.time() - param_wait_start
+
+        rollout_start = time.time()
+        inference_time = 0.0
+        env_step_time = 0.0
+        data = empty_trajectories(
+            num_envs=args.local_num_envs,
+            num_steps=args.num_steps,
+            obs_dim=next_obs.shape[1],
+            action_dim=action_low.shape[0],
+            env_ids=env_ids,
+        )
+        for step in range(args.num_steps):
+            tic = time.time()
+            policy_step = (update - 1) * args.num_steps + step
+            action, logprob, value = jax.device_get(
+                get_action(policy, jax.device_put(next_obs, actor_device), policy_step)
+            )
+            inference_time += time.time() - tic
+            tic = time.time()
+            obs, reward, terminated, truncated, _ = envs.step(
+                np.clip(action, action_low, action_high)
+            )
+            env_step_time += time.time() - tic
+            # Each environment's discounted return, restarted with each episode.
+            discounted_return = discounted_return * args.gamma + reward
+            data.obs[:, step] = next_obs
+            data.actions[:, step] = action
+            data.logprobs[:, step] = logprob
+            data.values[:, step] = value
+            data.rewards[:, step] = reward
+            data.discounted_returns[:, step] = discounted_return
+            data.terminations[:, step] = terminated
+            data.truncations[:, step] = truncated
+            data.is_reset[:, step] = next_is_reset
+            done = terminated | truncated
+            discounted_return[done] = 0.0
+            episodes.step(reward, done, next_is_reset, policy_step * sizes.num_envs)
+            next_obs = flat_observation(obs)
+            next_is_reset = done
+
+        data.values[:, -1] = get_value(policy, jax.device_put(next_obs, actor_device))
+        # One slice of environments per learner device: a single host-to-device copy of the whole
+        # rollout, overlapped with the learner's work.
+        by_device = jax.tree.map(lambda x: x.reshape(len(learner_devices), -1, *x.shape[1:]), data)
+        timing = dict(
+            param_queue_get_time=param_queue_get_time,
+            rollout_time=time.time() - rollout_start,
+            inference_time=inference_time,
+            env_step_time=env_step_time,
+        )
+        rollout = Rollout(
+            update=update,
+            policy_version=policy_version,
+            normalizer=jax.device_get(policy.normalizer),
+            data=jax.device_put(by_device, learner_sharding),
+            timing=timing,
+        )
+        queue_put(rollout_queue, rollout, run.stop)
+
+
+def evaluate(saved_policy: dict, args: Args, num_episodes: int, seed: int) -> list[float]:
+    """Plays one episode in each of `num_episodes` fresh environments with the mean action (clipped)
+    and the normalizer statistics frozen; `saved_policy` is a Policy's state dict."""
+    policy = policy_from_dict(saved_policy)
+    envs = make_env(args, seed, num_episodes)
+    network = Network(args.hiddens, envs.action_space.shape[0])
+    act = jax.jit(
+        lambda policy, obs: network.apply(
+            policy.params, normalize_observations(policy.normalizer.obs, obs)
+        )[0]
+    )
+    obs, _ = envs.reset()
+    returns = np.zeros(num_episodes)
+    finished = np.zeros(num_episodes, dtype=bool)
+    while not finished.all():
+        action = np.clip(
+            np.asarray(act(policy, flat_observation(obs))),
+            envs.action_space.low,
+            envs.action_space.high,
+        )
+        obs, reward, terminated, truncated, _ = envs.step(action)
+        returns += reward * ~finished
+        finished |= terminated | truncated
+    envs.close()
+    return returns.tolist()
+
+
+# === Loss ===
+
+
+def gae(rewards, values, terminations, truncations, *, gamma, gae_lambda):
+    """Advantages and returns of one environment's rollout; `values` has one more entry (the
+    bootstrap).
+
+    A termination stops bootstrapping. A truncation bootstraps from the value of the episode's last
+    observation and, like a termination, cuts the trace so that no advantage flows across episodes:
+    envpool returns that last observation on the truncating step and resets on the next one (the
+    reset step), so `values[t + 1]` of a truncating step t is the value of the last observation. The
+    reset step's own advantage is computed but masked out of the loss."""
+    discount = gamma * (1.0 - terminations)
+    trace = gae_lambda * (1.0 - jnp.maximum(terminations, truncations))
+    advantages = rlax.truncated_generalized_advantage_estimation(rewards, discount, trace, values)
+    return advantages, advantages + values[:-1]
+
+
+class Batch(NamedTuple):
+    """A minibatch of this learner device, (envs, steps of each env, ...); `valid` is 0 on reset
+    steps."""
+
+    obs: jax.Array
+    actions: jax.Array
+    logprobs: jax.Array
+    values: jax.Array
+    returns: jax.Array
+    advantages: jax.Array
+    valid: jax.Array
+
+
+def ppo_loss(params, apply_fn, batch: Batch, count, *, clip_coef, ent_coef, vf_coef, clip_vloss):
+    """Sums of per-sample losses over this device's valid samples, divided by the global count."""
+    obs = batch.obs.reshape(-1, batch.obs.shape[-1])
+    mean, log_std, value = apply_fn(params, obs)
+    mean = mean.reshape(batch.actions.shape)
+    value = value.reshape(batch.values.shape)
+    logratio = gaussian_log_prob(mean, log_std, batch.actions) - batch.logprobs
+    ratio = jnp.exp(logratio)
+    pg_loss = jnp.maximum(
+        -batch.advantages * ratio,
+        -batch.advantages * jnp.clip(ratio, 1 - clip_coef, 1 + clip_coef),
+    )
+    value_loss = (value - batch.returns) ** 2
+    if clip_vloss:
+        clipped_value = batch.values + jnp.clip(value - batch.values, -clip_coef, clip_coef)
+        value_loss = jnp.maximum(value_loss, (clipped_value - batch.returns) ** 2)
+    value_loss = 0.5 * value_loss
+    entropy = jnp.broadcast_to(gaussian_entropy(log_std), batch.valid.shape)
+    masked_mean = lambda x: (x * batch.valid).sum() / count
+    loss = masked_mean(pg_loss) - ent_coef * masked_mean(entropy)
+    loss += vf_coef * masked_mean(value_loss)
+    metrics = dict(
+        policy_loss=masked_mean(pg_loss),
+        value_loss=masked_mean(value_loss),
+        entropy=masked_mean(entropy),
+        approx_kl=masked_mean((ratio - 1) - logratio),
+        clipfrac=masked_mean(jnp.abs(ratio - 1) > clip_coef),
+    )
+    return loss, metrics
+
+
+# === Update ===
+
+
+class LearnerState(TrainState):
+    """The train state and the normalizer statistics, which checkpoints save together."""
+
+    normalizer: Normalizer
+
+
+def init_state(args: Args, sizes: Sizes):
+    """The network, and the learner state with its counters: fresh from the seed, or with --resume
+    from the newest checkpoint of the run (counters["update"] > 0 then)."""
+    probe_env = make_env(args, args.seed, 1)
+    obs_dim = flat_observation(probe_env.reset()[0]).shape[1]
+    network = Network(args.hiddens, probe_env.action_space.shape[0])
+    probe_env.close()
+    params = network.init(
+        jax.random.fold_in(jax.random.PRNGKey(args.seed), 0), np.zeros((1, obs_dim), np.float32)
+    )
+    steps_per_update = args.update_epochs * args.num_minibatches
+    learning_rate = lambda count: learning_rate_at(args, sizes, 1 + count // steps_per_update)
+    optimizer = optax.chain(
+        optax.clip_by_global_norm(args.max_grad_norm),
+        optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate, eps=1e-5),
+    )
+    state = LearnerState.create(
+        apply_fn=network.apply,
+        params=params,
+        tx=optimizer,
+        normalizer=initial_normalizer(obs_dim),
+    )
+    identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
+    checkpoint = resume_from(run_dir_of(args), state, identity) if args.resume else None
+    state, counters = checkpoint or (state, dict(update=0, wall_time_s=0.0))
+    counters = dict(
+        update=counters["update"],
+        wall_time_s=counters["wall_time_s"],
+        sizes=identity["sizes"],
+        seed=identity["seed"],
+    )
+    return network, state, counters
+
+
+def take_steps(x, steps):
+    """`x[e, steps[e, i]]` for every environment e: the chosen steps of each environment's
+    rollout."""
+    return jnp.take_along_axis(x, steps.reshape(*steps.shape, *[1] * (x.ndim - 2)), axis=1)
+
+
+def make_update(args: Args, learner_devices: list):
+    """`update_fn(state, rollouts, played_normalizer, update) -> (state, metrics)`, pmap'd over the
+    learner devices: the rollouts normalized with the statistics they were played with, GAE, then
+    `update_epochs` epochs of `num_minibatches` optimizer steps, and last the statistics updated
+    with the rollouts' raw observations and returns.
+
+    Layout invariance: minibatch membership depends only on global env indices (each environment's
+    steps are permuted by its own key and cut into `num_minibatches` chunks; a minibatch is the
+    union of every environment's chunk), and every mean is a global one (psum of sums over psum of
+    counts), so the layout changes the result only by float rounding. With one environment this is
+    CleanRL's uniform shuffle of the batch. The whole update is one compiled program (a scan over
+    epochs of a scan over minibatches): the network is small enough to need no gradient
+    accumulation."""
+    learner_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 2)
+    minibatch_steps = args.num_steps // args.num_minibatches
+    per_env_gae = functools.partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda)
+
+    def normalized_advantages(batch: Batch, count):
+        """Per minibatch, over every learner device; the standard deviation with Bessel's
+        correction, as CleanRL's torch.std."""
+        mean = jax.lax.psum((batch.advantages * batch.valid).sum(), "devices") / count
+        squares = jax.lax.psum((((batch.advantages - mean) ** 2) * batch.valid).sum(), "devices")
+        std = jnp.sqrt(squares / jnp.maximum(count - 1.0, 1.0))
+        return (batch.advantages - mean) / (std + 1e-8)
+
+    def update_on_device(state: LearnerState, rollouts, played: Normalizer, update):
+        data = jax.tree.map(lambda *xs: jnp.concatenate(xs), *rollouts)
+        advantages, returns = jax.vmap(per_env_gae)(
+            scale_rewards(played.returns, data.rewards),
+            data.values,
+            data.terminations.astype(jnp.float32),
+            data.truncations.astype(jnp.float32),
+        )
+        rollout = Batch(
+            obs=normalize_observations(played.obs, data.obs),
+            actions=data.actions,
+            logprobs=data.logprobs,
+            values=data.values[:, :-1],
+            returns=returns,
+            advantages=advantages,
+            valid=1.0 - data.is_reset.astype(jnp.float32),
+        )
+
+        def epoch_step(state, epoch):
+            epoch_key = jax.random.fold_in(jax.random.fold_in(learner_key, update), epoch)
+            orders = jax.vmap(
+                lambda g: jax.random.permutation(jax.random.fold_in(epoch_key, g), args.num_steps)
+            )(data.env_ids)
+
+            def minibatch_step(state, minibatch):
+                first = minibatch * minibatch_steps
+                picked = jax.lax.dynamic_slice_in_dim(orders, first, minibatch_steps, axis=1)
+                batch = jax.tree.map(lambda x: take_steps(x, picked), rollout)
+                count = jnp.maximum(jax.lax.psum(batch.valid.sum(), "devices"), 1.0)
+                if args.norm_adv:
+                    batch = batch._replace(advantages=normalized_advantages(batch, count))
+                grads, metrics = jax.grad(ppo_loss, has_aux=True)(
+                    state.params,
+                    apply_fn=state.apply_fn,
+                    batch=batch,
+                    count=count,
+                    clip_coef=args.clip_coef,
+                    ent_coef=args.ent_coef,
+                    vf_coef=args.vf_coef,
+                    clip_vloss=args.clip_vloss,
+                )
+                # Each device's loss is its share of the global mean: the global gradient is their
+                # sum.
+                grads, metrics = jax.lax.psum((grads, metrics), "devices")
+                return state.apply_gradients(grads=grads), metrics
+
+            return jax.lax.scan(minibatch_step, state, jnp.arange(args.num_minibatches))
+
+        state, metrics = jax.lax.scan(epoch_step, state, jnp.arange(args.update_epochs))
+        normalizer = Normalizer(
+            obs=updated_stats(state.normalizer.obs, data.obs, rollout.valid),
+            returns=updated_stats(state.normalizer.returns, data.discounted_returns, rollout.valid),
+        )
+        return state.replace(normalizer=normalizer), jax.tree.map(jnp.mean, metrics)
+
+    return jax.pmap(
+        update_on_device, axis_name="devices", devices=learner_devices, in_axes=(0, 0, 0, None)
+    )
+
+
+def learning_rate_at(args: Args, sizes: Sizes, update: int) -> float:
+    """Constant within an update, linearly down to zero over the run."""
+    if not args.anneal_lr:
+        return args.learning_rate
+    return args.learning_rate * (1.0 - (update - 1) / sizes.num_updates)
+
+
+# === Learner loop ===
+
+
+def start_actors(args, sizes, run, network, first_update, actor_devices, learner_devices):
+    """One param queue, one rollout queue and one thread per actor thread of every local actor
+    device, in global env order."""
+    param_queues = []
+    rollout_queues = []
+    threads = []
+    for device_index, actor_device in enumerate(actor_devices):
+        for thread_id in range(args.num_actor_threads):
+            device_number = jax.process_index() * len(actor_devices) + device_index
+            thread_index = device_number * args.num_actor_threads + thread_id
+            param_queues.append(queue.Queue(maxsize=1))
+            rollout_queues.append(queue.Queue(maxsize=1))
+            thread = start_thread(
+                target=actor,
+                name=f"actor-{thread_index}",
+                stop=run.stop,
+                failures=run.failures,
+                args=args,
+                sizes=sizes,
+                run=run,
+                network=network,
+                first_update=first_update,
+                env_offset=thread_index * args.local_num_envs,
+                devices=(actor_device, learner_devices),
+                param_queue=param_queues[-1],
+                rollout_queue=rollout_queues[-1],
+            )
+            threads.append(thread)
+    return param_queues, rollout_queues, threads
+
+
+def host_policy(state: LearnerState) -> Policy:
+    """The policy the actors play with next: this process's first replica of the learner's."""
+    return first_replica(Policy(params=state.params, normalizer=state.normalizer))
+
+
+def log_update(args, sizes, run, update, rollouts, metrics, learner_stats):
+    """TensorBoard every update; the losses and a console line every --log-frequency updates."""
+    global_step = update * sizes.steps_per_update
+    timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
+    actor_policy_version = rollouts[0].policy_version
+    run.log(
+        {
+            "stats/param_queue_get_time": timing["param_queue_get_time"],
+            "stats/rollout_time": timing["rollout_time"],
+            "stats/inference_time": timing["inference_time"],
+            "stats/env_step_time": timing["env_step_time"],
+            "stats/rollout_queue_get_time": learner_stats["rollout_queue_get_time"],
+            "stats/learn_time": learner_stats["learn_time"],
+            "stats/actor_policy_version": actor_policy_version,
+            "stats/learner_policy_version": learner_stats["learner_policy_version"],
+            "charts/SPS": run.sps(global_step),
+            "charts/learning_rate": learning_rate_at(args, sizes, update),
+        },
+        global_step,
+    )
+    if update % args.log_frequency and update != sizes.num_updates:
+        return
+    losses = jax.device_get(first_replica(metrics))
+    run.log({f"losses/{key}": value for key, value in losses.items()}, global_step)
+    details = (
+        f"policy actor={actor_policy_version} learner={learner_stats['learner_policy_version']} "
+        f"wait rollout={learner_stats['rollout_queue_get_time']:.2f}s "
+        f"param={timing['param_queue_get_time']:.2f}s"
+    )
+    run.print_progress(update, global_step, details)
+
+
+def evaluate_during_training(args, run, state, global_step: int):
+    """--eval-every: the mean return of --eval-episodes episodes, logged as charts/eval_return."""
+    saved_policy = flax.serialization.to_state_dict(jax.device_get(host_policy(state)))
+    returns = evaluate(saved_policy, args, args.eval_episodes, args.seed + 1_000_000)
+    run.log({"charts/eval_return": np.mean(returns)}, global_step)
+    print(f"eval at step {global_step}: mean return {np.mean(returns):.1f}", flush=True)
+
+
+def train(args: Args):
+    sizes = sizes_of(args, jax.process_count())
+    actor_devices = [jax.local_devices()[i] for i in args.actor_device_ids]
+    learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
+    global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
+    network, state, counters = init_state(args, sizes)
+    run = open_run(args, sizes, __file__, counters, global_learner_devices)
+    state = replicate(state, learner_devices)
+    update_fn = make_update(args, global_learner_devices)
+    learner_policy_version = counters["update"]
+    first_update = counters["update"] + 1
+    param_queues, rollout_queues, threads = start_actors(
+        args=args,
+        sizes=sizes,
+        run=run,
+        network=network,
+        first_update=first_update,
+        actor_devices=actor_devices,
+        learner_devices=learner_devices,
+    )
+    with run.learner_loop(threads) as end:
+        send_params(
+            host_policy(state),
+            policy_version=learner_policy_version,
+            actor_devices=actor_devices,
+            param_queues=param_queues,
+            stop=run.stop,
+        )
+        for update in range(first_update, sizes.num_updates + 1):
+            wait_start = time.time()
+            rollouts = [queue_get(q, run.stop) for q in rollout_queues]
+            rollout_queue_get_time = time.time() - wait_start
+            check_policy_lag(
+                rollouts,
+                update=update,
+                learner_policy_version=learner_policy_version,
+                concurrency=args.concurrency,
+                first_update=first_update,
+            )
+            learn_start = time.time()
+            # The rollouts of an update were all played by one policy version, so with the same
+            # statistics.
+            played_normalizer = replicate(rollouts[0].normalizer, learner_devices)
+            state, metrics = update_fn(
+                state, tuple(r.data for r in rollouts), played_normalizer, np.int32(update)
+            )
+            jax.block_until_ready(state)
+            learner_policy_version += 1
+            learner_stats = dict(
+                rollout_queue_get_time=rollout_queue_get_time,
+                learn_time=time.time() - learn_start,
+                learner_policy_version=learner_policy_version,
+            )
+            log_update(args, sizes, run, update, rollouts, metrics, learner_stats)
+            if args.eval_every and update % args.eval_every == 0 and run.is_main:
+                evaluate_during_training(args, run, state, update * sizes.steps_per_update)
+            end.exit_code = run.after_update(state, update)
+            if end.exit_code:
+                break
+            if update < sizes.num_updates:
+                send_params(
+                    host_policy(state),
+                    policy_version=learner_policy_version,
+                    actor_devices=actor_devices,
+                    param_queues=param_queues,
+                    stop=run.stop,
+                )
+    saved_policy = flax.serialization.to_state_dict(jax.device_get(host_policy(state)))
+    run.finish(saved_policy, learner_policy_version, evaluate)
+
+
+# === Main ===
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    distributed.join(args)
+    validate_layout(args)
+    train(args)
+
+
+if __name__ == "__main__":
+    main()
