@@ -171,6 +171,7 @@ def validate(args: Args):
     parsing.check_in(args, "epsilon_base", 0, 1)
     parsing.check_in(args, "importance_sampling_exponent", 0, 1)
     parsing.check_run_options(args)
+    parsing.check_discrete_actions(args)
     if args.learning_starts > args.buffer_size:
         fail(
             f"--learning-starts {args.learning_starts} exceeds --buffer-size {args.buffer_size}: "

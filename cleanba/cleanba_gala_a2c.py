@@ -222,6 +222,7 @@ def validate(args: Args):
     if args.staleness_bound and args.gossip != "async":
         parsing.fail("--staleness-bound bounds asynchronous messages; use it with --gossip async")
     parsing.check_run_options(args)
+    parsing.check_discrete_actions(args)
 
 
 def validate_layout(args: Args):

@@ -167,6 +167,7 @@ def validate(args: Args):
     parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
     parsing.check_in(args, "vtrace_lambda", 0, 1)
     parsing.check_run_options(args)
+    parsing.check_discrete_actions(args)
 
 
 def validate_layout(args: Args):

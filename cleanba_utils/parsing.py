@@ -95,6 +95,18 @@ def check_run_options(args):
         )
 
 
+def check_discrete_actions(args):
+    """For the scripts that choose among discrete actions: a task with continuous actions (MuJoCo,
+    dm_control) is refused with the script that trains it."""
+    from cleanba_utils.envs import is_continuous
+
+    if is_continuous(args.env_id):
+        fail(
+            f"--env-id {args.env_id} has continuous actions and this script chooses among discrete "
+            "ones; train it with cleanba/cleanba_ppo_continuous.py"
+        )
+
+
 def check_devices(args, num_updates: int, steps_per_update: int):
     """The checks that need the devices and the number of processes, before any environment or
     device work."""

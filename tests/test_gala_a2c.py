@@ -402,6 +402,7 @@ def test_too_few_devices_is_one_line_naming_xla_flags(capsys):
 
 
 BAD_INPUTS = [
+    (["--env-id", "Hopper-v4"], "cleanba/cleanba_ppo_continuous.py"),
     (["--num-agents", "0"], "--num-agents"),
     (["--num-agents", "1"], "--num-agents"),
     (["--num-peers", "4"], "--num-peers"),

@@ -239,6 +239,7 @@ def test_a_failing_actor_ends_the_process(tmp_path):
 
 
 BAD_INPUTS = [
+    (["--env-id", "Hopper-v4"], "cleanba/cleanba_ppo_continuous.py"),
     (["--local-num-envs", "6", "--num-minibatches", "4"], "--num-minibatches"),
     (["--clip-rho-threshold", "-1"], "--clip-rho-threshold"),
     (["--clip-pg-rho-threshold", "0"], "--clip-pg-rho-threshold"),

@@ -309,6 +309,7 @@ PROCESS_BAD_INPUTS = [
 ]
 # The rest of the table in this process, which sees one device.
 BAD_INPUTS = [
+    (["--env-id", "HalfCheetah-v4"], "cleanba/cleanba_ppo_continuous.py"),
     (["--total-timesteps", "0"], "--total-timesteps"),
     (["--learning-rate", "-1"], "--learning-rate"),
     (["--gamma", "1.5"], "--gamma"),
