@@ -23,7 +23,12 @@ machine, 2026-11-23, scores of seeds 1..10 and of the broken learners:
   26.5; ascent (seeds 1-6) 108.4, 51.5, 89.1, 85.2, 108.8, 99.9; shuffled 81.4, 84.8, 93.5.
   Threshold 160: 62 below the worst seed, 51 above the best broken run (gradient ascent also
   minimizes the entropy, and a near-deterministic policy balances the pole for a while).
-- apex_dqn and gala_a2c: PENDING.
+- gala_a2c, sync gossip with the paper's settings (4 agents x 16 environments, 5-step returns, RMSProp
+  at 7e-4 x sqrt(4)), 300k steps: 81.7, 93.3, 86.0, 96.5, 90.4, 59.7, 99.8, 71.5, 86.4, 85.6 (worst
+  59.7). Broken: frozen 27.7, 25.6, 27.2; ascent 27.0, 27.1, 28.6; shuffled 26.3, 28.2, 26.6.
+  Threshold 42: 18 below the worst seed, 13 above the best broken run. (GALA learns CartPole slowly
+  with these settings: benchmark/results/learning_gala_cpu.md.)
+- apex_dqn: PENDING.
 
 A uniformly random policy averages about 22."""
 
@@ -72,7 +77,7 @@ LEARNING_TESTS = {
         "cleanba_impala.py", (CARTPOLE + " --total-timesteps 100000" + RUN).split(), 1, 160
     ),
     "apex_dqn": LearningTest("cleanba_apex_dqn.py", (CARTPOLE + APEX + RUN).split(), 1, 100),
-    "gala_a2c": LearningTest("cleanba_gala_a2c.py", (GALA + RUN).split(), 4, 40),
+    "gala_a2c": LearningTest("cleanba_gala_a2c.py", (GALA + RUN).split(), 4, 42),
 }
 
 
