@@ -4,7 +4,9 @@ initial priorities; the learner keeps one prioritized replay, inserts each rollo
 environment order, makes exactly --updates-per-rollout sampled double-Q optimizer steps (pmap'd) and
 publishes the parameters. One learner update is one rollout of every actor thread and these
 optimizer steps. With `--concurrency` (the default) actors play with parameters exactly one version
-behind, as in Cleanba; with a seeded sampler, the same seed gives the same run."""
+behind, as in Cleanba. The replay's work runs in a background thread in one fixed order (see
+`learn`: the priorities reach the sampler one optimizer step late), so with a seeded sampler the
+same seed gives the same run on every layout, pipelined or not."""
 
 import dataclasses
 import functools
@@ -960,14 +962,14 @@ def learn(args, replay: Replay, jobs: BackgroundJobs, state, update_fn, tally: T
     return state, metrics, stats, pending
 
 
-def evaluation(args, run, update: int, global_step: int, params) -> float:
-    """The mean return of --eval-episodes episodes of the current parameters in environments of the
-    evaluation seed (the run's + 1,000,000, as `Run.finish`'s), logged as charts/eval_return."""
+def evaluation(args, run, global_step: int, params) -> list[float]:
+    """The returns of --eval-episodes episodes of `params` in environments of the evaluation seed
+    (the run's + 1,000,000, as `Run.finish`'s), their mean logged as charts/eval_return."""
     eval_returns = evaluate(params, args, args.eval_episodes, args.seed + 1_000_000)
     mean_return = float(np.mean(eval_returns))
     run.log({"charts/eval_return": mean_return}, global_step)
-    print(f"eval after update {update}: mean return {mean_return:.1f}", flush=True)
-    return mean_return
+    print(f"eval: mean return {mean_return:.1f} at step {global_step}", flush=True)
+    return eval_returns
 
 
 def log_update(
@@ -1102,17 +1104,11 @@ def train(args: Args):
                 loop_stats=loop_stats,
             )
             due = update == sizes.num_updates or (args.eval_every and update % args.eval_every == 0)
-            if args.eval_episodes and due:
+            if args.eval_episodes and due and run.is_main:
                 global_step = update * sizes.steps_per_update
-                eval_returns = evaluate(
-                    jax.device_get(first_replica(state.params)),
-                    args,
-                    num_episodes=args.eval_episodes,
-                    seed=args.seed + 1_000_000,
-                )
+                params = jax.device_get(first_replica(state.params))
+                eval_returns = evaluation(args, run, global_step=global_step, params=params)
                 evaluations.append((global_step, float(np.mean(eval_returns))))
-                run.log({"charts/eval_return": evaluations[-1][1]}, global_step)
-                print(f"eval: mean return {evaluations[-1][1]:.1f} at step {global_step}")
             end.exit_code = run.after_update(state, update)
             if end.exit_code:
                 break

@@ -17,15 +17,19 @@ What an algorithm stores and how it builds its batch (n-step returns, frame stac
 TD errors) stays in its script; `BackgroundJobs` runs the replay's work in one background thread, in
 the order it was submitted, so a learner can sample the next batch while its update runs.
 
-Why not flashbax (0.1.3, JAX-native and seedable, the candidate; reverb and cpprb cannot be seeded):
-its buffer is a JAX array pytree that every `add` and `set_priorities` returns anew, sampled by
-jitted functions. Measured on this 2-core machine (CPU backend, 400k single 84x84 frames in its
-prioritised trajectory buffer, sequences of 7 = 4 stacked + 3 n-step steps, batch 512, adds of 128
-envs x 32 steps): see the figures in benchmark/results/replay_apex.md. Beyond speed, it has no
-prioritized eviction (Ape-X DPG's), samples fixed-length sequences that cross episode ends and
-wrap, and keeps the whole replay in the framework's memory, where an `add` not donated copies
-all 13 GiB of a 2M Atari replay. A NumPy store on the host does each of these in a few lines and
-leaves JAX the learner.
+Why not flashbax (0.1.3: JAX-native and seedable, the candidate; reverb and cpprb cannot be seeded).
+Measured on this machine (2 shared cores, CPU backend; `prioritised_trajectory_buffer` of 400k
+single 84x84 frames, sequences of 7 = 4 stacked + 3 n-step steps, batch 512, adds of 128 envs x 32
+steps, jitted with the buffer donated): init 19 s, sample 2.3 ms, add 52 ms, set_priorities 1.0 ms.
+Speed does not decide it (its jitted sample gathers faster than this store's NumPy one, its add is
+slower; benchmark/results/replay_apex.md has ours at 2M). Its model does:
+- it has no prioritized eviction (Ape-X DPG's), only first in first out;
+- it stores time steps and samples fixed-length sequences, whose priorities belong to their first
+  step, and which cross episode ends and the buffer's wrap; transitions with their own n-step
+  returns, offsets and placeholders do not map onto it without masks in every script;
+- its buffer is an immutable pytree that every `add` returns anew: only buffer donation keeps an add
+  from copying the whole replay (13 GiB at 2M Atari, more than half this machine).
+A NumPy store on the host does each of these in a few lines and leaves JAX the learner.
 """
 
 import queue

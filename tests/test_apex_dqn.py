@@ -410,7 +410,8 @@ def test_resume_restores_parameters_target_and_counters_and_refills_the_replay(t
 
 
 def test_short_atari_run_logs_the_diagnostics(tmp_path):
-    args = ["--env-id", "Breakout-v5", "--channels", 4, "--hiddens", 16, "--local-num-envs", 4]
+    args = ["--env-id", "Breakout-v5", "--torso", "impala", "--channels", 4, "--hiddens", 16]
+    args += ["--local-num-envs", 4]
     args += [
         "--num-actor-threads",
         2,
@@ -568,3 +569,29 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, option):
 @pytest.mark.parametrize("args,option", BAD_INPUTS)
 def test_bad_input_is_refused_with_one_line(capsys, args, option):
     assert_refused(apex, args, option, capsys)
+
+
+def test_default_network_and_optimizer_are_the_papers():
+    args = apex.Args(env_id="Breakout-v5")
+    _, state, _ = apex.init_state(args, apex.sizes_of(args, 1))
+    shapes = jax.tree.map(lambda x: x.shape, state.params["params"])
+    torso = shapes["NatureTorso_0"]
+    assert [torso[f"Conv_{i}"]["kernel"] for i in range(3)] == [
+        (8, 8, 4, 32),
+        (4, 4, 32, 64),
+        (3, 3, 64, 64),
+    ]
+    # The value and the advantage streams (each output layer is named before its hidden layer): 7 x
+    # 7 x 64 features, 512 hidden units each.
+    assert [shapes[f"Dense_{i}"]["kernel"] for i in range(4)] == [
+        (512, 1),
+        (3136, 512),
+        (512, 18),
+        (3136, 512),
+    ]
+    # TensorFlow's RMSProp starts its second-moment estimate at 1, centered: the first moment at 0.
+    is_moments = lambda s: hasattr(s, "nu")
+    moments = [s for s in jax.tree.leaves(state.opt_state, is_leaf=is_moments) if is_moments(s)]
+    assert len(moments) == 1
+    assert all((np.asarray(nu) == 1).all() for nu in jax.tree.leaves(moments[0].nu))
+    assert all((np.asarray(mu) == 0).all() for mu in jax.tree.leaves(moments[0].mu))
