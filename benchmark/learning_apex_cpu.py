@@ -134,6 +134,9 @@ def plot(run_dirs: dict, path: Path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cartpole-timesteps", type=int, default=100_000)
+    parser.add_argument(
+        "--cartpole-args", default=CARTPOLE, help="the script's arguments but steps, seed, run name"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/cleanba_learning_apex_cpu"))
     parser.add_argument(
@@ -151,7 +154,7 @@ def main():
     rows = []
     for seed in options.seeds:
         commands.append(
-            f"{CARTPOLE} --total-timesteps {options.cartpole_timesteps} --seed {seed}"
+            f"{options.cartpole_args} --total-timesteps {options.cartpole_timesteps} --seed {seed}"
             f" --run-name cartpole_{seed}"
         )
         run_dirs[seed] = run(commands[-1], options.work_dir)
