@@ -1,31 +1,42 @@
-"""The cost of Ape-X DQN's replay against the learner's step, at the script's defaults (Breakout-v5, a
-full replay of 2M transitions, 128 environments x 32 steps per rollout, batch 512, the default
-IMPALA ResNet).
+"""The cost of Ape-X DQN's replay against the learner's step, at the script's defaults (Breakout-v5,
+a full replay of 2M transitions, 128 environments x 32 steps per rollout, batch 512, the Nature
+CNN).
 
-python benchmark/replay_apex.py --date 2026-11-21      # needs about 17 GiB of free memory at 2M
+python benchmark/replay_apex.py --date 2026-11-23      # needs about 16 GiB of free memory at 2M
 
-Fills every slot of the replay (frames written, so that their pages are resident), then times the
-median of repeats of: inserting one rollout of every environment, sampling a batch (stacks rebuilt
-from single frames, importance weights), updating the batch's priorities, and one learner update
-(pmap'd, on one device). The replay's work per learner update is sample + priority update + insert /
---updates-per-rollout. Writes benchmark/results/replay_apex.md.
+Fills every slot of the replay (frames written, so that their pages are resident), then times:
+- the median of repeats of inserting one rollout of every environment, sampling a batch (stacks
+  rebuilt from single frames, importance weights) and writing a batch's priorities;
+- the learner's loop (`learn`, 50 optimizer steps) with the update replaced by a stand-in that
+  sleeps 20 ms, as a GPU step might take, pipelined (the next batch sampled while the update runs)
+  and serial (`--no-pipeline`): pipelined it should make at least 95 % of 50 steps per second,
+  serial 1 / (20 ms + sample + priority write);
+- the learner's real step on this machine's CPU, after compilation (median of a few).
+Reports the peak resident memory, and writes benchmark/results/replay_apex.md.
 """
 
 import argparse
+import dataclasses
 import platform
+import resource
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from cleanba import cleanba_apex_dqn as apex
-from cleanba_utils import parsing, sum_tree
+from cleanba_utils import parsing
+from cleanba_utils.replay import BackgroundJobs
 from cleanba_utils.run_files import first_replica, replicate
 
 REPO = Path(__file__).resolve().parents[1]
+STAND_IN_SECONDS = 0.02
+PIPELINE_STEPS = 50
 
 
 def median_seconds(function, repeats: int) -> float:
@@ -37,30 +48,13 @@ def median_seconds(function, repeats: int) -> float:
     return statistics.median(times)
 
 
-def filled_replay(args, num_envs: int, rng) -> dict:
-    replay = apex.make_replay(args, num_envs)
-    capacity = len(replay["valid"])
-    chunk = 1 << 16
-    for start in range(0, capacity, chunk):  # distinct bytes in every page: no shared zero pages
-        replay["frames"][start : start + chunk] = (start // chunk) % 251
-    replay["episode_step"][:] = 255
-    replay["offsets"][:] = args.n_step
-    replay["actions"][:] = rng.integers(0, 18, capacity)
-    replay["returns"][:] = rng.normal(size=capacity)
-    replay["discounts"][:] = args.gamma**args.n_step
-    replay["valid"][:] = True
-    sum_tree.set_weights(
-        replay["tree"], np.arange(capacity), rng.uniform(0.01, 2.0, capacity) ** 0.6
-    )
-    replay["steps"] = 10 * replay["ring"] + 7  # mid-ring: inserts wrap around the ring's end
-    return replay
-
-
-def rollout(args, num_envs: int, rng) -> dict:
-    shape = (num_envs, args.num_steps)
-    return dict(
+def rollout(args, num_envs: int, length: int, rng, fill: int) -> apex.Transitions:
+    """Synthetic transitions of `length` steps of every environment, all valid; frames of value
+    `fill` (distinct bytes in every page written: no shared zero pages)."""
+    shape = (num_envs, length)
+    return apex.Transitions(
         env_ids=np.arange(num_envs),
-        frames=rng.integers(0, 255, (*shape, 84, 84), dtype=np.uint8),
+        frames=np.full((*shape, 84, 84), fill % 251, np.uint8),
         episode_step=np.full(shape, 255, np.uint8),
         actions=rng.integers(0, 18, shape).astype(np.int32),
         returns=rng.normal(size=shape).astype(np.float32),
@@ -71,29 +65,44 @@ def rollout(args, num_envs: int, rng) -> dict:
     )
 
 
-def replay_seconds(args, repeats: int):
-    """(insert, sample, priority update, fill) seconds, and a sampled batch; the replay is freed on
-    return."""
-    rng = np.random.default_rng(0)
-    num_envs = apex.sizes_of(args, 1).num_envs
-    tic = time.time()
-    replay = filled_replay(args, num_envs, rng)
-    fill_seconds = time.time() - tic
-    data = rollout(args, num_envs, rng)
-    insert = median_seconds(
-        lambda: apex.replay_insert(replay, data, args.n_step, args.priority_exponent), 10
+def filled_replay(args, num_envs: int, rng) -> apex.Replay:
+    replay = apex.make_replay(args, num_envs)
+    chunk = 256
+    for index in range(-(-replay.ring // chunk)):
+        apex.replay_insert(replay, rollout(args, num_envs, chunk, rng, fill=index), args.n_step)
+    return replay
+
+
+def stand_in_update(state, shards):
+    """What the learner gets from `update_fn`, 20 ms after it asked: the state, metrics and TD
+    errors (a device array, as the pmap'd update's)."""
+    time.sleep(STAND_IN_SECONDS)
+    return state, {}, STAND_IN_TD
+
+
+STAND_IN_TD = None
+
+
+def steps_per_second(args, replay, pipeline: bool) -> float:
+    """`learn` for PIPELINE_STEPS optimizer steps with the stand-in update."""
+    stop = threading.Event()
+    jobs = BackgroundJobs("replay", stop, [])
+    loop_args = dataclasses.replace(args, updates_per_rollout=PIPELINE_STEPS, pipeline=pipeline)
+    tally = apex.Tally(learner_updates=0)
+    tic = time.perf_counter()
+    _, _, _, pending = apex.learn(
+        loop_args,
+        replay=replay,
+        jobs=jobs,
+        state=None,
+        update_fn=stand_in_update,
+        tally=tally,
+        pending=None,
     )
-    batch_rng = np.random.default_rng(1)
-    sample_once = lambda: apex.replay_sample(
-        replay, args.batch_size, batch_rng, args.importance_sampling_exponent
-    )
-    sample = median_seconds(sample_once, repeats)
-    batch, slots = sample_once()
-    new_priorities = rng.uniform(0, 2, args.batch_size) ** args.priority_exponent
-    update_priorities = median_seconds(
-        lambda: sum_tree.set_weights(replay["tree"], slots, new_priorities), repeats
-    )
-    return (insert, sample, update_priorities, fill_seconds), batch
+    jobs.wait(jobs.submit(lambda: apex.write_priorities(loop_args, replay, pending)))
+    seconds = time.perf_counter() - tic
+    stop.set()
+    return PIPELINE_STEPS / seconds
 
 
 def learner_step_seconds(args, batch, repeats: int) -> float:
@@ -101,12 +110,12 @@ def learner_step_seconds(args, batch, repeats: int) -> float:
     _, state, _ = apex.init_state(args, sizes)
     device = jax.local_devices()[0]
     state = replicate(state, [device])
-    update = apex.make_update(args, [device])
-    shards = {key: value[None] for key, value in batch.items()}
+    update_fn = apex.make_update(args, [device])
+    shards = jax.tree.map(lambda value: value[None], batch)
 
     def step():
         nonlocal state
-        state, _, td = update(state, shards)
+        state, _, td = update_fn(state, shards)
         np.asarray(first_replica(td))
 
     step()  # compiles
@@ -114,48 +123,90 @@ def learner_step_seconds(args, batch, repeats: int) -> float:
 
 
 def main():
+    global STAND_IN_TD
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--buffer-size", type=int, default=2_000_000)
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--learner-repeats", type=int, default=5)
+    parser.add_argument("--learner-repeats", type=int, default=3)
+    parser.add_argument("--shared", default="", help="how the machine was shared, for the report")
     parser.add_argument(
         "--out", type=Path, default=REPO / "benchmark" / "results" / "replay_apex.md"
     )
     parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
     options = parser.parse_args()
     args = apex.Args(buffer_size=options.buffer_size)
-    parsing.check_memory(args, "buffer_size", apex.replay_bytes(args), apex.MEMORY_RESERVE_BYTES)
-    (insert, sample, update_priorities, fill_seconds), batch = replay_seconds(args, options.repeats)
+    sizes = apex.sizes_of(args, 1)
+    replay_bytes = apex.replay_bytes(args, sizes.num_envs)
+    parsing.check_memory(args, "buffer_size", replay_bytes, apex.MEMORY_RESERVE_BYTES)
+    rng = np.random.default_rng(0)
+    tic = time.time()
+    replay = filled_replay(args, sizes.num_envs, rng)
+    fill_seconds = time.time() - tic
+    data = rollout(args, sizes.num_envs, args.num_steps, rng, fill=7)
+    insert = median_seconds(lambda: apex.replay_insert(replay, data, args.n_step), 10)
+    batch_rng = np.random.default_rng(1)
+    sample_once = lambda: apex.replay_sample(
+        replay, args.batch_size, batch_rng, args.importance_sampling_exponent
+    )
+    sample = median_seconds(sample_once, options.repeats)
+    batch, drawn = sample_once()
+    new_priorities = rng.uniform(0, 2, args.batch_size)
+    write = median_seconds(
+        lambda: replay.transitions.update_priorities(
+            drawn.slots, new_priorities, sampled_at=drawn.inserted
+        ),
+        options.repeats,
+    )
+    STAND_IN_TD = jnp.zeros((1, args.batch_size))
+    pipelined = steps_per_second(args, replay, pipeline=True)
+    serial = steps_per_second(args, replay, pipeline=False)
     learner = learner_step_seconds(args, batch, options.learner_repeats)
+    peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
 
-    per_update = sample + update_priorities + insert / args.updates_per_rollout
+    per_update = sample + write + insert / args.updates_per_rollout
     rows = [
-        ("insert one rollout (128 envs x 32 steps, 29 MB of frames)", insert),
+        (f"insert one rollout ({sizes.num_envs} envs x {args.num_steps} steps)", insert),
         ("sample 512 (tree descent, stacks and next stacks rebuilt, IS weights)", sample),
-        ("update 512 priorities", update_priorities),
+        ("write 512 priorities", write),
         (
-            f"replay work per learner update (sample + update + insert / {args.updates_per_rollout})",
+            f"replay work per optimizer step (sample + write + insert / "
+            f"{args.updates_per_rollout})",
             per_update,
         ),
-        ("one learner update (default network, batch 512, 1 device)", learner),
+        ("one learner step on this CPU (Nature CNN, batch 512, 1 device)", learner),
     ]
-    command = "python benchmark/replay_apex.py " + " ".join(sys.argv[1:])
+    shown = [argument if argument != options.shared else '"..."' for argument in sys.argv[1:]]
+    command = "python benchmark/replay_apex.py " + " ".join(shown)
+    ideal = 1 / STAND_IN_SECONDS
     lines = [
         f"# Ape-X DQN replay vs learner step ({options.date})",
         "",
-        f"Machine: {platform.machine()}, 2 CPU cores shared with other jobs, Python {platform.python_version()}, "
-        f"JAX {jax.__version__} on {jax.devices()[0].platform}. Made by `{command}`.",
+        f"Machine: {platform.machine()}, 2 CPU cores, Python {platform.python_version()}, "
+        f"JAX {jax.__version__} on {jax.devices()[0].platform}. Made by `{command}`. "
+        f"{options.shared}",
         "",
-        f"Replay of {options.buffer_size:,} transitions ({apex.replay_bytes(args) / 2**30:.1f} GiB, "
-        f"{apex.replay_bytes(args) / options.buffer_size:.0f} bytes per transition), every slot filled "
+        f"Replay of {options.buffer_size:,} transitions ({replay_bytes / 2**30:.1f} GiB, "
+        f"{replay_bytes / options.buffer_size:.0f} bytes per transition), every slot filled "
         f"(in {fill_seconds:.0f} s). Medians of {options.repeats} repeats (10 for inserts, "
-        f"{options.learner_repeats} for the learner).",
+        f"{options.learner_repeats} for the learner). Peak resident memory of the process: "
+        f"{peak_gib:.1f} GiB.",
         "",
         "| operation | milliseconds |",
         "|---|---|",
         *[f"| {name} | {seconds * 1000:.2f} |" for name, seconds in rows],
         "",
-        f"Replay work is **{100 * per_update / learner:.2f} %** of the learner's step (target: at most 5 %).",
+        f"Replay work per optimizer step / update time: **{per_update / learner:.4f}** for the CPU "
+        f"update, **{per_update / STAND_IN_SECONDS:.2f}** for a 20 ms update.",
+        "",
+        f"The learner's loop (`learn`, {PIPELINE_STEPS} optimizer steps) with the update replaced "
+        "by a 20 ms stand-in:",
+        "",
+        "| learner | optimizer steps per second | of 50 |",
+        "|---|---|---|",
+        f"| pipelined (default) | {pipelined:.1f} | {100 * pipelined / ideal:.1f} % |",
+        f"| serial (`--no-pipeline`) | {serial:.1f} | {100 * serial / ideal:.1f} % |",
+        f"| serial, expected 1 / (20 ms + sample + write) | "
+        f"{1 / (STAND_IN_SECONDS + sample + write):.1f} | |",
         "",
     ]
     options.out.write_text("\n".join(lines))

@@ -4,13 +4,17 @@ initial priorities; the learner keeps one prioritized replay, inserts each rollo
 environment order, makes exactly --updates-per-rollout sampled double-Q optimizer steps (pmap'd) and
 publishes the parameters. One learner update is one rollout of every actor thread and these
 optimizer steps. With `--concurrency` (the default) actors play with parameters exactly one version
-behind, as in Cleanba; with a seeded sampler, the same seed gives the same run."""
+behind, as in Cleanba. The replay's work runs in a background thread in one fixed order (see
+`learn`: the priorities reach the sampler one optimizer step late), so with a seeded sampler the
+same seed gives the same run on every layout, pipelined or not."""
 
 import dataclasses
+import functools
+import json
 import os
 import queue
 import time
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import envpool
 import flax.linen as nn
@@ -22,13 +26,14 @@ import rlax
 from flax.training.train_state import TrainState
 from jax.experimental import multihost_utils
 
-from cleanba_utils import distributed, parsing, sum_tree
+from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.envs import MACHADO_ATARI, envpool_num_threads, is_atari
 from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.parsing import fail
+from cleanba_utils.replay import BackgroundJobs, PrioritizedReplay
 from cleanba_utils.run import open_run, run_dir_of
-from cleanba_utils.run_files import first_replica, replicate
+from cleanba_utils.run_files import first_replica, replicate, write_json
 from cleanba_utils.threads import queue_get, queue_put, start_thread
 
 # === Args ===
@@ -54,7 +59,12 @@ class Args:
     save_model: bool = False
     """save the final parameters to `runs/{run_name}/{exp_name}.cleanba_model`"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the final greedy policy and log their returns"""
+    """play this many episodes with the learner's current parameters (epsilon 0.01) in evaluation
+    environments of their own every --eval-every updates and after the last, logged as
+    charts/eval_return (0: no evaluation)"""
+    eval_every: int = 100
+    """evaluate every this many updates (0: only after the last); evaluation never changes the run
+    """
     log_frequency: int = 10
     """print and log losses every this many updates"""
 
@@ -63,7 +73,9 @@ class Args:
     total_timesteps: int = 50_000_000
     """total environment steps (agent steps, not frames) of the run"""
     learning_rate: float = 0.00025 / 4
-    """the learning rate of centred RMSProp"""
+    """the learning rate of centered RMSProp as TensorFlow's, Ape-X's optimizer: decay 0.95, epsilon
+    1.5e-7 inside the square root, no momentum, and the second-moment estimate starting at 1
+    (optax's `initial_scale`), not 0, so that the first steps are not huge"""
     local_num_envs: int = 64
     """the number of environments of each actor thread"""
     num_actor_threads: int = 2
@@ -99,12 +111,19 @@ class Args:
     """copy the parameters to the target network every this many learner updates"""
     max_grad_norm: float = 40.0
     """the maximum global norm of the gradient"""
+    torso: Literal["nature", "impala"] = "nature"
+    """the torso of image observations: "nature", the Nature DQN CNN of the Dueling DDQN agent that
+    Ape-X uses (Wang et al., 2016: conv 32 8x8 stride 4, 64 4x4 stride 2, 64 3x3 stride 1), or
+    "impala", the IMPALA ResNet (--channels)"""
     channels: tuple[int, ...] = (16, 32, 32)
-    """the channels of the IMPALA ResNet stacks (image observations)"""
-    hiddens: tuple[int, ...] = (256,)
-    """dense layers: all but the last form the torso (after the ResNet, or the MLP of vector
+    """the channels of the IMPALA ResNet stacks (--torso impala)"""
+    hiddens: tuple[int, ...] = (512,)
+    """dense layers: all but the last continue the torso (after the CNN, or the MLP of vector
     observations); the last is the hidden layer of each of the dueling value and advantage streams
-    """
+    (512 each in the Dueling DDQN agent)"""
+    pipeline: bool = True
+    """sample the next batch and write the priorities in a background thread while the update runs;
+    --no-pipeline waits for them (the same run, slower)"""
 
     actor_device_ids: tuple[int, ...] = (0,)
     """the local device ids that run actor threads"""
@@ -165,7 +184,9 @@ def validate(args: Args):
         " buffer_size batch_size updates_per_rollout target_update_period max_grad_norm"
         " log_frequency"
     )
-    non_negative = "learning_starts epsilon_alpha priority_exponent eval_episodes checkpoint_every"
+    non_negative = (
+        "learning_starts epsilon_alpha priority_exponent eval_episodes eval_every checkpoint_every"
+    )
     parsing.check_signs(args, positive.split(), non_negative.split())
     parsing.check_in(args, "gamma", 0, 1, low_open=True)
     parsing.check_in(args, "epsilon_base", 0, 1)
@@ -190,14 +211,14 @@ def validate_layout(args: Args):
             f"--batch-size {args.batch_size} must be divisible by the {num_learner_devices} "
             "learner device(s)"
         )
-    ring = args.buffer_size // sizes.num_envs
-    needed = args.num_steps + args.n_step + frame_spec(args.env_id)[0]
-    if ring < needed:
+    if args.buffer_size < sizes.steps_per_update:
         fail(
-            f"--buffer-size {args.buffer_size} holds {ring} steps per env, fewer than a rollout's "
-            f"{needed}; raise it"
+            f"--buffer-size {args.buffer_size} holds fewer transitions than one update inserts "
+            f"({sizes.num_envs} envs x {args.num_steps} steps); raise it"
         )
-    parsing.check_memory(args, "buffer_size", replay_bytes(args), MEMORY_RESERVE_BYTES)
+    parsing.check_memory(
+        args, "buffer_size", replay_bytes(args, sizes.num_envs), MEMORY_RESERVE_BYTES
+    )
 
 
 # === Environment ===
@@ -234,11 +255,49 @@ def frame_spec(env_id: str):
 # === Network ===
 
 
-class Network(nn.Module):
-    """Dueling Q-network (Wang et al., 2016): the IMPALA ResNet torso for stacked frames (N, C, H,
-    W), an MLP torso for vector observations (N, D); then a value and an advantage stream, Q = V + A
-    - mean(A)."""
+class NatureTorso(nn.Module):
+    """The convolutions of the Nature DQN (Mnih et al., 2015), the torso of the Dueling DDQN
+    agent."""
 
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Conv(32, (8, 8), strides=(4, 4), padding="VALID")(x))
+        x = nn.relu(nn.Conv(64, (4, 4), strides=(2, 2), padding="VALID")(x))
+        x = nn.relu(nn.Conv(64, (3, 3), strides=(1, 1), padding="VALID")(x))
+        return x.reshape(x.shape[0], -1)
+
+
+class ResidualBlock(nn.Module):
+    channels: int
+
+    @nn.compact
+    def __call__(self, x):
+        y = nn.Conv(self.channels, (3, 3))(nn.relu(x))
+        y = nn.Conv(self.channels, (3, 3))(nn.relu(y))
+        return x + y
+
+
+class ImpalaTorso(nn.Module):
+    """The IMPALA ResNet: per stack, a convolution, a max pool and two residual blocks."""
+
+    channels: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, x):
+        for channels in self.channels:
+            x = nn.Conv(channels, (3, 3))(x)
+            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+            x = ResidualBlock(channels)(ResidualBlock(channels)(x))
+        return nn.relu(x).reshape(x.shape[0], -1)
+
+
+class Network(nn.Module):
+    """Dueling Q-network (Wang et al., 2016): a CNN torso for stacked frames (N, C, H, W), the
+    observation itself for vector observations (N, D), then the dense layers of `hiddens` but the
+    last, then a value and an advantage stream with a hidden layer of hiddens[-1] each, Q = V + A -
+    mean(A)."""
+
+    torso: str
     channels: tuple[int, ...]
     hiddens: tuple[int, ...]
     num_actions: int
@@ -247,15 +306,7 @@ class Network(nn.Module):
     def __call__(self, obs):
         if obs.ndim == 4:
             x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
-            for channels in self.channels:  # an IMPALA stack: conv, max pool, two residual blocks
-                x = nn.max_pool(
-                    nn.Conv(channels, (3, 3))(x), (3, 3), strides=(2, 2), padding="SAME"
-                )
-                for _ in range(2):
-                    x = x + nn.Conv(channels, (3, 3))(
-                        nn.relu(nn.Conv(channels, (3, 3))(nn.relu(x)))
-                    )
-            x = nn.relu(x).reshape(x.shape[0], -1)
+            x = NatureTorso()(x) if self.torso == "nature" else ImpalaTorso(self.channels)(x)
         else:
             x = obs.astype(jnp.float32)
         for hidden in self.hiddens[:-1]:
@@ -266,6 +317,10 @@ class Network(nn.Module):
         value = stream(1)
         advantage = stream(self.num_actions)
         return value + advantage - advantage.mean(axis=-1, keepdims=True)
+
+
+def network_of(args: Args, num_actions: int) -> Network:
+    return Network(args.torso, args.channels, args.hiddens, num_actions)
 
 
 # === Actor ===
@@ -339,6 +394,11 @@ def epsilons_of(env_ids, num_envs: int, base: float, alpha: float) -> np.ndarray
     return base ** (1.0 + alpha * np.asarray(env_ids, np.float64) / max(num_envs - 1, 1))
 
 
+def is_greedy(env_ids, num_envs: int) -> np.ndarray:
+    """The greediest quarter of the environments (at least one): those of the lowest epsilons."""
+    return np.asarray(env_ids) >= num_envs - max(1, num_envs // 4)
+
+
 def epsilon_greedy(q_values, epsilons, key, step, env_ids):
     """Per environment, a uniform action with probability epsilon, else the greedy one; the draws
     are keyed by (step, global env index), so they do not depend on the layout."""
@@ -360,6 +420,7 @@ def actor(args, sizes, run, network, first_update, env_offset, device, param_que
         epsilons_of(env_ids, sizes.num_envs, args.epsilon_base, args.epsilon_alpha), device
     )
     env_ids_on_device = jax.device_put(env_ids, device)
+    greedy = is_greedy(env_ids, sizes.num_envs)
     image = len(envs.observation_space.shape) == 3
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
 
@@ -409,9 +470,11 @@ def actor(args, sizes, run, network, first_update, env_offset, device, param_que
             )
             steps.append(played_step)
             done = terminated | truncated
-            episodes.step(
-                info.get("reward", reward), done, next_is_reset, policy_step * sizes.num_envs
-            )
+            global_step = policy_step * sizes.num_envs
+            finished = episodes.step(info.get("reward", reward), done, next_is_reset, global_step)
+            for env, episode_return in zip(np.flatnonzero(done), finished):
+                if greedy[env]:
+                    run.log({"charts/greedy_actors_return": episode_return}, global_step)
             # The observation after a reset step is its episode's first; a count to 255 tells the
             # stack enough.
             episode_step = np.where(next_is_reset, 0, np.minimum(episode_step, 254) + 1)
@@ -475,7 +538,7 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     """Plays one episode in each of `num_episodes` fresh environments, epsilon-greedy with
     EVAL_EPSILON (a greedy Atari policy that never fires would play the whole 27,000 steps)."""
     envs = make_env(args, seed, num_episodes)
-    network = Network(args.channels, args.hiddens, envs.action_space.n)
+    network = network_of(args, envs.action_space.n)
     env_ids = jnp.arange(num_episodes)
     key = jax.random.PRNGKey(seed)
     act = jax.jit(
@@ -497,32 +560,40 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
 
 # === Replay ===
 
-# A replay slot: its frame, the frame's step in its episode (uint8), the action (int32), the n-step
-# return and discount (float32), the bootstrap offset (uint8), the validity flag; plus the sum tree
-# (2 float64 nodes per leaf, leaves a power of two). 3 GiB are kept for the rest of the process
-# (networks, environments, batches).
-SLOT_BYTES = 1 + 4 + 4 + 4 + 1 + 1
+# Bytes of a stored transition: action (int32), n-step return and discount (float32), the frame
+# slots of its observation and bootstrap observation (int64) and its insertion count (int64); of a
+# stored frame: its pixels and its step in its episode (uint8); the sum tree has 2 float64 nodes per
+# leaf, leaves a power of two. 3 GiB are kept for the rest of the process (networks, environments,
+# batches).
+TRANSITION_BYTES = 4 + 4 + 4 + 8 + 8 + 8
 MEMORY_RESERVE_BYTES = 3 * 2**30
 PRIORITY_EPSILON = 1e-6  # keeps a transition with zero TD error sampleable
 
 
-@dataclasses.dataclass
-class Replay:
-    """One FIFO ring of T = buffer_size // num_envs steps per environment, all advancing together.
-    Slot g T + t % T holds env g's step t: the newest frame of its observation (stacks are rebuilt
-    on sampling) and its transition; `tree` holds each slot's priority ** alpha (0: no transition).
-    """
+class Stored(NamedTuple):
+    """A transition as the replay stores it: the frame slots of the newest frames of its observation
+    and of its bootstrap observation stand for the stacks."""
 
-    frames: np.ndarray
-    episode_step: np.ndarray
     actions: np.ndarray
     returns: np.ndarray
     discounts: np.ndarray
-    offsets: np.ndarray
-    valid: np.ndarray
-    tree: np.ndarray
+    obs: np.ndarray
+    next_obs: np.ndarray
+
+
+@dataclasses.dataclass
+class Replay:
+    """The transitions in a prioritized FIFO store (`cleanba_utils.replay`), each frame once in a
+    ring of `ring` steps per environment, all advancing together: env g's step t is in frame slot g
+    ring + t % ring. The ring outlives every transition that points into it: a transition lives
+    while fewer than --buffer-size transitions are inserted after it, at most buffer_size //
+    num_envs steps of every environment, so its frames, from stack - 1 steps before it to n steps
+    after, are within buffer_size // num_envs + num_steps + n + stack steps of the newest."""
+
+    transitions: PrioritizedReplay
+    frames: np.ndarray
+    episode_step: np.ndarray
     ring: int
-    """T, the slots of one environment"""
     stack: int
     """frames per observation"""
     image: bool
@@ -530,83 +601,87 @@ class Replay:
     """the steps of every environment inserted so far"""
 
 
-def replay_bytes(args: Args) -> int:
+def frame_ring_steps(args: Args, num_envs: int) -> int:
+    return args.buffer_size // num_envs + args.num_steps + args.n_step + frame_spec(args.env_id)[0]
+
+
+def replay_bytes(args: Args, num_envs: int) -> int:
     _, frame_shape, dtype = frame_spec(args.env_id)
-    tree_bytes = sum_tree.empty(1).itemsize * 2 * (1 << max(0, args.buffer_size - 1).bit_length())
-    frame_bytes = int(np.prod(frame_shape)) * np.dtype(dtype).itemsize
-    return args.buffer_size * (frame_bytes + SLOT_BYTES) + tree_bytes
+    frame_bytes = int(np.prod(frame_shape)) * np.dtype(dtype).itemsize + 1
+    tree_bytes = 2 * 8 * (1 << max(0, args.buffer_size - 1).bit_length())
+    frames = num_envs * frame_ring_steps(args, num_envs)
+    return frames * frame_bytes + args.buffer_size * TRANSITION_BYTES + tree_bytes
 
 
 def make_replay(args: Args, num_envs: int) -> Replay:
     stack, frame_shape, dtype = frame_spec(args.env_id)
-    capacity = (args.buffer_size // num_envs) * num_envs
+    ring = frame_ring_steps(args, num_envs)
+    example = Stored(
+        actions=np.int32(0),
+        returns=np.float32(0),
+        discounts=np.float32(0),
+        obs=np.int64(0),
+        next_obs=np.int64(0),
+    )
+    transitions = PrioritizedReplay(
+        example, args.buffer_size, priority_exponent=args.priority_exponent
+    )
     return Replay(
-        frames=np.zeros((capacity, *frame_shape), dtype),
-        episode_step=np.zeros(capacity, np.uint8),
-        actions=np.zeros(capacity, np.int32),
-        returns=np.zeros(capacity, np.float32),
-        discounts=np.zeros(capacity, np.float32),
-        offsets=np.zeros(capacity, np.uint8),
-        valid=np.zeros(capacity, bool),
-        tree=sum_tree.empty(capacity),
-        ring=capacity // num_envs,
+        transitions=transitions,
+        frames=np.zeros((num_envs * ring, *frame_shape), dtype),
+        episode_step=np.zeros(num_envs * ring, np.uint8),
+        ring=ring,
         stack=stack,
         image=len(frame_shape) == 2,
     )
 
 
-def replay_insert(replay: Replay, data: Transitions, n: int, alpha: float) -> int:
-    """Writes one rollout of every environment (env-major, in global env order); returns the valid
-    transitions."""
-    ring = replay.ring
+def replay_insert(replay: Replay, data: Transitions, n: int) -> int:
+    """Writes one rollout of every environment (env-major, in global env order): its frames, and its
+    transitions in the store in that order, those that are not valid as placeholders (priority 0:
+    never sampled). Returns the number of valid transitions."""
     length = data.frames.shape[1]
-    env_base = data.env_ids[:, None].astype(np.int64) * ring
-    frame_slots = env_base + (replay.steps + np.arange(length)) % ring
+    env_base = data.env_ids[:, None].astype(np.int64) * replay.ring
+    frame_slots = env_base + (replay.steps + np.arange(length)) % replay.ring
     replay.frames[frame_slots] = data.frames
     replay.episode_step[frame_slots] = data.episode_step
-    slots = env_base + (replay.steps - n + np.arange(length)) % ring
-    replay.actions[slots] = data.actions
-    replay.returns[slots] = data.returns
-    replay.discounts[slots] = data.discounts
-    replay.offsets[slots] = data.offsets
-    replay.valid[slots] = data.valid
-    # No transition in the slots with new frames but no transition yet, nor in the stack - 1 slots
-    # after them.
-    dead = env_base + (replay.steps + length - n + np.arange(n + replay.stack - 1)) % ring
-    replay.valid[dead] = False
-    weights = np.where(data.valid, (data.priorities + PRIORITY_EPSILON) ** alpha, 0.0)
-    sum_tree.set_weights(
-        replay.tree, np.concatenate([slots.ravel(), dead.ravel()]), np.append(weights, 0 * dead)
+    steps = replay.steps - n + np.arange(length)
+    stored = Stored(
+        actions=data.actions.ravel(),
+        returns=data.returns.ravel(),
+        discounts=data.discounts.ravel(),
+        obs=(env_base + steps % replay.ring).ravel(),
+        next_obs=(env_base + (steps + data.offsets) % replay.ring).ravel(),
     )
+    priorities = np.where(data.valid, data.priorities + PRIORITY_EPSILON, 0.0)
+    replay.transitions.insert(stored, priorities.ravel())
     replay.steps += length
     return int(data.valid.sum())
 
 
-def stacked(replay: Replay, slots):
-    """The observations of `slots`, stacks rebuilt from single frames: a frame before the episode's
-    first is its first, as envpool fills the stack at a reset."""
+def stacked(replay: Replay, frame_slots):
+    """The observations whose newest frames are in `frame_slots`, stacks rebuilt from single frames:
+    a frame before the episode's first is its first, as envpool fills the stack at a reset."""
     ring = replay.ring
-    back = np.minimum(np.arange(replay.stack)[::-1], replay.episode_step[slots][:, None])
-    frames = replay.frames[(slots - slots % ring)[:, None] + (slots[:, None] % ring - back) % ring]
+    back = np.minimum(np.arange(replay.stack)[::-1], replay.episode_step[frame_slots][:, None])
+    starts = (frame_slots - frame_slots % ring)[:, None]
+    frames = replay.frames[starts + (frame_slots[:, None] % ring - back) % ring]
     return frames if replay.image else frames[:, 0]
 
 
 def replay_sample(replay: Replay, batch_size: int, rng, beta: float):
-    """A prioritized `Batch` (host NumPy) and its slots; importance weights are normalized by the
-    batch maximum."""
-    ring = replay.ring
-    slots = sum_tree.sample_stratified(replay.tree, batch_size, rng)
-    probabilities = sum_tree.weights(replay.tree, slots)
-    next_slots = slots - slots % ring + (slots % ring + replay.offsets[slots]) % ring
+    """A prioritized `Batch` (host NumPy) and the `Sample` it came from (its slots, for the priority
+    update); the importance weights are normalized by the batch maximum."""
+    sample = replay.transitions.sample(batch_size, rng, beta)
     batch = Batch(
-        obs=stacked(replay, slots),
-        actions=replay.actions[slots],
-        returns=replay.returns[slots],
-        discounts=replay.discounts[slots],
-        next_obs=stacked(replay, next_slots),
-        weights=((probabilities.min() / probabilities) ** beta).astype(np.float32),
+        obs=stacked(replay, sample.items.obs),
+        actions=sample.items.actions,
+        returns=sample.items.returns,
+        discounts=sample.items.discounts,
+        next_obs=stacked(replay, sample.items.next_obs),
+        weights=sample.weights,
     )
-    return batch, slots
+    return batch, sample
 
 
 # === Loss ===
@@ -670,13 +745,15 @@ def init_state(args: Args, sizes: Sizes):
     """The network, and the learner state and counters: fresh, or with --resume from the newest
     checkpoint."""
     probe_env = make_env(args, args.seed, 1)
-    network = Network(args.channels, args.hiddens, probe_env.action_space.n)
+    network = network_of(args, probe_env.action_space.n)
     params = network.init(
         jax.random.fold_in(jax.random.PRNGKey(args.seed), 0), probe_env.reset()[0]
     )
     probe_env.close()
-    # Centred RMSProp with eps inside the square root, as Ape-X's (TensorFlow's) optimizer.
-    rmsprop = optax.rmsprop(args.learning_rate, decay=0.95, eps=1.5e-7, centered=True)
+    # Centered RMSProp as TensorFlow's (see --learning-rate).
+    rmsprop = optax.rmsprop(
+        args.learning_rate, decay=0.95, eps=1.5e-7, initial_scale=1.0, centered=True
+    )
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), rmsprop)
     state = QState.create(apply_fn=network.apply, params=params, target_params=params, tx=optimizer)
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
@@ -778,55 +855,126 @@ def start_actors(args, sizes, run, network, first_update, actor_devices):
     return param_queues, rollout_queues, threads
 
 
-def insert_rollouts(args, replay: Replay, rollouts, tally: Tally):
+def gather_rollouts(args, rollouts) -> Transitions:
     """Every process's rollouts, env-major in global env order (each process holds the whole
     replay)."""
     data = Transitions(*[np.concatenate(fields) for fields in zip(*[r.data for r in rollouts])])
     if args.distributed:
         gathered = multihost_utils.process_allgather(data)
         data = Transitions(*[np.asarray(v).reshape(-1, *v.shape[2:]) for v in gathered])
-    tally.inserted += replay_insert(replay, data, n=args.n_step, alpha=args.priority_exponent)
-    tally.replay_size = int(np.count_nonzero(replay.valid))
+    return data
 
 
-def learn(args, replay: Replay, state, update_fn, tally: Tally):
-    """--updates-per-rollout optimizer steps, each on a batch sampled on the host from the one
-    global sum tree with a generator seeded by (seed, optimizer step): the same batches on every
-    layout. Returns the state, the last step's metrics and the `LearnStats`."""
+def insert_and_count(args, replay: Replay, data: Transitions) -> tuple[int, int]:
+    """Inserts a rollout; returns its valid transitions and the replay's."""
+    inserted = replay_insert(replay, data, n=args.n_step)
+    return inserted, replay.transitions.num_sampleable()
+
+
+class Sampled(NamedTuple):
+    """A batch ready for the learner devices, and what its priority update needs."""
+
+    shards: Batch
+    """the batch, this process's learner devices' slices (leading axis: device)"""
+    slots: np.ndarray
+    inserted: int
+    """the transitions inserted before the batch was sampled"""
+    seconds: float
+
+
+class PendingPriorities(NamedTuple):
+    """An optimizer step whose priorities are not written yet: its batch's slots and TD errors (a
+    device array, maybe still being computed)."""
+
+    slots: np.ndarray
+    inserted: int
+    td: Any
+
+
+def sample_batch(args, replay: Replay, step: int) -> Sampled:
+    """The batch of optimizer step `step`, drawn with a generator seeded by (seed, step): the same
+    batches on every layout."""
+    tic = time.time()
+    rng = np.random.default_rng([args.seed, 3, step])
+    batch, sample = replay_sample(
+        replay, args.batch_size, rng, beta=args.importance_sampling_exponent
+    )
     num_local = len(args.learner_device_ids)
     local = slice(jax.process_index() * num_local, (jax.process_index() + 1) * num_local)
-    replay_time = 0.0
+    shards = jax.tree.map(
+        lambda v: v.reshape(num_local * jax.process_count(), -1, *v.shape[1:])[local], batch
+    )
+    return Sampled(
+        shards=shards, slots=sample.slots, inserted=sample.inserted, seconds=time.time() - tic
+    )
+
+
+def write_priorities(args, replay: Replay, pending: PendingPriorities) -> float:
+    """Waits for the step's TD errors and writes |TD| + PRIORITY_EPSILON as their transitions'
+    priorities (not those evicted since the sample). Returns the seconds spent writing."""
+    td = np.asarray(jax.device_get(first_replica(pending.td)))
+    tic = time.time()
+    replay.transitions.update_priorities(
+        pending.slots, np.abs(td) + PRIORITY_EPSILON, sampled_at=pending.inserted
+    )
+    return time.time() - tic
+
+
+def learn(args, replay: Replay, jobs: BackgroundJobs, state, update_fn, tally: Tally, pending):
+    """--updates-per-rollout optimizer steps. The replay's work runs in `jobs`, in one fixed order:
+    before step k + 1's batch is drawn, the priorities of step k - 1 are written and those of step
+    k are not (a fixed lag of one step, across updates too: `pending` is the last step's). With
+    --pipeline, the batch of step k + 1 is sampled and the priorities of step k - 1 are written
+    while step k runs; without, the learner waits for them. The order, and so the run, is the same
+    either way. Returns the state, the last step's metrics, the `LearnStats` and the new
+    `pending`."""
     learn_start = time.time()
-    for _ in range(args.updates_per_rollout):
-        tic = time.time()
-        rng = np.random.default_rng([args.seed, 3, tally.learner_updates])
-        batch, slots = replay_sample(
-            replay, args.batch_size, rng, beta=args.importance_sampling_exponent
-        )
-        shards = jax.tree.map(
-            lambda v: v.reshape(num_local * jax.process_count(), -1, *v.shape[1:])[local], batch
-        )
-        replay_time += time.time() - tic
-        state, metrics, td = update_fn(state, shards)
-        td = np.asarray(jax.device_get(first_replica(td)))
-        tic = time.time()
-        sum_tree.set_weights(
-            replay.tree, slots, (np.abs(td) + PRIORITY_EPSILON) ** args.priority_exponent
-        )
-        replay_time += time.time() - tic
+    first = tally.learner_updates
+    last = first + args.updates_per_rollout
+    next_batch = jobs.submit(functools.partial(sample_batch, args, replay, first))
+    writes = []
+    sample_seconds = 0.0
+    for step in range(first, last):
+        sampled = jobs.wait(next_batch)
+        sample_seconds += sampled.seconds
+        submitted = []
+        if pending is not None:
+            writes.append(jobs.submit(functools.partial(write_priorities, args, replay, pending)))
+            submitted.append(writes[-1])
+        if step + 1 < last:
+            next_batch = jobs.submit(functools.partial(sample_batch, args, replay, step + 1))
+            submitted.append(next_batch)
+        if not args.pipeline:
+            for job in submitted:
+                jobs.wait(job)
+        state, metrics, td = update_fn(state, sampled.shards)
+        if not args.pipeline:
+            jax.block_until_ready(td)
+        pending = PendingPriorities(slots=sampled.slots, inserted=sampled.inserted, td=td)
         tally.learner_updates += 1
         tally.sampled += args.batch_size
+    write_seconds = sum(jobs.wait(write) for write in writes)
     stats = LearnStats(
-        is_weight_min=batch.weights.min(),
-        is_weight_max=batch.weights.max(),
-        replay_time=replay_time,
+        is_weight_min=sampled.shards.weights.min(),
+        is_weight_max=sampled.shards.weights.max(),
+        replay_time=sample_seconds + write_seconds,
         learner_updates_per_second=args.updates_per_rollout / (time.time() - learn_start),
     )
-    return state, metrics, stats
+    return state, metrics, stats, pending
+
+
+def evaluation(args, run, global_step: int, params) -> list[float]:
+    """The returns of --eval-episodes episodes of `params` in environments of the evaluation seed
+    (the run's + 1,000,000, as `Run.finish`'s), their mean logged as charts/eval_return."""
+    eval_returns = evaluate(params, args, args.eval_episodes, args.seed + 1_000_000)
+    mean_return = float(np.mean(eval_returns))
+    run.log({"charts/eval_return": mean_return}, global_step)
+    print(f"eval: mean return {mean_return:.1f} at step {global_step}", flush=True)
+    return eval_returns
 
 
 def log_update(
-    args, sizes, run, update, rollouts, replay: Replay, metrics, learn_stats, tally, loop_stats
+    args, sizes, run, update, rollouts, read_priorities, metrics, learn_stats, tally, loop_stats
 ):
     """TensorBoard every update; priorities (an O(N) pass), losses and a console line every
     --log-frequency. `metrics` and `learn_stats` are those of the last update that learned (None
@@ -857,9 +1005,7 @@ def log_update(
     )
     if update % args.log_frequency and update != sizes.num_updates:
         return
-    priorities = sum_tree.weights(replay.tree, np.flatnonzero(replay.valid)) ** (
-        1 / max(args.priority_exponent, 1e-9)
-    )
+    priorities = read_priorities()
     if priorities.size and args.priority_exponent:
         run.log(
             {"stats/priority_mean": priorities.mean(), "stats/priority_max": priorities.max()},
@@ -897,9 +1043,13 @@ def train(args: Args):
         first_update=first_update,
         actor_devices=actor_devices,
     )
+    jobs = BackgroundJobs("replay", run.stop, run.failures)
     metrics = None
     learn_stats = None
-    with run.learner_loop(threads) as end:
+    pending = None
+    evaluations = []
+    eval_returns = None
+    with run.learner_loop([*threads, jobs.thread]) as end:
         send_params(
             first_replica(state.params),
             policy_version=learner_policy_version,
@@ -919,10 +1069,21 @@ def train(args: Args):
                 first_update=first_update,
             )
             learn_start = time.time()
-            insert_rollouts(args, replay, rollouts, tally)
+            data = gather_rollouts(args, rollouts)
+            insert = jobs.submit(functools.partial(insert_and_count, args, replay, data))
+            inserted, tally.replay_size = jobs.wait(insert)
+            tally.inserted += inserted
             insert_time = time.time() - learn_start
             if tally.replay_size >= max(args.learning_starts, 1):
-                state, metrics, learn_stats = learn(args, replay, state, update_fn, tally)
+                state, metrics, learn_stats, pending = learn(
+                    args,
+                    replay=replay,
+                    jobs=jobs,
+                    state=state,
+                    update_fn=update_fn,
+                    tally=tally,
+                    pending=pending,
+                )
             learner_policy_version += 1
             loop_stats = LoopStats(
                 rollout_queue_get_time=rollout_queue_get_time,
@@ -937,12 +1098,18 @@ def train(args: Args):
                 run=run,
                 update=update,
                 rollouts=rollouts,
-                replay=replay,
+                read_priorities=lambda: jobs.wait(jobs.submit(replay.transitions.priorities)),
                 metrics=metrics,
                 learn_stats=learn_stats,
                 tally=tally,
                 loop_stats=loop_stats,
             )
+            due = update == sizes.num_updates or (args.eval_every and update % args.eval_every == 0)
+            if args.eval_episodes and due and run.is_main:
+                global_step = update * sizes.steps_per_update
+                params = jax.device_get(first_replica(state.params))
+                eval_returns = evaluation(args, run, global_step=global_step, params=params)
+                evaluations.append((global_step, float(np.mean(eval_returns))))
             end.exit_code = run.after_update(state, update)
             if end.exit_code:
                 break
@@ -954,7 +1121,25 @@ def train(args: Args):
                     param_queues=param_queues,
                     stop=run.stop,
                 )
-    run.finish(jax.device_get(first_replica(state.params)), learner_policy_version, evaluate)
+    # The last update's evaluation is the one `Run.finish` makes: same parameters, same seed.
+    final_evaluation = evaluate if eval_returns is None else lambda *_: eval_returns
+    run.finish(
+        jax.device_get(first_replica(state.params)), learner_policy_version, final_evaluation
+    )
+    if evaluations and run.is_main:
+        add_to_summary(run.dir, evaluations)
+
+
+def add_to_summary(run_dir: str, evaluations: list):
+    """summary.json gets the last evaluation's mean return and every evaluation's (step, mean)."""
+    path = os.path.join(run_dir, "summary.json")
+    with open(path) as f:
+        summary = json.load(f)
+    write_json(
+        path,
+        summary
+        | {"eval_return": evaluations[-1][1], "eval_returns": [list(e) for e in evaluations]},
+    )
 
 
 # === Main ===

@@ -2,13 +2,25 @@
 then real short runs in subprocesses."""
 
 import json
+import subprocess
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_refused, fingerprint_of, run_failing, run_script, scalar_tags, scalars
+from helpers import (
+    REPO,
+    assert_refused,
+    fingerprint_of,
+    load_params,
+    max_abs_difference,
+    run_failing,
+    run_script,
+    scalar_tags,
+    scalars,
+)
 from scipy import stats
 
 from cleanba import cleanba_apex_dqn as apex
@@ -67,41 +79,40 @@ def insert_marked(replay, env_ids, start, length, n, priorities=None):
         valid=np.tile(steps >= 0, (num_envs, 1)),
         priorities=np.ones((num_envs, length), np.float32) if priorities is None else priorities,
     )
-    return apex.replay_insert(replay, data, n, 0.6)
+    return apex.replay_insert(replay, data, n)
 
 
 def test_fifo_eviction_keeps_the_newest_transitions():
-    # 2 envs, a ring of 20 steps each, rollouts of 7 steps, n = 3 and no stacking: after S steps,
-    # the valid transitions are steps S - 20 .. S - 4 (the last 3 wait for their rewards), the
-    # oldest evicted first.
-    replay = apex.make_replay(vector_args(buffer_size=40), num_envs=2)
-    assert replay.ring == 20 and replay.stack == 1
+    # 2 envs, rollouts of 7 steps, n = 3 and no stacking, a store of 40 transitions: every rollout
+    # inserts steps S - 10 .. S - 4 of env 0, then of env 1 (the last 3 wait for their rewards);
+    # the store keeps the last 40 inserted, and samples those from step 0 on.
+    replay = apex.make_replay(vector_args(buffer_size=40, num_steps=7), num_envs=2)
+    assert replay.stack == 1 and replay.ring == 20 + 7 + 3 + 1
+    transitions = replay.transitions
+    inserted = []
     for rollout in range(6):
         insert_marked(replay, [0, 1], 7 * rollout, 7, n=3)
         end = 7 * (rollout + 1)
-        for env in range(2):
-            ring_slots = np.arange(env * 20, (env + 1) * 20)
-            kept = sorted(replay.returns[ring_slots][replay.valid[ring_slots]].astype(int))
-            assert kept == list(range(max(0, end - 20), end - 3)), (rollout, env, kept)
-        weights = sum_tree.weights(replay.tree, np.arange(40))
-        np.testing.assert_array_equal(weights > 0, replay.valid)
-        drawn = apex.replay_sample(replay, 256, np.random.default_rng(rollout), 0.4)[1]
-        assert replay.valid[drawn].all()
+        inserted += [(env, step) for env in range(2) for step in range(end - 10, end - 3)]
+        sampleable = transitions.stored_weights() > 0
+        env_of = transitions.items.obs[: transitions.size] // replay.ring
+        step_of = transitions.items.returns[: transitions.size].astype(int)
+        kept = sorted(zip(env_of[sampleable].tolist(), step_of[sampleable].tolist()))
+        assert kept == sorted((env, step) for env, step in inserted[-40:] if step >= 0), rollout
+        _, sample = apex.replay_sample(replay, 256, np.random.default_rng(rollout), 0.4)
+        assert (sample.items.returns >= 0).all() and sampleable[sample.slots].all()
 
 
 def test_importance_weights_hand_computed():
     # Priorities 1 and 4 (one env each), alpha 0.5: sampling probabilities 1/3 and 2/3; weights
     # (1/P)^0.4 over the batch maximum (that of probability 1/3): 1 and (1/2)^0.4 = 0.757858.
-    replay = apex.make_replay(vector_args(buffer_size=40), num_envs=2)
+    replay = apex.make_replay(vector_args(buffer_size=40, priority_exponent=0.5), num_envs=2)
     priorities = np.array([[1.0] * 7, [4.0] * 7], np.float32) - apex.PRIORITY_EPSILON
-    data_args = dict(n=3, priorities=priorities)
-    insert_marked(replay, [0, 1], 0, 7, **data_args)
-    replay.tree[:] = 0
-    sum_tree.set_weights(replay.tree, np.flatnonzero(replay.valid), np.repeat([1.0, 2.0], 4))
-    batch, slots = apex.replay_sample(replay, 64, np.random.default_rng(0), beta=0.4)
-    expected = np.where(slots < 20, 1.0, 0.5**0.4)
-    np.testing.assert_allclose(batch.weights, expected, rtol=1e-6)
-    assert 0.25 < np.mean(slots < 20) < 0.42
+    insert_marked(replay, [0, 1], 0, 7, n=3, priorities=priorities)
+    batch, sample = apex.replay_sample(replay, 64, np.random.default_rng(0), beta=0.4)
+    first_env = sample.items.obs < replay.ring
+    np.testing.assert_allclose(batch.weights, np.where(first_env, 1.0, 0.5**0.4), rtol=1e-6)
+    assert 0.25 < np.mean(first_env) < 0.42
 
 
 def python_n_step(rewards, terminations, truncations, is_reset, gamma, n):
@@ -196,8 +207,10 @@ def test_replay_rebuilds_stacked_observations_and_bootstraps_across_rollouts_and
     rng = np.random.default_rng(3)
     n, length, num_envs = 3, 6, 2
     truth = [episode_stream(rng, 60) for _ in range(num_envs)]
-    replay = apex.make_replay(apex.Args(env_id="Breakout-v5", buffer_size=2 * 17), num_envs)
-    assert replay.stack == 4 and replay.ring == 17
+    args = apex.Args(env_id="Breakout-v5", buffer_size=2 * 17, num_steps=length)
+    replay = apex.make_replay(args, num_envs)
+    assert replay.stack == 4 and replay.ring == 17 + length + n + 4
+    transitions = replay.transitions
     tail, q_values = None, rng.normal(size=(num_envs, 60, 3)).astype(np.float32)
     for start in range(0, 60, length):
         cut = lambda key, start=start: np.stack(
@@ -218,18 +231,18 @@ def test_replay_rebuilds_stacked_observations_and_bootstraps_across_rollouts_and
             is_reset=cut("is_reset"),
         )
         data, tail = apex.rollout_data(played, tail, env_ids=np.arange(num_envs), gamma=0.9, n=n)
-        apex.replay_insert(replay, data, n, 0.6)
+        apex.replay_insert(replay, data, n)
         end = start + length
-        slots = np.flatnonzero(replay.valid)
+        slots = np.flatnonzero(transitions.stored_weights() > 0)
         assert len(slots) > 0
-        obs = apex.stacked(replay, slots)
+        obs = apex.stacked(replay, transitions.items.obs[slots])
+        next_obs = apex.stacked(replay, transitions.items.next_obs[slots])
         ring = replay.ring
-        next_slots = slots - slots % ring + (slots % ring + replay.offsets[slots]) % ring
-        next_obs = apex.stacked(replay, next_slots)
         for slot, o, next_o in zip(slots, obs, next_obs):
-            env, position = divmod(int(slot), ring)
-            t = end - n - 1 - (end - n - 1 - position) % ring  # the newest step stored in this slot
-            assert end - ring + 3 <= t < end - n
+            env, position = divmod(int(transitions.items.obs[slot]), ring)
+            t = end - n - 1 - (end - n - 1 - position) % ring  # the step of this frame slot
+            # The store keeps the last 34 transitions inserted, 12 a rollout.
+            assert max(0, end - n - 3 * length) <= t < end - n
             stream, true_obs = truth[env]
             reference = python_n_step(
                 *[stream[k] for k in ["rewards", "terminations", "truncations", "is_reset"]], 0.9, n
@@ -238,11 +251,11 @@ def test_replay_rebuilds_stacked_observations_and_bootstraps_across_rollouts_and
             assert ok
             np.testing.assert_array_equal(o[:, 0, 0], true_obs[t] % 256)
             np.testing.assert_array_equal(next_o[:, 0, 0], true_obs[t + offset] % 256)
-            np.testing.assert_allclose(replay.returns[slot], total, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(transitions.items.returns[slot], total, rtol=1e-5, atol=1e-6)
             # Initial priority: |R + discount max Q(bootstrap) - Q(s, a)| under the actor's
             # Q-values.
             priority = abs(total + discount * q_values[env, t + offset, 0] - q_values[env, t, 1])
-            weight = sum_tree.weights(replay.tree, [slot])[0]
+            weight = transitions.stored_weights()[slot]
             np.testing.assert_allclose(weight, (priority + apex.PRIORITY_EPSILON) ** 0.6, rtol=1e-4)
 
 
@@ -300,6 +313,8 @@ def test_epsilon_schedule_and_epsilon_greedy():
     np.testing.assert_array_equal(act(q_values, eps, 7, ids), np.concatenate(halves))
 
 
+LAYOUT_ATOL = 1e-5
+
 CARTPOLE_TINY = [
     "--env-id",
     "CartPole-v1",
@@ -329,20 +344,54 @@ CARTPOLE_TINY = [
 ]
 
 
-def test_same_command_twice_gives_the_same_fingerprint(tmp_path):
-    for name in ["0", "1"]:
+def test_same_seed_same_fingerprint_with_or_without_pipeline_and_evaluation(tmp_path):
+    # The replay's work runs in one fixed order whether or not it overlaps the update, and the
+    # evaluation has environments and seeds of its own: neither changes the run.
+    variants = {
+        "0": [],
+        "1": [],
+        "serial_eval": ["--no-pipeline", "--eval-episodes", 2, "--eval-every", 5],
+    }
+    results = {}
+    for name, extra in variants.items():
         (tmp_path / name).mkdir()
-    results = [
-        run_script("cleanba_apex_dqn.py", CARTPOLE_TINY, tmp_path / name) for name in ["0", "1"]
-    ]
-    for result in results:
-        assert result.returncode == 0, result.stderr[-3000:]
-    assert fingerprint_of(results[0]) == fingerprint_of(results[1])
+        results[name] = run_script("cleanba_apex_dqn.py", [*CARTPOLE_TINY, *extra], tmp_path / name)
+        assert results[name].returncode == 0, results[name].stderr[-3000:]
+    assert len({fingerprint_of(result) for result in results.values()}) == 1
     # 8 envs x 8 steps per iteration, 32 iterations; the replay holds 40 + 64 k transitions after
     # iteration k + 1, so learning starts (>= 256) at iteration 5 and makes 2 updates in each of the
     # last 28.
     updates = scalars(tmp_path / "0" / "runs" / "tiny", "stats/learner_updates")
     assert updates[-1][1] == 2 * 28
+    run_dir = tmp_path / "serial_eval" / "runs" / "tiny"
+    evaluations = scalars(run_dir, "charts/eval_return")
+    assert [step for step, _ in evaluations] == [320 * k for k in range(1, 7)] + [2048]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["eval_return"] == pytest.approx(evaluations[-1][1])
+    assert [step for step, _ in summary["eval_returns"]] == [step for step, _ in evaluations]
+    # Environments 6 and 7 of 8, the greediest quarter, log their returns under their own key.
+    assert "charts/greedy_actors_return" in scalar_tags(run_dir)
+    greedy = scalars(run_dir, "charts/greedy_actors_return")
+    assert 0 < len(greedy) < len(scalars(run_dir, "charts/episodic_return")) / 3
+
+
+def test_one_and_two_learner_devices_agree(tmp_path):
+    args = [*CARTPOLE_TINY, "--save-model"]
+    models = []
+    for name, devices in [("one", ["0"]), ("two", ["0", "1"])]:
+        (tmp_path / name).mkdir()
+        result = run_script(
+            "cleanba_apex_dqn.py",
+            [*args, "--learner-device-ids", *devices],
+            tmp_path / name,
+            devices=2,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        models.append(
+            load_params(tmp_path / name / "runs" / "tiny" / "cleanba_apex_dqn.cleanba_model")
+        )
+    # The same batches and the same summed gradients, summed in another order.
+    assert max_abs_difference(*models) < LAYOUT_ATOL
 
 
 def test_resume_restores_parameters_target_and_counters_and_refills_the_replay(tmp_path):
@@ -361,7 +410,8 @@ def test_resume_restores_parameters_target_and_counters_and_refills_the_replay(t
 
 
 def test_short_atari_run_logs_the_diagnostics(tmp_path):
-    args = ["--env-id", "Breakout-v5", "--channels", 4, "--hiddens", 16, "--local-num-envs", 4]
+    args = ["--env-id", "Breakout-v5", "--torso", "impala", "--channels", 4, "--hiddens", 16]
+    args += ["--local-num-envs", 4]
     args += [
         "--num-actor-threads",
         2,
@@ -429,6 +479,55 @@ def test_a_crashing_actor_ends_the_process(tmp_path):
     assert time.time() - start < 60
 
 
+def test_a_crashing_replay_thread_ends_the_process(tmp_path):
+    program = (
+        "import sys\nimport cleanba.cleanba_apex_dqn as script\n"
+        "def exploding_sample(*args):\n    raise RuntimeError('sampler exploded')\n"
+        "script.sample_batch = exploding_sample\nscript.main(sys.argv[1:])\n"
+    )
+    start = time.time()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            program,
+            *map(str, CARTPOLE_TINY[:-8]),
+            "--total-timesteps",
+            "1000000",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1 and "sampler exploded" in result.stderr, result.stderr[-3000:]
+    assert time.time() - start < 60
+
+
+def readme_commands() -> list[list[str]]:
+    """The commands of the README's Ape-X section, each a list of arguments of the script."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Ape-X DQN") :]
+    block = section[section.index("```bash") + len("```bash") : section.index("```\n", 10)]
+    lines = block.replace("\\\n", " ").splitlines()
+    commands = [line.split() for line in lines if "cleanba_apex_dqn.py" in line]
+    return [command[command.index("cleanba/cleanba_apex_dqn.py") + 1 :] for command in commands]
+
+
+def test_readme_commands_run_with_their_defaults_for_fewer_steps(tmp_path):
+    commands = readme_commands()
+    assert len(commands) == 2 and ["--env-id", "Breakout-v5"] in commands
+    for index, command in enumerate(commands):
+        # Two updates; on Breakout, one with 6 learner updates of batch 512 on the default network
+        # (the replay shrunk from 2M, which needs 16 GiB free).
+        shorter = ["--total-timesteps", 8192, "--learning-starts", 4096, "--buffer-size", 16384]
+        result = run_script(
+            "cleanba_apex_dqn.py", [*command, *shorter, "--run-name", index], tmp_path, timeout=600
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert json.loads((tmp_path / "runs" / str(index) / "summary.json").read_text())
+
+
 # Through a real process: exit code 2, one line, no traceback, nothing written.
 PROCESS_BAD_INPUTS = [
     (["--buffer-size", 10**9], "--buffer-size"),
@@ -451,6 +550,10 @@ BAD_INPUTS = [
     (["--buffer-size", str(10**10)], "--buffer-size"),
     (["--learner-device-ids", "7"], "--learner-device-ids"),
     (["--resume"], "--resume"),
+    (["--eval-every", "-1"], "--eval-every"),
+    (["--eval-episodes", "-2"], "--eval-episodes"),
+    (["--torso", "vgg"], "--torso"),
+    (["--buffer-size", "4000"], "--buffer-size"),
 ]
 
 
@@ -466,3 +569,29 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, option):
 @pytest.mark.parametrize("args,option", BAD_INPUTS)
 def test_bad_input_is_refused_with_one_line(capsys, args, option):
     assert_refused(apex, args, option, capsys)
+
+
+def test_default_network_and_optimizer_are_the_papers():
+    args = apex.Args(env_id="Breakout-v5")
+    _, state, _ = apex.init_state(args, apex.sizes_of(args, 1))
+    shapes = jax.tree.map(lambda x: x.shape, state.params["params"])
+    torso = shapes["NatureTorso_0"]
+    assert [torso[f"Conv_{i}"]["kernel"] for i in range(3)] == [
+        (8, 8, 4, 32),
+        (4, 4, 32, 64),
+        (3, 3, 64, 64),
+    ]
+    # The value and the advantage streams (each output layer is named before its hidden layer): 7 x
+    # 7 x 64 features, 512 hidden units each.
+    assert [shapes[f"Dense_{i}"]["kernel"] for i in range(4)] == [
+        (512, 1),
+        (3136, 512),
+        (512, 18),
+        (3136, 512),
+    ]
+    # TensorFlow's RMSProp starts its second-moment estimate at 1, centered: the first moment at 0.
+    is_moments = lambda s: hasattr(s, "nu")
+    moments = [s for s in jax.tree.leaves(state.opt_state, is_leaf=is_moments) if is_moments(s)]
+    assert len(moments) == 1
+    assert all((np.asarray(nu) == 1).all() for nu in jax.tree.leaves(moments[0].nu))
+    assert all((np.asarray(mu) == 0).all() for mu in jax.tree.leaves(moments[0].mu))

@@ -1,0 +1,240 @@
+"""The replay of the off-policy scripts: a store of a fixed number of items, each a record of named
+fields (a NamedTuple or a dict of NumPy arrays, each field of any shape and dtype), with
+
+- insertion, evicting the oldest items first (FIFO), or with `eviction_exponent`, items drawn in
+  proportion to priority ** eviction_exponent (Ape-X DPG evicts "by prioritized sampling with
+  exponent -0.4", so low-priority items go first);
+- sampling in proportion to priority ** priority_exponent (Schaul et al., 2016) with
+  importance-sampling weights, or uniform sampling (`uniform=True`, weights 1);
+- priority updates of sampled items, which skip the items overwritten since they were sampled.
+
+Every random choice comes from the `np.random.Generator` the caller passes, so a seeded generator
+gives the same samples and evictions on every run. The priorities live in `sum_tree` (float64, so
+the sums never drift). An item inserted with priority 0 is stored but never sampled: a placeholder
+that keeps the FIFO order of a stream in which some steps start no transition.
+
+What an algorithm stores and how it builds its batch (n-step returns, frame stacks, priorities from
+TD errors) stays in its script; `BackgroundJobs` runs the replay's work in one background thread, in
+the order it was submitted, so a learner can sample the next batch while its update runs.
+
+Why not flashbax (0.1.3: JAX-native and seedable, the candidate; reverb and cpprb cannot be seeded).
+Measured on this machine (2 shared cores, CPU backend; `prioritised_trajectory_buffer` of 400k
+single 84x84 frames, sequences of 7 = 4 stacked + 3 n-step steps, batch 512, adds of 128 envs x 32
+steps, jitted with the buffer donated): init 19 s, sample 2.3 ms, add 52 ms, set_priorities 1.0 ms.
+Speed does not decide it (its jitted sample gathers faster than this store's NumPy one, its add is
+slower; benchmark/results/replay_apex.md has ours at 2M). Its model does:
+- it has no prioritized eviction (Ape-X DPG's), only first in first out;
+- it stores time steps and samples fixed-length sequences, whose priorities belong to their first
+  step, and which cross episode ends and the buffer's wrap; transitions with their own n-step
+  returns, offsets and placeholders do not map onto it without masks in every script;
+- its buffer is an immutable pytree that every `add` returns anew: only buffer donation keeps an add
+  from copying the whole replay (13 GiB at 2M Atari, more than half this machine).
+A NumPy store on the host does each of these in a few lines and leaves JAX the learner.
+"""
+
+import queue
+import threading
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from cleanba_utils import sum_tree
+from cleanba_utils.threads import POLL_SECONDS, Stopped, queue_get, start_thread
+
+MIN_EVICTION_PRIORITY = 1e-6
+"""The priority an item of priority 0 has for prioritized eviction (a negative exponent of 0 is
+infinite): placeholders go first."""
+
+
+def map_fields(function, record):
+    """`record` with `function` applied to each field (a NamedTuple or a dict)."""
+    if isinstance(record, dict):
+        return {key: function(value) for key, value in record.items()}
+    return type(record)(*[function(value) for value in record])
+
+
+class Sample(NamedTuple):
+    """A sampled batch: the slots, the items' fields, their sampling probabilities, their
+    importance-sampling weights ((1 / probability) ** beta over the batch's maximum, all 1 when
+    uniform), and `inserted`, the number of items inserted before the sample (what
+    `update_priorities` needs to skip the slots overwritten since)."""
+
+    slots: np.ndarray
+    items: Any
+    probabilities: np.ndarray
+    weights: np.ndarray
+    inserted: int
+
+
+class PrioritizedReplay:
+    """`capacity` items of the record type of `example` (one item: a NamedTuple or dict of arrays
+    whose shapes and dtypes the stored fields take)."""
+
+    def __init__(
+        self,
+        example,
+        capacity: int,
+        *,
+        priority_exponent: float = 0.6,
+        uniform: bool = False,
+        eviction_exponent: float | None = None,
+    ):
+        self.capacity = capacity
+        self.priority_exponent = priority_exponent
+        self.uniform = uniform
+        self.eviction_exponent = eviction_exponent
+        self.items = map_fields(
+            lambda field: np.zeros((capacity, *np.shape(field)), np.asarray(field).dtype), example
+        )
+        self.tree = sum_tree.empty(capacity)
+        self.eviction_tree = None if eviction_exponent is None else sum_tree.empty(capacity)
+        self.written_at = np.full(capacity, -1, np.int64)
+        """the number of items inserted before each slot's item"""
+        self.size = 0
+        self.inserted = 0
+
+    def sampling_weights(self, priorities) -> np.ndarray:
+        """priority ** priority_exponent, 0 for priority 0 (also with exponent 0); when uniform, 1
+        for every priority but 0."""
+        priorities = np.asarray(priorities, np.float64)
+        if self.uniform:
+            return (priorities > 0).astype(np.float64)
+        safe = np.where(priorities > 0, priorities, 1.0)
+        return np.where(priorities > 0, safe**self.priority_exponent, 0.0)
+
+    def free_slots(self, count: int, rng) -> np.ndarray:
+        """Where the next `count` items go: empty slots first, then the oldest items (FIFO), or
+        items drawn without replacement in proportion to priority ** eviction_exponent."""
+        if self.eviction_tree is None:
+            return (self.inserted + np.arange(count)) % self.capacity
+        empty = min(count, self.capacity - self.size)
+        slots = np.arange(self.size, self.size + empty)
+        evicted = count - empty
+        if evicted and rng is None:
+            raise ValueError("prioritized eviction draws from a generator: pass rng")
+        chosen = []
+        while evicted:
+            drawn = np.unique(sum_tree.sample_stratified(self.eviction_tree, evicted, rng))
+            sum_tree.set_weights(self.eviction_tree, drawn, np.zeros(len(drawn)))
+            chosen.append(drawn)
+            evicted -= len(drawn)
+        return np.concatenate([slots, *chosen])
+
+    def insert(self, items, priorities=None, rng: np.random.Generator | None = None):
+        """Stores a batch of items (each field with a leading batch axis) and returns their slots.
+        `priorities` (one per item, default 1) may be 0 (stored, never sampled); `rng` is needed
+        by prioritized eviction once the store is full. A batch larger than the capacity keeps its
+        last items."""
+        count = len(next(iter(items.values() if isinstance(items, dict) else items)))
+        priorities = np.ones(count) if priorities is None else np.asarray(priorities, np.float64)
+        if count > self.capacity:
+            items = map_fields(lambda field: field[-self.capacity :], items)
+            priorities = priorities[-self.capacity :]
+            self.inserted += count - self.capacity
+            count = self.capacity
+        slots = self.free_slots(count, rng)
+        for stored, field in zip(self.fields(self.items), self.fields(items)):
+            stored[slots] = field
+        sum_tree.set_weights(self.tree, slots, self.sampling_weights(priorities))
+        if self.eviction_tree is not None:
+            eviction_weights = (
+                np.maximum(priorities, MIN_EVICTION_PRIORITY) ** self.eviction_exponent
+            )
+            sum_tree.set_weights(self.eviction_tree, slots, eviction_weights)
+        self.written_at[slots] = self.inserted + np.arange(count)
+        self.inserted += count
+        self.size = min(self.capacity, self.size + count)
+        return slots
+
+    @staticmethod
+    def fields(record) -> list:
+        return list(record.values()) if isinstance(record, dict) else list(record)
+
+    def sample(self, batch_size: int, rng: np.random.Generator, beta: float) -> Sample:
+        """`batch_size` items, each with probability weight / total (one stratified draw in each of
+        `batch_size` equal slices of the total: the same marginal probabilities as independent
+        draws, less variance); with replacement."""
+        total = sum_tree.total(self.tree)
+        if total <= 0:
+            raise ValueError("the replay has no item to sample")
+        slots = sum_tree.sample_stratified(self.tree, batch_size, rng)
+        probabilities = sum_tree.weights(self.tree, slots) / total
+        weights = (probabilities.min() / probabilities) ** beta
+        return Sample(
+            slots=slots,
+            items=map_fields(lambda field: field[slots], self.items),
+            probabilities=probabilities,
+            weights=weights.astype(np.float32),
+            inserted=self.inserted,
+        )
+
+    def update_priorities(self, slots, priorities, sampled_at: int):
+        """New priorities of the items of `slots`, sampled when `sampled_at` items had been
+        inserted; the slots rewritten since keep their new items' priorities. A slot listed twice
+        must get one priority twice."""
+        slots = np.asarray(slots)
+        kept = self.written_at[slots] < sampled_at
+        slots = slots[kept]
+        priorities = np.asarray(priorities, np.float64)[kept]
+        sum_tree.set_weights(self.tree, slots, self.sampling_weights(priorities))
+        if self.eviction_tree is not None:
+            eviction_weights = (
+                np.maximum(priorities, MIN_EVICTION_PRIORITY) ** self.eviction_exponent
+            )
+            sum_tree.set_weights(self.eviction_tree, slots, eviction_weights)
+
+    def stored_weights(self) -> np.ndarray:
+        """The sampling weight of every stored item, in slot order (a view of the tree's leaves)."""
+        first_leaf = sum_tree.num_leaves(self.tree)
+        return self.tree[first_leaf : first_leaf + self.size]
+
+    def priorities(self) -> np.ndarray:
+        """The priority of every sampleable item; NaN when uniform."""
+        weights = self.stored_weights()
+        weights = weights[weights > 0]
+        if self.uniform:
+            return np.full(len(weights), np.nan)
+        return weights ** (1 / max(self.priority_exponent, 1e-9))
+
+    def num_sampleable(self) -> int:
+        return int(np.count_nonzero(self.stored_weights()))
+
+
+class Job:
+    """A function submitted to `BackgroundJobs`, and its result once `done` is set."""
+
+    def __init__(self, function):
+        self.function = function
+        self.done = threading.Event()
+        self.result = None
+
+
+class BackgroundJobs:
+    """Runs functions in one daemon thread, one at a time in the order they were submitted. The
+    thread is started with `threads.start_thread`: an exception in a job stops the run (`stop` set,
+    the traceback in `failures`), and a learner waiting for a job raises `Stopped` within a poll
+    interval."""
+
+    def __init__(self, name: str, stop: threading.Event, failures: list):
+        self.stop = stop
+        self.jobs = queue.Queue()
+        self.thread = start_thread(target=self.work, name=name, stop=stop, failures=failures)
+
+    def work(self):
+        while True:
+            job = queue_get(self.jobs, self.stop)
+            job.result = job.function()
+            job.done.set()
+
+    def submit(self, function) -> Job:
+        """Queues `function()` after every job submitted before."""
+        job = Job(function)
+        self.jobs.put(job)
+        return job
+
+    def wait(self, job: Job):
+        """The result of `job`, once it has run."""
+        while not job.done.wait(POLL_SECONDS):
+            if self.stop.is_set():
+                raise Stopped
+        return job.result
