@@ -85,9 +85,7 @@ def main():
         f"Machine: {platform.machine()}, 2 CPU cores, 24 GiB, Python {platform.python_version()}. "
         f"Made by `python benchmark/defaults_cpu.py {' '.join(sys.argv[1:])}`.\n\n"
         "| command | exit code | steady SPS | peak RSS (GiB) | wall time (min) |\n"
-        "|---|---|---|---|---|\n"
-        + "\n".join(rows)
-        + "\n"
+        "|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )
     print(options.out.read_text())
 

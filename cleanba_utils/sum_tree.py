@@ -25,8 +25,8 @@ def weights(tree: np.ndarray, items) -> np.ndarray:
 
 
 def set_weights(tree: np.ndarray, items, values):
-    """Sets the weights of `items` and their ancestors' sums; an item listed twice must get one value
-    twice."""
+    """Sets the weights of `items` and their ancestors' sums; an item listed twice must get one
+    value twice."""
     nodes = num_leaves(tree) + np.asarray(items, dtype=np.int64)
     tree[nodes] = values
     # All leaves share a depth, so the nodes climb one level per pass.
