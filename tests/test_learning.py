@@ -24,8 +24,8 @@ machine, 2026-11-23, scores of seeds 1..10 and of the broken learners:
   Threshold 160: 62 below the worst seed, 51 above the best broken run (gradient ascent also
   minimizes the entropy, and a near-deterministic policy balances the pole for a while).
 - gala_a2c, sync gossip with the paper's settings (4 agents x 16 environments, 5-step returns,
-  RMSProp at 7e-4 x sqrt(4)), 300k steps: 81.7, 93.3, 86.0, 96.5, 90.4, 59.7, 99.8, 71.5, 86.4, 85.6 (worst
-  59.7). Broken: frozen 27.7, 25.6, 27.2; ascent 27.0, 27.1, 28.6; shuffled 26.3, 28.2, 26.6.
+  RMSProp at 7e-4 x sqrt(4)), 300k steps: 81.7, 93.3, 86.0, 96.5, 90.4, 59.7, 99.8, 71.5, 86.4, 85.6
+  (worst 59.7). Broken: frozen 27.7, 25.6, 27.2; ascent 27.0, 27.1, 28.6; shuffled 26.3, 28.2, 26.6.
   Threshold 42: 18 below the worst seed, 13 above the best broken run. (GALA learns CartPole slowly
   with these settings: benchmark/results/learning_gala_cpu.md.)
 - apex_dqn: PENDING.
