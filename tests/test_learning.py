@@ -4,10 +4,10 @@ A run's floats differ from one CPU model to another, and over a long RL run that
 threshold measured on one seed of one machine fails on another machine. So each test's threshold is
 chosen from seeds 1-10 of this machine and set well below the worst of them, and checked against
 three broken learners: `frozen` (every gradient times 0, a learning rate of 0), `ascent` (times -1,
-the wrong sign) and `shuffled` (the advantages, or Ape-X's n-step returns, permuted along time, so
-that they no longer belong to their actions). The score is the best running mean of 100 consecutive
-episodes (in step order): a mean over many episodes is steadier than the last 20, and the best one
-tells that the policy got there.
+the wrong sign) and `shuffled` (the actions of the loss's batch permuted across its samples, so that
+every advantage, or Ape-X's n-step target, is credited to another sample's action). The score is
+the best running mean of 100 consecutive episodes (in step order): a mean over many episodes is
+steadier than the last 20, and the best one tells that the policy got there.
 
 Measured with `python benchmark/learning_test_seeds.py` (seeds 1-10) and `python
 benchmark/learning_test_seeds.py NAME --broken MODE --seeds 1 2 3` on this project's 2-core x86 CPU
