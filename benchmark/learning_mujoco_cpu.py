@@ -50,7 +50,7 @@ RUNS = {
     for seed in SEEDS
     for env_id, mode in PLAN
 }
-LAST_EPISODES = 10
+LAST_EPISODES = 100
 # CleanRL's ppo_continuous_action.py, 1M steps, 3 seeds, the v4 tasks: the mean and standard
 # deviation over seeds of the final episodic returns (CleanRL's documentation, "PPO: continuous
 # action" benchmark table).
@@ -154,24 +154,30 @@ def report(work_dir: Path, out: Path, date: str, note: str, argv: list[str]):
         writer.writerows(results)
     plot(names, work_dir, out.with_suffix(".png"))
     table = [
-        "| task | mode | seed | steps | final return (last 10 episodes) | eval return (10 "
-        "episodes, mean action) | SPS | wall time (min) |",
+        f"| task | mode | seed | steps | final return (last {LAST_EPISODES} episodes) | eval "
+        "return (10 episodes, mean action) | SPS | wall time (min) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     table += [
-        f"| {r['env_id']} | {r['mode']} | {r['seed']} | {r['steps']:,} | {r['final_return']:.0f} | "
-        f"{r['eval_return']:.0f} | {r['sps']} | {r['wall_time_s'] / 60:.1f} |"
+        f"| {r['env_id']} | {r['mode']} | {r['seed']} | {r['steps']:,} | "
+        f"{r['final_return']:.0f} | {r['eval_return']:.0f} | {r['sps']} | "
+        f"{r['wall_time_s'] / 60:.1f} |"
         for r in results
     ]
-    groups = ["| task | mode | seeds | final return, mean ± std | CleanRL 1M (3 seeds) |"]
-    groups.append("|---|---|---|---|---|")
+    groups = [
+        "| task | mode | seeds | final return, mean ± std | CleanRL 1M (3 seeds) | target: "
+        "CleanRL's mean - std | met |"
+    ]
+    groups.append("|---|---|---|---|---|---|---|")
     for env_id, mode in PLAN:
         finals = [r["final_return"] for r in results if (r["env_id"], r["mode"]) == (env_id, mode)]
         if finals:
             reference, spread = CLEANRL[env_id]
+            target = reference - spread
             groups.append(
                 f"| {env_id} | {mode} | {len(finals)} | {np.mean(finals):.0f} ± "
-                f"{np.std(finals):.0f} | {reference} ± {spread} |"
+                f"{np.std(finals):.0f} | {reference} ± {spread} | {target} | "
+                f"{'yes' if np.mean(finals) >= target else 'no'} |"
             )
     missing = [name for name in RUNS if name not in names]
     commands = "\n".join(shlex.join(["python", *command_of(name)]) for name in names)
@@ -182,7 +188,7 @@ def report(work_dir: Path, out: Path, date: str, note: str, argv: list[str]):
         f"under `nice -n 10`, were (from the repository root):\n\n```\n{commands}\n```\n\n"
         "`defaults`: the script's defaults (8 environments x 256 steps); `cleanrl`: CleanRL's "
         "exact layout (1 environment x 2048 steps). Final return: the mean of the last "
-        f"{LAST_EPISODES} training episodes, as CleanRL reports its episodic returns; eval return: "
+        f"{LAST_EPISODES} training episodes; eval return: "
         "10 episodes with the mean action after training.\n\n"
         + "\n".join(table)
         + "\n\n"
