@@ -188,7 +188,7 @@ def validate(args: Args):
         "learning_starts epsilon_alpha priority_exponent eval_episodes eval_every checkpoint_every"
     )
     parsing.check_signs(args, positive.split(), non_negative.split())
-    parsing.check_in(args, "gamma", 0, 1, low_open=True)
+    parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
     parsing.check_in(args, "epsilon_base", 0, 1)
     parsing.check_in(args, "importance_sampling_exponent", 0, 1)
     parsing.check_run_options(args)
@@ -483,7 +483,9 @@ def actor(args, sizes, run, network, first_update, env_offset, device, param_que
             next_is_reset = done
 
         played = Played(*[np.stack(field, axis=1) for field in zip(*steps)])
-        data, tail = rollout_data(played, tail, env_ids=env_ids, gamma=args.gamma, n=args.n_step)
+        data, tail = rollout_data(
+            played=played, tail=tail, env_ids=env_ids, gamma=args.gamma, n=args.n_step
+        )
         timing = dict(
             param_queue_get_time=param_queue_get_time,
             rollout_time=time.time() - rollout_start,
@@ -1028,7 +1030,13 @@ def train(args: Args):
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
     network, state, counters = init_state(args, sizes)
-    run = open_run(args, sizes, __file__, counters, global_learner_devices)
+    run = open_run(
+        args=args,
+        sizes=sizes,
+        script_path=__file__,
+        counters=counters,
+        global_learner_devices=global_learner_devices,
+    )
     tally = Tally(learner_updates=int(state.step))
     state = replicate(state, learner_devices)
     update_fn = make_update(args, global_learner_devices)

@@ -186,7 +186,7 @@ def validate(args: Args):
     positive += " num_minibatches update_epochs clip_coef max_grad_norm log_frequency"
     non_negative = "ent_coef vf_coef eval_episodes eval_every checkpoint_every"
     parsing.check_signs(args, positive.split(), non_negative.split())
-    parsing.check_in(args, "gamma", 0, 1, low_open=True)
+    parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
     parsing.check_in(args, "gae_lambda", 0, 1)
     if args.eval_every and not args.eval_episodes:
         fail("--eval-every needs --eval-episodes: the number of episodes of each evaluation")
@@ -449,7 +449,9 @@ def actor(args, sizes, run, network, first_update, env_offset, devices, param_qu
         mean, log_std, value = network.apply(
             policy.params, normalize_observations(policy.normalizer.obs, obs)
         )
-        action = sample_actions(mean, log_std, action_key, step, env_ids_on_device)
+        action = sample_actions(
+            mean=mean, log_std=log_std, key=action_key, step=step, env_ids=env_ids_on_device
+        )
         return action, gaussian_log_prob(mean, log_std, action), value
 
     @jax.jit
@@ -842,7 +844,13 @@ def train(args: Args):
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
     network, state, counters = init_state(args, sizes)
-    run = open_run(args, sizes, __file__, counters, global_learner_devices)
+    run = open_run(
+        args=args,
+        sizes=sizes,
+        script_path=__file__,
+        counters=counters,
+        global_learner_devices=global_learner_devices,
+    )
     state = replicate(state, learner_devices)
     update_fn = make_update(args, global_learner_devices)
     learner_policy_version = counters["update"]
@@ -889,7 +897,15 @@ def train(args: Args):
                 learn_time=time.time() - learn_start,
                 learner_policy_version=learner_policy_version,
             )
-            log_update(args, sizes, run, update, rollouts, metrics, learner_stats)
+            log_update(
+                args=args,
+                sizes=sizes,
+                run=run,
+                update=update,
+                rollouts=rollouts,
+                metrics=metrics,
+                learner_stats=learner_stats,
+            )
             if args.eval_every and update % args.eval_every == 0 and run.is_main:
                 evaluate_during_training(args, run, state, update * sizes.steps_per_update)
             end.exit_code = run.after_update(state, update)
