@@ -158,6 +158,9 @@ def main():
         options.repeats,
     )
     STAND_IN_TD = jnp.zeros((1, args.batch_size))
+    # Untimed first: the first loop pays one-off costs (the first device_get of the TD errors, the
+    # job thread's start, cold pages of the trees), which would fall on whichever mode ran first.
+    steps_per_second(args, replay, pipeline=True)
     pipelined = steps_per_second(args, replay, pipeline=True)
     serial = steps_per_second(args, replay, pipeline=False)
     learner = learner_step_seconds(args, batch, options.learner_repeats)
