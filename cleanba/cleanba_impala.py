@@ -684,38 +684,6 @@ def start_actors(args, sizes, run, network, first_update, actor_devices, learner
     return param_queues, rollout_queues, threads
 
 
-def log_update(args, sizes, run, update, rollouts, metrics, learner_stats):
-    """TensorBoard every update; the losses and a console line every --log-frequency updates."""
-    global_step = update * sizes.steps_per_update
-    timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
-    actor_policy_version = rollouts[0].policy_version
-    run.log(
-        {
-            "stats/param_queue_get_time": timing["param_queue_get_time"],
-            "stats/rollout_time": timing["rollout_time"],
-            "stats/inference_time": timing["inference_time"],
-            "stats/env_step_time": timing["env_step_time"],
-            "stats/rollout_queue_get_time": learner_stats["rollout_queue_get_time"],
-            "stats/learn_time": learner_stats["learn_time"],
-            "stats/actor_policy_version": actor_policy_version,
-            "stats/learner_policy_version": learner_stats["learner_policy_version"],
-            "charts/SPS": run.sps(global_step),
-            "charts/learning_rate": learning_rate_at(args, sizes, update),
-        },
-        global_step,
-    )
-    if update % args.log_frequency and update != sizes.num_updates:
-        return
-    losses = jax.device_get(first_replica(metrics))
-    run.log({f"losses/{key}": value for key, value in losses.items()}, global_step)
-    details = (
-        f"policy actor={actor_policy_version} learner={learner_stats['learner_policy_version']} "
-        f"wait rollout={learner_stats['rollout_queue_get_time']:.2f}s "
-        f"param={timing['param_queue_get_time']:.2f}s"
-    )
-    run.print_progress(update, global_step, details)
-
-
 def train(args: Args):
     sizes = sizes_of(args, jax.process_count())
     actor_devices = [jax.local_devices()[i] for i in args.actor_device_ids]
@@ -772,14 +740,12 @@ def train(args: Args):
                 learn_time=time.time() - learn_start,
                 learner_policy_version=learner_policy_version,
             )
-            log_update(
-                args=args,
-                sizes=sizes,
-                run=run,
+            run.log_update(
                 update=update,
                 rollouts=rollouts,
                 metrics=metrics,
                 learner_stats=learner_stats,
+                learning_rate=learning_rate_at(args, sizes, update),
             )
             end.exit_code = run.after_update(state, update)
             if end.exit_code:

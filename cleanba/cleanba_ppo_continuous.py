@@ -798,38 +798,6 @@ def host_policy(state: LearnerState) -> Policy:
     return first_replica(Policy(params=state.params, normalizer=state.normalizer))
 
 
-def log_update(args, sizes, run, update, rollouts, metrics, learner_stats):
-    """TensorBoard every update; the losses and a console line every --log-frequency updates."""
-    global_step = update * sizes.steps_per_update
-    timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
-    actor_policy_version = rollouts[0].policy_version
-    run.log(
-        {
-            "stats/param_queue_get_time": timing["param_queue_get_time"],
-            "stats/rollout_time": timing["rollout_time"],
-            "stats/inference_time": timing["inference_time"],
-            "stats/env_step_time": timing["env_step_time"],
-            "stats/rollout_queue_get_time": learner_stats["rollout_queue_get_time"],
-            "stats/learn_time": learner_stats["learn_time"],
-            "stats/actor_policy_version": actor_policy_version,
-            "stats/learner_policy_version": learner_stats["learner_policy_version"],
-            "charts/SPS": run.sps(global_step),
-            "charts/learning_rate": learning_rate_at(args, sizes, update),
-        },
-        global_step,
-    )
-    if update % args.log_frequency and update != sizes.num_updates:
-        return
-    losses = jax.device_get(first_replica(metrics))
-    run.log({f"losses/{key}": value for key, value in losses.items()}, global_step)
-    details = (
-        f"policy actor={actor_policy_version} learner={learner_stats['learner_policy_version']} "
-        f"wait rollout={learner_stats['rollout_queue_get_time']:.2f}s "
-        f"param={timing['param_queue_get_time']:.2f}s"
-    )
-    run.print_progress(update, global_step, details)
-
-
 def evaluate_during_training(args, run, state, global_step: int):
     """--eval-every: the mean return of --eval-episodes episodes, logged as charts/eval_return."""
     saved_policy = flax.serialization.to_state_dict(jax.device_get(host_policy(state)))
@@ -897,14 +865,12 @@ def train(args: Args):
                 learn_time=time.time() - learn_start,
                 learner_policy_version=learner_policy_version,
             )
-            log_update(
-                args=args,
-                sizes=sizes,
-                run=run,
+            run.log_update(
                 update=update,
                 rollouts=rollouts,
                 metrics=metrics,
                 learner_stats=learner_stats,
+                learning_rate=learning_rate_at(args, sizes, update),
             )
             if args.eval_every and update % args.eval_every == 0 and run.is_main:
                 evaluate_during_training(args, run, state, update * sizes.steps_per_update)

@@ -139,6 +139,41 @@ class Run:
             flush=True,
         )
 
+    def log_update(self, update: int, rollouts: list, metrics, learner_stats: dict, learning_rate):
+        """What the on-policy scripts log after a learner update: every update, the actors' mean
+        timings (each rollout's `timing`), the learner's `learner_stats` (rollout_queue_get_time,
+        learn_time, learner_policy_version), SPS and the learning rate; every --log-frequency
+        updates and at the last, the losses (`metrics`, per learner device) and a console line."""
+        global_step = update * self.sizes.steps_per_update
+        timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
+        actor_policy_version = rollouts[0].policy_version
+        self.log(
+            {
+                "stats/param_queue_get_time": timing["param_queue_get_time"],
+                "stats/rollout_time": timing["rollout_time"],
+                "stats/inference_time": timing["inference_time"],
+                "stats/env_step_time": timing["env_step_time"],
+                "stats/rollout_queue_get_time": learner_stats["rollout_queue_get_time"],
+                "stats/learn_time": learner_stats["learn_time"],
+                "stats/actor_policy_version": actor_policy_version,
+                "stats/learner_policy_version": learner_stats["learner_policy_version"],
+                "charts/SPS": self.sps(global_step),
+                "charts/learning_rate": learning_rate,
+            },
+            global_step,
+        )
+        if update % self.args.log_frequency and update != self.sizes.num_updates:
+            return
+        losses = jax.device_get(run_files.first_replica(metrics))
+        self.log({f"losses/{key}": value for key, value in losses.items()}, global_step)
+        details = (
+            f"policy actor={actor_policy_version} "
+            f"learner={learner_stats['learner_policy_version']} "
+            f"wait rollout={learner_stats['rollout_queue_get_time']:.2f}s "
+            f"param={timing['param_queue_get_time']:.2f}s"
+        )
+        self.print_progress(update, global_step, details)
+
     def record_failure(self):
         """Called in the learner's `except Exception`: the traceback, and in a distributed run the
         hint that a peer may have gone (JAX's coordination service names it)."""
