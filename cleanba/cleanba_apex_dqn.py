@@ -76,6 +76,12 @@ class Args:
     """the learning rate of centered RMSProp as TensorFlow's, Ape-X's optimizer: decay 0.95, epsilon
     1.5e-7 inside the square root, no momentum, and the second-moment estimate starting at 1
     (optax's `initial_scale`), not 0, so that the first steps are not huge"""
+    anneal_lr: bool = False
+    """decay the learning rate linearly towards 0 over --updates-per-rollout x the run's updates
+    optimizer steps (the updates before --learning-starts take none, so it ends a little above 0);
+    Ape-X keeps it constant. Under a constant rate a small task's greedy policy keeps swinging
+    between good and poor (CartPole: 500, 270, 500 ...); the CPU CartPole evidence
+    (benchmark/results/learning_apex_cpu.md) anneals it, so that the final policy settles"""
     local_num_envs: int = 64
     """the number of environments of each actor thread"""
     num_actor_threads: int = 2
@@ -92,7 +98,9 @@ class Args:
     epsilon_base: float = 0.4
     """environment g of N explores with epsilon_base ** (1 + epsilon_alpha * g / (N - 1))"""
     epsilon_alpha: float = 7.0
-    """see --epsilon-base"""
+    """see --epsilon-base. Ape-X's 7 spreads hundreds of actors from 0.4 to 0.4^8; with a few
+    environments it makes most of them nearly greedy (4 environments: 0.4, 0.047, 0.0055, 0.00066),
+    so the replay sees few failures: the CPU CartPole evidence uses 3 (0.4, 0.16, 0.064, 0.026)"""
     buffer_size: int = 2_000_000
     """the replay capacity in transitions, first in first out"""
     learning_starts: int = 50_000
@@ -754,7 +762,7 @@ def init_state(args: Args, sizes: Sizes):
     probe_env.close()
     # Centered RMSProp as TensorFlow's (see --learning-rate).
     rmsprop = optax.rmsprop(
-        args.learning_rate, decay=0.95, eps=1.5e-7, initial_scale=1.0, centered=True
+        learning_rate_of(args, sizes), decay=0.95, eps=1.5e-7, initial_scale=1.0, centered=True
     )
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), rmsprop)
     state = QState.create(apply_fn=network.apply, params=params, target_params=params, tx=optimizer)
@@ -762,6 +770,15 @@ def init_state(args: Args, sizes: Sizes):
     checkpoint = resume_from(run_dir_of(args), state, identity) if args.resume else None
     state, counters = checkpoint or (state, dict(update=0, wall_time_s=0.0))
     return network, state, dict(counters, **identity)
+
+
+def learning_rate_of(args: Args, sizes: Sizes):
+    """The constant learning rate, or with --anneal-lr its schedule over optimizer steps."""
+    if not args.anneal_lr:
+        return args.learning_rate
+    return optax.linear_schedule(
+        args.learning_rate, 0.0, transition_steps=args.updates_per_rollout * sizes.num_updates
+    )
 
 
 def make_update(args: Args, learner_devices):
@@ -988,6 +1005,8 @@ def log_update(
         np.arange(sizes.num_envs), sizes.num_envs, args.epsilon_base, args.epsilon_alpha
     )
     param_lag = loop_stats.learner_policy_version - 1 - loop_stats.actor_policy_version
+    schedule = learning_rate_of(args, sizes)
+    learning_rate = schedule(tally.learner_updates) if callable(schedule) else schedule
     stats = {
         **timing,
         **loop_stats._asdict(),
@@ -1002,7 +1021,7 @@ def log_update(
     }
     run.log(
         {f"stats/{key}": value for key, value in stats.items()}
-        | {"charts/SPS": run.sps(global_step)},
+        | {"charts/SPS": run.sps(global_step), "charts/learning_rate": learning_rate},
         global_step,
     )
     if update % args.log_frequency and update != sizes.num_updates:

@@ -597,3 +597,21 @@ def test_default_network_and_optimizer_are_the_papers():
     assert len(moments) == 1
     assert all((np.asarray(nu) == 1).all() for nu in jax.tree.leaves(moments[0].nu))
     assert all((np.asarray(mu) == 0).all() for mu in jax.tree.leaves(moments[0].mu))
+
+
+def test_anneal_lr_decays_linearly_over_the_runs_optimizer_steps():
+    # 4 envs x 8 steps = 32 steps per update: 3,200 steps are 100 updates of 4 optimizer steps.
+    args = apex.Args(
+        env_id="CartPole-v1",
+        local_num_envs=4,
+        num_actor_threads=1,
+        num_steps=8,
+        total_timesteps=3200,
+        updates_per_rollout=4,
+        learning_rate=1e-3,
+    )
+    assert apex.learning_rate_of(args, apex.sizes_of(args, 1)) == 1e-3
+    args.anneal_lr = True
+    schedule = apex.learning_rate_of(args, apex.sizes_of(args, 1))
+    for step, expected in [(0, 1e-3), (100, 7.5e-4), (200, 5e-4), (400, 0.0), (500, 0.0)]:
+        assert float(schedule(step)) == pytest.approx(expected, abs=1e-9)
