@@ -1,5 +1,5 @@
-"""cleanba_apex_dpg.py: the losses, the clip, the transitions, the noise and the replay's use against
-hand-written references, then short Hopper runs in two subprocesses (2 CPU devices) for
+"""cleanba_apex_dpg.py: the losses, the clip, the transitions, the noise and the replay's use
+against hand-written references, then short Hopper runs in two subprocesses (2 CPU devices) for
 determinism, layout invariance, evaluation, resume, failures and bad inputs."""
 
 import json
@@ -399,3 +399,269 @@ def test_a_checkpointed_replay_continues_with_the_same_samples_and_evictions():
         ]
         np.testing.assert_array_equal(samples[0].slots, samples[1].slots)
         np.testing.assert_array_equal(samples[0].weights, samples[1].weights)
+
+
+# 4 envs x 8 steps per update, 16 updates; Hopper's random-policy episodes end within dozens of
+# steps, so reset steps and terminations occur. The replay (256) fills by update 9 and then evicts.
+MODEL = "cleanba_apex_dpg.cleanba_model"
+TINY = [
+    "--env-id",
+    "Hopper-v4",
+    "--critic-hiddens",
+    32,
+    32,
+    "--actor-hiddens",
+    32,
+    32,
+    "--local-num-envs",
+    4,
+    "--num-actor-threads",
+    1,
+    "--num-steps",
+    8,
+    "--total-timesteps",
+    512,
+    "--learning-starts",
+    64,
+    "--buffer-size",
+    256,
+    "--batch-size",
+    32,
+    "--updates-per-rollout",
+    4,
+    "--steps-per-call",
+    2,
+    "--target-update-period",
+    4,
+    "--log-frequency",
+    1,
+    "--checkpoint-every",
+    8,
+    "--save-model",
+]
+
+# Runs the script's main once per command, in one process (an import of JAX and envpool takes ~8 s
+# of CPU here). A command may first copy another run's checkpoints up to an update, to resume from
+# there.
+DRIVER = """
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import cleanba.cleanba_apex_dpg as script
+
+for command in json.loads(sys.argv[1]):
+    run_dir = Path("runs") / command["name"]
+    if command.get("resume_from"):
+        source, update = command["resume_from"]
+        shutil.copytree(Path("runs") / source / "checkpoints", run_dir / "checkpoints")
+        for checkpoint in (run_dir / "checkpoints").glob("*.ckpt"):
+            if int(checkpoint.stem.split("_")[1]) > update:
+                checkpoint.unlink()
+    script.main([*command["argv"], "--run-name", command["name"]])
+"""
+
+EVAL = ["--no-pipeline", "--eval-episodes", 1, "--eval-every", 5]
+# The README's command with fewer steps: 3 updates of 64 environments x 40 steps, 2 of them
+# learning (16 optimizer steps of 256 each).
+README_SHORTER = ["--total-timesteps", 7680, "--learning-starts", 2560, "--checkpoint-every", 0]
+PROCESSES = [
+    [
+        dict(name="one", argv=TINY),
+        dict(name="two_threads", argv=[*TINY, "--local-num-envs", 2, "--num-actor-threads", 2]),
+        dict(name="resumed_at_end", argv=[*TINY, "--resume"], resume_from=["one", 16]),
+        dict(name="resumed", argv=[*TINY, "--resume"], resume_from=["one", 8]),
+        dict(name="readme", argv=[]),
+    ],
+    [
+        dict(name="one_again", argv=TINY),
+        dict(name="two_learners", argv=[*TINY, "--learner-device-ids", 0, 1]),
+        dict(name="serial_eval", argv=[*TINY, *EVAL]),
+        dict(name="no_replay", argv=[*TINY, "--no-checkpoint-replay"]),
+        dict(
+            name="resumed_empty",
+            argv=[*TINY, "--resume", "--no-checkpoint-replay"],
+            resume_from=["no_replay", 8],
+        ),
+    ],
+]
+
+
+def readme_command() -> list[str]:
+    """The Ape-X DPG command of the README, as the script's arguments."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Ape-X DPG") :]
+    block = section[section.index("```bash") + len("```bash") : section.index("```\n", 10)]
+    lines = block.replace("\\\n", " ").splitlines()
+    command = next(line.split() for line in lines if "cleanba_apex_dpg.py" in line)
+    return command[command.index("cleanba/cleanba_apex_dpg.py") + 1 :]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Run directory and stdout of each run; both processes see 2 CPU devices."""
+    cwd = tmp_path_factory.mktemp("apex_dpg")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    processes = []
+    for commands in PROCESSES:
+        resolved = []
+        for command in commands:
+            argv = command["argv"] if command["name"] != "readme" else readme_command()
+            if command["name"] == "readme":
+                argv = [*argv, *README_SHORTER]
+            resolved.append(dict(command, argv=[*map(str, argv)]))
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-c", DRIVER, json.dumps(resolved)],
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    stdout = ""
+    for process in processes:
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err[-3000:]
+        stdout += out
+    return cwd / "runs", stdout
+
+
+def summary(run_dir) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_same_seed_same_fingerprint_with_or_without_pipeline_and_evaluation(runs):
+    run_dirs, _ = runs
+    fingerprints = {
+        name: summary(run_dirs / name)["params_fingerprint"]
+        for name in ["one", "one_again", "serial_eval", "no_replay"]
+    }
+    assert len(set(fingerprints.values())) == 1, fingerprints
+    evaluations = scalars(run_dirs / "serial_eval", "charts/eval_return")
+    assert [step for step, _ in evaluations] == [160, 320, 480, 512]
+    assert summary(run_dirs / "serial_eval")["eval_return"] == pytest.approx(evaluations[-1][1])
+
+
+# The same run under two layouts differs by float rounding only: measured after 16 updates, 1 vs 2
+# learner devices (gradients summed in another order) and 1 vs 2 actor threads (the actors' networks
+# on batches of 4 or 2), parameters at most 3e-8 apart; asserted with a 30x margin.
+LAYOUT_ATOL = 1e-6
+
+
+@pytest.mark.parametrize("layout", ["two_learners", "two_threads"])
+def test_layout_changes_parameters_by_float_rounding_only(runs, layout):
+    run_dirs, _ = runs
+    reference = load_params(run_dirs / "one" / MODEL)
+    other = load_params(run_dirs / layout / MODEL)
+    assert max_abs_difference(reference, other) < LAYOUT_ATOL
+
+
+def test_the_run_logs_its_diagnostics_and_keeps_the_policy_lag(runs):
+    run_dir = runs[0] / "one"
+    expected = {
+        "charts/SPS",
+        "charts/episodic_return",
+        "stats/actor_sps",
+        "stats/learner_updates_per_second",
+        "stats/replay_size",
+        "stats/replay_insert_per_second",
+        "stats/replay_sample_per_second",
+        "stats/priority_mean",
+        "stats/priority_max",
+        "stats/is_weight_min",
+        "stats/noise_std_max",
+        "stats/param_lag",
+        "losses/critic_loss",
+        "losses/actor_loss",
+        "losses/q_values",
+        "losses/actor_grad_clipped",
+    }
+    assert expected <= scalar_tags(run_dir)
+    assert [v for _, v in scalars(run_dir, "stats/param_lag")] == [0] + [1] * 15
+    # Updates of 32 steps; the first rollout's last 3 steps per env wait for the next one, and
+    # reset steps never enter: the replay grows by at most 32 an update until it holds 256.
+    sizes = [v for _, v in scalars(run_dir, "stats/replay_size")]
+    assert sizes[0] <= 20 and sizes[-1] == 256 and all(np.diff(sizes) <= 32)
+    updates = [v for _, v in scalars(run_dir, "stats/learner_updates")]
+    assert updates[-1] == 4 * sum(size >= 64 for size in sizes)
+
+
+def test_the_model_file_plays_as_the_run_evaluated_it(runs):
+    run_dir = runs[0] / "serial_eval"
+    args = dpg.parse_args([*map(str, TINY)])
+    returns = dpg.evaluate(load_params(run_dir / MODEL), args, 1, args.seed + 1_000_000)
+    np.testing.assert_allclose(returns, [v for _, v in scalars(run_dir, "eval/episodic_return")])
+
+
+def test_resume_continues_with_the_checkpointed_replay(runs):
+    run_dirs, stdout = runs
+    assert "resuming resumed_at_end from update 16" in stdout
+    assert (
+        summary(run_dirs / "resumed_at_end")["params_fingerprint"]
+        == (summary(run_dirs / "one")["params_fingerprint"])
+    )
+    # Resumed after update 8 with its replay, the run learns at update 9 as the uninterrupted run
+    # did; with an empty replay it waits until the replay holds 64 transitions again.
+    assert "resuming resumed from update 8" in stdout
+    one = dict(scalars(run_dirs / "one", "stats/learner_updates"))
+    resumed = dict(scalars(run_dirs / "resumed", "stats/learner_updates"))
+    empty = dict(scalars(run_dirs / "resumed_empty", "stats/learner_updates"))
+    assert resumed[9 * 32] == one[9 * 32] == one[8 * 32] + 4
+    assert empty[9 * 32] == one[8 * 32]
+    assert resumed[16 * 32] == one[16 * 32]
+
+
+def test_the_readme_command_runs_with_its_defaults_for_fewer_steps(runs):
+    run_dir = runs[0] / "readme"
+    assert summary(run_dir)["global_step"] == 7680
+    assert scalars(run_dir, "stats/learner_updates")[-1][1] == 32
+
+
+def test_a_crashing_actor_ends_the_process(tmp_path):
+    args = [*TINY, "--total-timesteps", 1_000_000, "--checkpoint-every", 0]
+    result = run_failing("cleanba_apex_dpg", "actor", args, tmp_path)
+    assert result.returncode == 1 and "environment exploded" in result.stderr
+    assert seconds_after_failure(result, time.time()) < PROMPT_EXIT_SECONDS
+
+
+def test_a_discrete_task_is_one_line_and_exit_2_in_a_real_process(tmp_path):
+    result = run_script("cleanba_apex_dpg.py", ["--env-id", "CartPole-v1"], tmp_path, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cleanba_apex_dqn.py" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "runs").exists()
+
+
+BAD_INPUTS = [
+    (["--env-id", "NoSuchTask-v4"], "--env-id"),
+    (["--env-id", "Breakout-v5"], "cleanba_apex_dqn.py"),
+    (["--total-timesteps", "0"], "--total-timesteps"),
+    (["--learning-rate", "nan"], "--learning-rate"),
+    (["--noise-std", "inf"], "--noise-std"),
+    (["--noise-std", "1.5"], "--noise-std"),
+    (["--gamma", "1.5"], "--gamma"),
+    (["--n-step", "0"], "--n-step"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--updates-per-rollout", "6", "--steps-per-call", "4"], "--steps-per-call"),
+    (["--target-update-period", "0"], "--target-update-period"),
+    (["--actor-grad-clip", "0"], "--actor-grad-clip"),
+    (["--priority-exponent", "-1"], "--priority-exponent"),
+    (["--importance-sampling-exponent", "1.5"], "--importance-sampling-exponent"),
+    (["--eviction", "lifo"], "--eviction"),
+    (["--eviction-exponent", "0.4"], "--eviction-exponent"),
+    (["--learning-starts", "100", "--buffer-size", "50"], "--learning-starts"),
+    (["--buffer-size", str(10**10)], "--buffer-size"),
+    (["--critic-hiddens"], "--critic-hiddens"),
+    (["--actor-hiddens", "0"], "--hiddens"),
+    (["--learner-device-ids", "7"], "--learner-device-ids"),
+    (["--resume"], "--resume"),
+    (["--eval-every", "-1"], "--eval-every"),
+]
+
+
+@pytest.mark.parametrize("args,option", BAD_INPUTS)
+def test_bad_input_is_refused_with_one_line(capsys, args, option):
+    assert_refused(dpg, args, option, capsys)
