@@ -8,8 +8,9 @@
    steps) on HumanoidStand-v1 (`--paper-env ManipulatorBringBall-v1` for the other task) for
    `--paper-minutes` of wall time: the returns against wall time, and transitions and batches per
    second (the paper: about 14k transitions and 86 batches of 256 per second, 64 actors and a GPU).
-3. `--speed`: two short HalfCheetah-v4 runs (about 2 minutes each), the defaults and DDPG's ratio,
-   timed over their learning phase: environment steps and optimizer steps per second.
+3. `--speed`: two HalfCheetah-v4 runs of about 2 minutes each, at the defaults (1.28M steps) and at
+   DDPG's ratio (20,480 steps), timed over their learning phase: environment steps and optimizer
+   steps per second.
 
 python benchmark/learning_apex_dpg_cpu.py                                  # everything, in turn
 python benchmark/learning_apex_dpg_cpu.py --runs halfcheetah_ddpg_ratio_1 # some runs
@@ -80,8 +81,8 @@ MODES = {
     ],
 }
 SPEED = {
-    # The defaults; learning from the third update on (2,368 + 2,560 + ... transitions).
-    "speed_defaults": ["--total-timesteps", "25600", "--learning-starts", "5120"],
+    # The defaults (learning from 50,000 transitions on), 500 updates: about 2 minutes here.
+    "speed_defaults": ["--total-timesteps", "1280000", "--log-frequency", "50"],
     "speed_ddpg_ratio": [
         *DDPG_RATIO,
         "--total-timesteps",
@@ -406,12 +407,12 @@ def report(runs: dict, options):
         if s is not None
     ]
     missing = [name for name in runs if name not in names]
-    commands = "\n".join(shlex.join(["python", *command_of(n, runs, options)]) for n in names)
+    commands = "\n".join(shlex.join(["python", *command_of(n, runs, options)]) for n in runs)
     text = (
         f"# Ape-X DPG on a CPU ({options.date})\n\n"
         f"Machine: {platform.machine()}, 2 CPU cores, Python {platform.python_version()}. Made by "
-        f"`{command_line(sys.argv)}`; the runs, one at a time under `nice -n 10`, were (from the "
-        f"repository root):\n\n```\n{commands}\n```\n\n"
+        f"`{command_line(sys.argv)}`. The learning runs, one at a time under `nice -n 10` (from "
+        f"the repository root):\n\n```\n{commands}\n```\n\n"
         "`ddpg_ratio`: one batch of 256 per environment step (8 environments x 8 steps, 64 "
         "optimizer steps per update), 1M steps, the paper's other hyperparameters. `paper`: the "
         "script's defaults (the paper's: 64 environments, 1.6 samples per inserted transition), "
@@ -421,7 +422,7 @@ def report(runs: dict, options):
         "their final training returns (noise 0.1), mean ± std over seeds; the target compares our "
         "evaluation return with DDPG's mean. A partial run has not finished (it continues when the "
         "benchmark runs again).\n\n"
-        + "\n".join(table)
+        + ("\n".join(table) if results else "No learning run has been made yet.")
         + "\n\n"
         + "\n".join(groups)
         + (f"\n\nNot run yet: {', '.join(missing)}." if missing else "")
