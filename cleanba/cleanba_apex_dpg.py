@@ -16,11 +16,17 @@ sampled beforehand); the TD errors of a call become priorities after the next ca
 drawn: see `learn` for the lag this fixes.
 
 How this differs from Ape-X DQN's script besides the algorithm: a transition stores its observation
-and its bootstrap observation (the paper's choice: a few hundred bytes on these tasks, where DQN
-keeps each Atari frame once), so the replay holds valid transitions only: envpool's reset steps and
-the n steps that wait for their rewards never enter it, and eviction is by priority (exponent -0.4,
-the paper's choice for DPG) or first in first out. A checkpoint saves the replay with the learner
-(--checkpoint-replay), so a resumed run continues with the data it had.
+and its bootstrap observation (as the paper's replay did: a few hundred bytes on these tasks, where
+DQN's script keeps each Atari frame once), so the replay holds valid transitions only: envpool's
+reset steps (the step after an episode's end, whose action is ignored) start no transition and the n
+steps that wait for their rewards enter with the next rollout, instead of DQN's placeholders of
+priority 0; eviction is by priority (exponent -0.4, the paper's choice for DPG) or first in first
+out. A checkpoint saves the replay with the learner (--checkpoint-replay), so a resumed run
+continues with the data it had.
+
+The defaults are the paper's (appendix D, and Ape-X DQN's where it names none; each field says
+which): 64 environments (its 64 actors), 40 steps each per update and 16 batches of 256 per update,
+1.6 samples per inserted transition where the paper's learner and actors reached 1.57.
 """
 
 import dataclasses
@@ -132,9 +138,11 @@ class Args:
     steps_per_call: int = 8
     """optimizer steps compiled into one learner call (a scan over batches sampled beforehand); it
     must divide --updates-per-rollout and sets the priority lag: a step's TD errors reach the
-    sampler 8 to 15 steps late at 8 (see `learn`). On 2 CPU cores a step costs 6.1 ms of CPU at 1,
-    4.5 at 8 and 4.1 at 16 (the call's dispatch and the replay's per-call work amortized); Ape-X's
-    own learner prefetched up to 16 batches, so its priorities came at least as late"""
+    sampler K to 2K - 1 steps late (8 to 15 at the default; Ape-X DQN's script, one step per call:
+    1; see `learn`). Measured on 2 CPU cores, a HalfCheetah step at the defaults costs 6.1 ms of CPU
+    at 1 step per call, 4.5 at 8 and 4.1 at 16: the call's dispatch and the replay's per-call work
+    are shared. The paper's Atari learner prefetched up to 16 batches (its section 4.1), so its
+    priorities came at least as late"""
     priority_exponent: float = 0.6
     """alpha: a transition is sampled in proportion to its priority ** alpha (the paper's)"""
     importance_sampling_exponent: float = 0.4
