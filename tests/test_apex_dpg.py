@@ -34,27 +34,30 @@ from cleanba_utils.run_files import replicate
 SPACES = dpg.Spaces(obs_dim=3, action_low=(-1.0, -2.0), action_high=(1.0, 0.0))
 
 
-def numpy_mlp(params, x, output_tanh: bool):
-    """Dense_0 then tanh, the other hidden layers then relu, the last layer linear (or tanh)."""
-    layers = [params["params"][f"Dense_{i}"] for i in range(len(params["params"]))]
-    x = np.tanh(x @ np.asarray(layers[0]["kernel"]) + np.asarray(layers[0]["bias"]))
-    return x, layers[1:]
+def numpy_layers(params) -> list:
+    return [params["params"][f"Dense_{i}"] for i in range(len(params["params"]))]
+
+
+def dense(layer, x):
+    return x @ np.asarray(layer["kernel"]) + np.asarray(layer["bias"])
 
 
 def numpy_critic(params, obs, action):
-    x, layers = numpy_mlp(params, obs, output_tanh=False)
-    x = np.concatenate([x, action], axis=1)
-    for layer in layers[:-1]:
-        x = np.maximum(x @ np.asarray(layer["kernel"]) + np.asarray(layer["bias"]), 0.0)
-    return (x @ np.asarray(layers[-1]["kernel"]) + np.asarray(layers[-1]["bias"]))[:, 0]
+    """tanh(first layer of the observation), the action appended, relu layers, a linear output."""
+    layers = numpy_layers(params)
+    x = np.concatenate([np.tanh(dense(layers[0], obs)), action], axis=1)
+    for layer in layers[1:-1]:
+        x = np.maximum(dense(layer, x), 0.0)
+    return dense(layers[-1], x)[:, 0]
 
 
 def numpy_actor(params, obs, low, high):
-    x, layers = numpy_mlp(params, obs, output_tanh=True)
-    for layer in layers[:-1]:
-        x = np.maximum(x @ np.asarray(layer["kernel"]) + np.asarray(layer["bias"]), 0.0)
-    squashed = np.tanh(x @ np.asarray(layers[-1]["kernel"]) + np.asarray(layers[-1]["bias"]))
-    return (high + low) / 2 + (high - low) / 2 * squashed
+    """tanh(first layer), relu layers, a tanh output scaled from [-1, 1] to [low, high]."""
+    layers = numpy_layers(params)
+    x = np.tanh(dense(layers[0], obs))
+    for layer in layers[1:-1]:
+        x = np.maximum(dense(layer, x), 0.0)
+    return low + (high - low) * (np.tanh(dense(layers[-1], x)) + 1) / 2
 
 
 def random_params(module, key, *inputs):
@@ -624,6 +627,26 @@ def test_a_crashing_actor_ends_the_process(tmp_path):
     args = [*TINY, "--total-timesteps", 1_000_000, "--checkpoint-every", 0]
     result = run_failing("cleanba_apex_dpg", "actor", args, tmp_path)
     assert result.returncode == 1 and "environment exploded" in result.stderr
+    assert seconds_after_failure(result, time.time()) < PROMPT_EXIT_SECONDS
+
+
+def test_a_crashing_replay_thread_ends_the_process(tmp_path):
+    program = (
+        "import sys\nimport time\nimport cleanba.cleanba_apex_dpg as script\n"
+        "def exploding_sample(*args):\n"
+        "    print(f'failed at {time.time()}', file=sys.stderr, flush=True)\n"
+        "    raise RuntimeError('sampler exploded')\n"
+        "script.sample_batches = exploding_sample\nscript.main(sys.argv[1:])\n"
+    )
+    args = [*TINY, "--total-timesteps", 1_000_000, "--checkpoint-every", 0]
+    result = subprocess.run(
+        [sys.executable, "-c", program, *map(str, args)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1 and "sampler exploded" in result.stderr, result.stderr[-3000:]
     assert seconds_after_failure(result, time.time()) < PROMPT_EXIT_SECONDS
 
 
