@@ -324,7 +324,7 @@ def spaces_of(env_id: str) -> Spaces:
 def small_uniform(key, shape, dtype=jnp.float32):
     """DDPG's initialization of the output layers (Lillicrap et al., 2016): uniform in ±3e-3, so
     that the first actions are near the middle of their range and the first values near 0."""
-    return jax.random.uniform(key, shape, dtype, -3e-3, 3e-3)
+    return jax.random.uniform(key, shape, dtype, minval=-3e-3, maxval=3e-3)
 
 
 class Critic(nn.Module):
@@ -1176,7 +1176,9 @@ def train(args: Args):
             )
             learn_start = time.time()
             data = gather_rollouts(args, rollouts)
-            insert = jobs.submit(functools.partial(insert_and_count, args, replay, data, update))
+            insert = jobs.submit(
+                functools.partial(insert_and_count, args, replay=replay, data=data, update=update)
+            )
             inserted, tally.replay_size = jobs.wait(insert)
             tally.inserted += inserted
             insert_time = time.time() - learn_start

@@ -263,7 +263,9 @@ def test_rollout_transitions_match_a_step_by_step_reference_across_rollouts():
                 ]
             ]
         )
-        data, tail = dpg.rollout_data(played, tail, env_ids=np.arange(num_envs), gamma=gamma, n=n)
+        data, tail = dpg.rollout_data(
+            played=played, tail=tail, env_ids=np.arange(num_envs), gamma=gamma, n=n
+        )
         assert data.obs.shape == (num_envs, length, 3)
         for env, stream in enumerate(streams):
             for position in range(length):
