@@ -6,7 +6,8 @@ fields (a NamedTuple or a dict of NumPy arrays, each field of any shape and dtyp
   exponent -0.4", so low-priority items go first);
 - sampling in proportion to priority ** priority_exponent (Schaul et al., 2016) with
   importance-sampling weights, or uniform sampling (`uniform=True`, weights 1);
-- priority updates of sampled items, which skip the items overwritten since they were sampled.
+- priority updates of sampled items, which skip the items overwritten since they were sampled;
+- a state dict for checkpoints, from which the same samples and evictions follow.
 
 Every random choice comes from the `np.random.Generator` the caller passes, so a seeded generator
 gives the same samples and evictions on every run. The priorities live in `sum_tree` (float64, so
@@ -198,6 +199,36 @@ class PrioritizedReplay:
 
     def num_sampleable(self) -> int:
         return int(np.count_nonzero(self.stored_weights()))
+
+    def state_dict(self) -> dict:
+        """What a checkpoint saves (views, not copies: serialize it before the store changes): the
+        filled slots' items, sampling and eviction weights and insertion counts, and the counts.
+        Slots 0 .. size - 1 are the filled ones under either eviction."""
+        filled = slice(0, self.size)
+        leaves = lambda tree: (
+            np.zeros(0) if tree is None else tree[sum_tree.num_leaves(tree) :][filled]
+        )
+        return dict(
+            items=[field[filled] for field in self.fields(self.items)],
+            weights=leaves(self.tree),
+            eviction_weights=leaves(self.eviction_tree),
+            written_at=self.written_at[filled],
+            size=self.size,
+            inserted=self.inserted,
+        )
+
+    def load_state_dict(self, saved: dict):
+        """Restores a `state_dict` into this empty store of the same capacity and fields. The sum
+        trees are rebuilt from their leaves, which determine them: the same samples follow."""
+        size = int(saved["size"])
+        for stored, field in zip(self.fields(self.items), saved["items"]):
+            stored[:size] = field
+        sum_tree.set_weights(self.tree, np.arange(size), saved["weights"])
+        if self.eviction_tree is not None:
+            sum_tree.set_weights(self.eviction_tree, np.arange(size), saved["eviction_weights"])
+        self.written_at[:size] = saved["written_at"]
+        self.size = size
+        self.inserted = int(saved["inserted"])
 
 
 class Job:

@@ -93,3 +93,15 @@ def save_model(args, params, run_dir: str, script_path: str) -> str:
             )
         )
     return path
+
+
+def add_evaluations_to_summary(run_dir: str, evaluations: list):
+    """summary.json gets the last evaluation's mean return and every evaluation's (step, mean)."""
+    path = os.path.join(run_dir, "summary.json")
+    with open(path) as f:
+        summary = json.load(f)
+    write_json(
+        path,
+        summary
+        | {"eval_return": evaluations[-1][1], "eval_returns": [list(e) for e in evaluations]},
+    )

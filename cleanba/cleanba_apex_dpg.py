@@ -1,0 +1,1250 @@
+"""Cleanba Ape-X DPG (Horgan et al., 2018, "Distributed Prioritized Experience Replay", section 3.2
+and appendix D): deterministic policy gradients with distributed prioritized replay, for envpool's
+MuJoCo and DeepMind Control suite tasks. Actor threads play the policy with Gaussian exploration
+noise and compute n-step transitions with their initial priorities; the learner keeps one
+prioritized replay, inserts each rollout in global environment order, makes exactly
+--updates-per-rollout sampled optimizer steps of the critic and of the actor (pmap'd) and publishes
+the parameters. One learner update is one rollout of every actor thread and these optimizer steps.
+With `--concurrency` (the default) actors play with parameters exactly one version behind, as in
+Cleanba.
+
+The replay's work runs in a background thread in one fixed order, with every random choice drawn
+from a generator seeded by the run's seed and a counter (the optimizer step for a batch, the update
+for an eviction), so the same seed gives the same run on every layout, pipelined or not, evaluated
+or not. The learner compiles --steps-per-call optimizer steps into one call (a scan over batches
+sampled beforehand); the TD errors of a call become priorities after the next call's batches are
+drawn: see `learn` for the lag this fixes.
+
+How this differs from Ape-X DQN's script besides the algorithm: a transition stores its observation
+and its bootstrap observation (as the paper's replay did: a few hundred bytes on these tasks, where
+DQN's script keeps each Atari frame once), so the replay holds valid transitions only: envpool's
+reset steps (the step after an episode's end, whose action is ignored) start no transition and the n
+steps that wait for their rewards enter with the next rollout, instead of DQN's placeholders of
+priority 0; eviction is by priority (exponent -0.4, the paper's choice for DPG) or first in first
+out. A checkpoint saves the replay with the learner (--checkpoint-replay), so a resumed run
+continues with the data it had.
+
+The defaults are the paper's (appendix D, and Ape-X DQN's where it names none; each field says
+which): 64 environments (its 64 actors), 40 steps each per update and 16 batches of 256 per update,
+1.6 samples per inserted transition where the paper's learner and actors reached 1.57.
+"""
+
+import dataclasses
+import functools
+import os
+import queue
+import time
+import types
+from typing import Any, Literal, NamedTuple
+
+import envpool
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+from flax.training.train_state import TrainState
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from cleanba_utils import distributed, parsing
+from cleanba_utils.checkpoints import resume_from
+from cleanba_utils.envs import envpool_num_threads, flat_observation, is_continuous
+from cleanba_utils.handoff import check_policy_lag, send_params
+from cleanba_utils.parsing import fail
+from cleanba_utils.replay import BackgroundJobs, PrioritizedReplay
+from cleanba_utils.run import open_run, run_dir_of
+from cleanba_utils.run_files import add_evaluations_to_summary, first_replica, replicate
+from cleanba_utils.threads import queue_get, queue_put, start_thread
+
+# === Args ===
+
+
+@dataclasses.dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment: environments, exploration noise, initialization, replay sampling and
+    eviction"""
+    run_name: str | None = None
+    """name of the run folder under `runs/` (default: `{env_id}__{exp_name}__{seed}__{unix time}`)
+    """
+    group: str = ""
+    """free-form label of the experiment this run belongs to, recorded in spec.json"""
+    track: bool = False
+    """log to Weights & Biases"""
+    wandb_project_name: str = "cleanba"
+    """the Weights & Biases project"""
+    wandb_entity: str | None = None
+    """the Weights & Biases entity (team)"""
+    save_model: bool = False
+    """save the final parameters (actor and critic) to `runs/{run_name}/{exp_name}.cleanba_model`"""
+    eval_episodes: int = 0
+    """play this many episodes with the noiseless policy and the learner's current parameters in
+    evaluation environments of their own every --eval-every updates and after the last, logged as
+    charts/eval_return (0: no evaluation)"""
+    eval_every: int = 100
+    """evaluate every this many updates (0: only after the last); evaluation never changes the run
+    """
+    log_frequency: int = 10
+    """print and log losses every this many updates"""
+
+    env_id: str = "HalfCheetah-v4"
+    """the id of the envpool environment (continuous actions: MuJoCo or dm_control, e.g. the
+    paper's HumanoidStand-v1, HumanoidWalk-v1, HumanoidRun-v1, ManipulatorBringBall-v1)"""
+    total_timesteps: int = 10_000_000
+    """total environment steps of the run"""
+    learning_rate: float = 1e-4
+    """the learning rate of Adam, for the actor and the critic alike (the paper's)"""
+    local_num_envs: int = 32
+    """the number of environments of each actor thread (2 threads x 32: the paper's 64 actors)"""
+    num_actor_threads: int = 2
+    """the number of actor threads per actor device"""
+    envpool_num_threads: int | None = None
+    """worker threads of each envpool instance (default: CPUs / actor threads); results do not
+    depend on it"""
+    num_steps: int = 40
+    """the number of steps each environment runs per rollout (one update of the learner)"""
+    gamma: float = 0.99
+    """the discount factor"""
+    n_step: int = 3
+    """the number of rewards in a transition's return before it bootstraps (Ape-X DQN's 3: the
+    paper's DPG keeps DQN's hyperparameters where appendix D names none)"""
+    noise_std: float = 0.3
+    """the standard deviation of the Gaussian noise added to every action, in units of half the
+    action range (the paper's 0.3; these tasks' actions range over [-1, 1]); the noisy action is
+    clipped to the bounds"""
+    noise_alpha: float = 0.0
+    """a per-environment noise schedule like Ape-X DQN's epsilons: environment g of N explores with
+    noise_std ** (1 + noise_alpha g / (N - 1)), fixed for the run (0, the paper's DPG: all
+    noise_std)"""
+    buffer_size: int = 1_000_000
+    """the replay capacity in transitions (the paper's)"""
+    eviction: Literal["prioritized", "fifo"] = "prioritized"
+    """how a full replay makes room: "prioritized", transitions drawn in proportion to priority **
+    --eviction-exponent (the paper's choice for DPG), or "fifo", the oldest first (Ape-X DQN's)"""
+    eviction_exponent: float = -0.4
+    """the exponent of prioritized eviction (the paper's -0.4: low priorities leave first)"""
+    learning_starts: int = 50_000
+    """the number of transitions in the replay before the learner starts updating (Ape-X DQN's)"""
+    batch_size: int = 256
+    """the number of transitions of one optimizer step (the paper's)"""
+    updates_per_rollout: int = 16
+    """optimizer steps per learner update: a fixed replay ratio of steps x batch / (num envs x num
+    steps) samples per inserted transition (1.6 at the defaults; the paper's learner sampled 86
+    batches of 256 per second while its actors inserted 14k transitions: 1.57)"""
+    steps_per_call: int = 8
+    """optimizer steps compiled into one learner call (a scan over batches sampled beforehand); it
+    must divide --updates-per-rollout and sets the priority lag: a step's TD errors reach the
+    sampler K to 2K - 1 steps late (8 to 15 at the default; Ape-X DQN's script, one step per call:
+    1; see `learn`). Measured on 2 CPU cores, a HalfCheetah step at the defaults costs 6.1 ms of CPU
+    at 1 step per call, 4.5 at 8 and 4.1 at 16: the call's dispatch and the replay's per-call work
+    are shared. The paper's Atari learner prefetched up to 16 batches (its section 4.1), so its
+    priorities came at least as late"""
+    priority_exponent: float = 0.6
+    """alpha: a transition is sampled in proportion to its priority ** alpha (the paper's)"""
+    importance_sampling_exponent: float = 0.4
+    """beta: the critic's loss is weighted by (1 / probability) ** beta, normalized by the batch
+    maximum (Ape-X DQN's)"""
+    target_update_period: int = 100
+    """copy the actor and the critic to their target networks every this many optimizer steps (the
+    paper's)"""
+    actor_grad_clip: float = 1.0
+    """the actor's gradient is clipped element-wise to [-actor_grad_clip, actor_grad_clip] (the
+    paper's 1)"""
+    max_grad_norm: float = 40.0
+    """the maximum global norm of the critic's gradient (Ape-X DQN's 40: the paper's DPG keeps
+    DQN's hyperparameters where appendix D names none)"""
+    critic_hiddens: tuple[int, ...] = (400, 300)
+    """the critic's layers (the paper's 400 and 300): tanh after the first, which the action joins,
+    relu after the others"""
+    actor_hiddens: tuple[int, ...] = (300, 200)
+    """the actor's layers (the paper's 300 and 200): tanh after the first, relu after the others"""
+    pipeline: bool = True
+    """sample the next batches and write the priorities in a background thread while the learner
+    computes; --no-pipeline waits for them (the same run, slower)"""
+    checkpoint_replay: bool = True
+    """save the replay with every checkpoint, so that --resume continues with it (at 1M HalfCheetah
+    transitions, about 170 MB a checkpoint); --no-checkpoint-replay: a resumed run refills an empty
+    replay to --learning-starts before it learns again"""
+
+    actor_device_ids: tuple[int, ...] = (0,)
+    """the local device ids that run actor threads"""
+    learner_device_ids: tuple[int, ...] = (0,)
+    """the local device ids the learner update is pmap'd over (each takes an equal share of the
+    batch)"""
+    concurrency: bool = True
+    """let actors collect the next rollout while the learner trains (policy lag 1 instead of 0)"""
+    distributed: bool = False
+    """join a multi-process run with jax.distributed (configured by SLURM or the three options
+    below)"""
+    coordinator_address: str | None = None
+    """host:port of process 0, for --distributed outside SLURM"""
+    num_processes: int | None = None
+    """the number of processes, for --distributed outside SLURM"""
+    process_id: int | None = None
+    """this process's index in 0 .. num_processes - 1, for --distributed outside SLURM"""
+    checkpoint_every: int = 0
+    """save a checkpoint every this many updates (0: only at the end and on SIGTERM / SIGUSR1)"""
+    resume: bool = False
+    """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is
+    none)"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    num_envs: int
+    steps_per_update: int
+    """environment steps of one learner update: num_envs x num_steps (--batch-size is the number of
+    transitions of one optimizer step)"""
+    num_updates: int
+    """rollouts per actor thread, each followed by --updates-per-rollout optimizer steps"""
+
+
+def sizes_of(args: Args, num_processes: int) -> Sizes:
+    num_envs = (
+        args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids) * num_processes
+    )
+    steps_per_update = num_envs * args.num_steps
+    return Sizes(
+        num_envs=num_envs,
+        steps_per_update=steps_per_update,
+        num_updates=args.total_timesteps // steps_per_update,
+    )
+
+
+def parse_args(argv=None) -> Args:
+    args = parsing.parse_args(Args, argv)
+    validate(args)
+    return args
+
+
+def validate(args: Args):
+    """Checks every argument that needs no device, before any other work; exits 2 on the first
+    problem."""
+    positive = (
+        "total_timesteps learning_rate local_num_envs num_actor_threads num_steps n_step"
+        " buffer_size batch_size updates_per_rollout steps_per_call target_update_period"
+        " actor_grad_clip max_grad_norm log_frequency"
+    )
+    non_negative = "learning_starts noise_alpha priority_exponent eval_episodes eval_every"
+    non_negative += " checkpoint_every"
+    parsing.check_signs(args, positive.split(), non_negative.split())
+    parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
+    parsing.check_in(args, "noise_std", 0, 1)
+    parsing.check_in(args, "importance_sampling_exponent", 0, 1)
+    if args.eviction_exponent > 0:
+        fail(
+            f"--eviction-exponent must be at most 0 (low priorities leave first), got "
+            f"{args.eviction_exponent}"
+        )
+    if args.env_id not in envpool.list_all_envs():
+        fail(
+            f"--env-id {args.env_id} is not an envpool environment; try HalfCheetah-v4 or "
+            "HumanoidStand-v1"
+        )
+    if not is_continuous(args.env_id):
+        fail(f"--env-id {args.env_id} has discrete actions; train it with cleanba_apex_dqn.py")
+    if not args.critic_hiddens or not args.actor_hiddens:
+        fail("--critic-hiddens and --actor-hiddens need at least one layer each")
+    # The shared checks cover an image network's channels too; these MLPs have none.
+    parsing.check_run_options(
+        types.SimpleNamespace(
+            **vars(args), channels=(), hiddens=args.critic_hiddens + args.actor_hiddens
+        )
+    )
+    if args.learning_starts > args.buffer_size:
+        fail(
+            f"--learning-starts {args.learning_starts} exceeds --buffer-size {args.buffer_size}: "
+            "it would never start"
+        )
+    if args.updates_per_rollout % args.steps_per_call:
+        fail(
+            f"--updates-per-rollout {args.updates_per_rollout} must be divisible by "
+            f"--steps-per-call {args.steps_per_call}"
+        )
+
+
+def validate_layout(args: Args):
+    """The checks that need the devices (and, with --distributed, the number of processes) or the
+    machine."""
+    sizes = sizes_of(args, jax.process_count())
+    parsing.check_devices(args, sizes.num_updates, sizes.steps_per_update)
+    num_learner_devices = len(args.learner_device_ids) * jax.process_count()
+    if args.batch_size % num_learner_devices:
+        fail(
+            f"--batch-size {args.batch_size} must be divisible by the {num_learner_devices} "
+            "learner device(s)"
+        )
+    parsing.check_memory(args, "buffer_size", replay_bytes(args), MEMORY_RESERVE_BYTES)
+
+
+# === Environment ===
+
+
+def make_env(args: Args, seed: int, num_envs: int):
+    """envpool seeds its environment i with `seed + i`. Episodes end on termination or at the task's
+    time limit (1000 steps for MuJoCo and dm_control), which envpool reports as a truncation."""
+    instances = args.num_actor_threads * len(args.actor_device_ids)
+    return envpool.make(
+        args.env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        num_threads=envpool_num_threads(args.envpool_num_threads, num_envs, instances),
+    )
+
+
+class Spaces(NamedTuple):
+    """The size of a flat observation and the action bounds (one per action dimension)."""
+
+    obs_dim: int
+    action_low: tuple[float, ...]
+    action_high: tuple[float, ...]
+
+
+def spaces_of(env_id: str) -> Spaces:
+    """From envpool's spec, without making an environment; dm_control's dict observations count
+    every feature of every key (`flat_observation`)."""
+    spec = envpool.make_spec(env_id)
+    space = spec.observation_space
+    shapes = [s.shape for s in space.spaces.values()] if hasattr(space, "spaces") else [space.shape]
+    return Spaces(
+        obs_dim=sum(int(np.prod(shape)) for shape in shapes),
+        action_low=tuple(float(x) for x in spec.action_space.low),
+        action_high=tuple(float(x) for x in spec.action_space.high),
+    )
+
+
+# === Network ===
+
+
+def small_uniform(key, shape, dtype=jnp.float32):
+    """DDPG's initialization of the output layers (Lillicrap et al., 2016): uniform in ±3e-3, so
+    that the first actions are near the middle of their range and the first values near 0."""
+    return jax.random.uniform(key, shape, dtype, minval=-3e-3, maxval=3e-3)
+
+
+class Critic(nn.Module):
+    """q(s, a): a layer of hiddens[0] units on the observation, tanh; the action joins its features
+    there, as in DDPG (Lillicrap et al., 2016, on which the paper builds: the action enters at the
+    second layer), then the other layers with relu, and a linear output."""
+
+    hiddens: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, obs, action):
+        x = nn.tanh(nn.Dense(self.hiddens[0])(obs))
+        x = jnp.concatenate([x, action], axis=-1)
+        for hidden in self.hiddens[1:]:
+            x = nn.relu(nn.Dense(hidden)(x))
+        return nn.Dense(1, kernel_init=small_uniform, bias_init=small_uniform)(x)[..., 0]
+
+
+class Actor(nn.Module):
+    """π(s): a layer of hiddens[0] units, tanh, the other layers with relu, then a tanh output
+    scaled to the action bounds: center + half range x tanh."""
+
+    hiddens: tuple[int, ...]
+    action_low: tuple[float, ...]
+    action_high: tuple[float, ...]
+
+    @nn.compact
+    def __call__(self, obs):
+        x = nn.tanh(nn.Dense(self.hiddens[0])(obs))
+        for hidden in self.hiddens[1:]:
+            x = nn.relu(nn.Dense(hidden)(x))
+        x = nn.Dense(len(self.action_low), kernel_init=small_uniform, bias_init=small_uniform)(x)
+        low = jnp.asarray(self.action_low)
+        high = jnp.asarray(self.action_high)
+        return (high + low) / 2 + (high - low) / 2 * nn.tanh(x)
+
+
+class Networks(NamedTuple):
+    actor: Actor
+    critic: Critic
+
+
+def networks_of(args: Args, spaces: Spaces) -> Networks:
+    return Networks(
+        actor=Actor(args.actor_hiddens, spaces.action_low, spaces.action_high),
+        critic=Critic(args.critic_hiddens),
+    )
+
+
+# === Actor ===
+
+
+class Played(NamedTuple):
+    """Steps as an actor thread played them, env-major (envs, steps): the flat observation, the
+    action taken (noisy, clipped), the actor's q of that action and of the noiseless policy's
+    action, the reward and the episode's end. `is_reset` marks envpool's reset steps (the step after
+    an episode's end, whose action is ignored). A rollout's last n steps are kept as the tail: their
+    transitions wait for the next rollout's rewards."""
+
+    obs: np.ndarray
+    actions: np.ndarray
+    q_taken: np.ndarray
+    q_policy: np.ndarray
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    is_reset: np.ndarray
+
+
+class Transitions(NamedTuple):
+    """What a rollout adds to the replay, env-major (envs, steps): the n-step transitions of the L
+    steps that start n steps earlier (the last n of the previous rollout, all but the last n of this
+    one) with their initial priorities; `valid` is False where a step starts no transition (a reset
+    step, or the padding before the first rollout). `env_ids` are the environments' global indices.
+    """
+
+    env_ids: np.ndarray
+    obs: np.ndarray
+    actions: np.ndarray
+    returns: np.ndarray
+    discounts: np.ndarray
+    next_obs: np.ndarray
+    valid: np.ndarray
+    priorities: np.ndarray
+
+
+class Rollout(NamedTuple):
+    """What an actor thread puts on its rollout queue: the learner update it is for, the version of
+    the parameters that played it, its transitions, and the seconds the actor spent waiting for
+    parameters, playing, stepping and inferring."""
+
+    update: int
+    policy_version: int
+    data: Transitions
+    timing: dict
+
+
+def noise_stds_of(env_ids, num_envs: int, std: float, alpha: float) -> np.ndarray:
+    """Environment g of N explores with std ** (1 + alpha g / (N - 1)), fixed for the run."""
+    return std ** (1.0 + alpha * np.asarray(env_ids, np.float64) / max(num_envs - 1, 1))
+
+
+def explore(policy_actions, stds, bounds: tuple, key, step, env_ids):
+    """The policy's actions plus Gaussian noise of standard deviation std_g x half the action range,
+    clipped to the `bounds` (low, high); the draws are keyed by (step, global env index), so they do
+    not depend on the layout."""
+    low = jnp.asarray(bounds[0])
+    high = jnp.asarray(bounds[1])
+    step_key = jax.random.fold_in(key, step)
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_key, env_ids)
+    noise = jax.vmap(lambda k: jax.random.normal(k, policy_actions.shape[1:]))(keys)
+    noisy = policy_actions + stds[:, None] * (high - low) / 2 * noise
+    return jnp.clip(noisy, low, high)
+
+
+def actor(args, sizes, run, networks, first_update, env_offset, device, param_queue, rollout_queue):
+    """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs
+    - 1."""
+    envs = make_env(args, args.seed + env_offset, args.local_num_envs)
+    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
+    stds = jax.device_put(
+        noise_stds_of(env_ids, sizes.num_envs, args.noise_std, args.noise_alpha), device
+    )
+    env_ids_on_device = jax.device_put(env_ids, device)
+    bounds = (networks.actor.action_low, networks.actor.action_high)
+    noise_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
+
+    @jax.jit
+    def act(params, obs, step):
+        policy_action = networks.actor.apply(params["actor"], obs)
+        action = explore(
+            policy_action,
+            stds=stds,
+            bounds=bounds,
+            key=noise_key,
+            step=step,
+            env_ids=env_ids_on_device,
+        )
+        q_taken = networks.critic.apply(params["critic"], obs, action)
+        q_policy = networks.critic.apply(params["critic"], obs, policy_action)
+        return action, q_taken, q_policy
+
+    episodes = run.episodes(args.local_num_envs)
+    next_obs = flat_observation(envs.reset()[0])
+    tail = None
+    next_is_reset = np.zeros(args.local_num_envs, bool)
+    for update in range(first_update, sizes.num_updates + 1):
+        param_wait_start = time.time()
+        if not (args.concurrency and update == first_update + 1):
+            policy_version, params = queue_get(param_queue, run.stop)
+        param_queue_get_time = time.time() - param_wait_start
+
+        rollout_start = time.time()
+        inference_time = 0.0
+        env_step_time = 0.0
+        steps = []
+        for step in range(args.num_steps):
+            tic = time.time()
+            policy_step = (update - 1) * args.num_steps + step
+            action, q_taken, q_policy = jax.device_get(
+                act(params, jax.device_put(next_obs, device), policy_step)
+            )
+            inference_time += time.time() - tic
+            tic = time.time()
+            obs, reward, terminated, truncated, _ = envs.step(action)
+            env_step_time += time.time() - tic
+            played_step = Played(
+                obs=next_obs,
+                actions=action,
+                q_taken=q_taken,
+                q_policy=q_policy,
+                rewards=reward.astype(np.float32),
+                terminations=terminated,
+                truncations=truncated,
+                is_reset=next_is_reset,
+            )
+            steps.append(played_step)
+            done = terminated | truncated
+            episodes.step(reward, done, next_is_reset, policy_step * sizes.num_envs)
+            next_obs = flat_observation(obs)
+            next_is_reset = done
+
+        played = Played(*[np.stack(field, axis=1) for field in zip(*steps)])
+        data, tail = rollout_data(
+            played=played, tail=tail, env_ids=env_ids, gamma=args.gamma, n=args.n_step
+        )
+        timing = dict(
+            param_queue_get_time=param_queue_get_time,
+            rollout_time=time.time() - rollout_start,
+            inference_time=inference_time,
+            env_step_time=env_step_time,
+        )
+        queue_put(rollout_queue, Rollout(update, policy_version, data, timing), run.stop)
+
+
+def rollout_data(played: Played, tail: Played | None, env_ids, gamma: float, n: int):
+    """The rollout's `Transitions` and the new tail (its last n steps). The first rollout's tail is
+    padding: reset steps."""
+    num_envs, length = played.rewards.shape
+    if tail is None:
+        tail = Played(*[np.zeros((num_envs, n, *field.shape[2:]), field.dtype) for field in played])
+        tail.is_reset[:] = True
+    window = Played(*[np.concatenate([old, new], axis=1) for old, new in zip(tail, played)])
+    returns, discounts, offsets, valid = n_step_transitions(
+        rewards=window.rewards,
+        terminations=window.terminations,
+        truncations=window.truncations,
+        is_reset=window.is_reset,
+        gamma=gamma,
+        n=n,
+    )
+    # The bootstrap observation: the one after the transition's last reward, which for a truncated
+    # episode is its last (envpool returns it on the truncating step and resets on the next one).
+    bootstrap = np.arange(length) + offsets.astype(np.int64)
+    next_obs = np.take_along_axis(window.obs, bootstrap[:, :, None], axis=1)
+    # Initial priority: |n-step TD error| under the actor's parameters, which serve as its online
+    # and its target networks: the bootstrap is q(s', π(s')).
+    q_bootstrap = np.take_along_axis(window.q_policy, bootstrap, axis=1)
+    td = returns + discounts * q_bootstrap - window.q_taken[:, :length]
+    data = Transitions(
+        env_ids=env_ids,
+        obs=window.obs[:, :length],
+        actions=window.actions[:, :length],
+        returns=returns,
+        discounts=discounts,
+        next_obs=next_obs,
+        valid=valid,
+        priorities=np.abs(td).astype(np.float32),
+    )
+    return data, Played(*[field[:, -n:] for field in window])
+
+
+def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
+    """Plays one episode in each of `num_episodes` fresh environments with the noiseless policy;
+    `params` holds the actor's and the critic's parameters (the model file's)."""
+    envs = make_env(args, seed, num_episodes)
+    actor_network = networks_of(args, spaces_of(args.env_id)).actor
+    act = jax.jit(actor_network.apply)
+    obs, _ = envs.reset()
+    returns = np.zeros(num_episodes)
+    finished = np.zeros(num_episodes, bool)
+    while not finished.all():
+        action = np.asarray(act(params["actor"], flat_observation(obs)))
+        obs, reward, terminated, truncated, _ = envs.step(action)
+        returns += reward * ~finished
+        finished |= terminated | truncated
+    envs.close()
+    return returns.tolist()
+
+
+# === Replay ===
+
+PRIORITY_EPSILON = 1e-6  # keeps a transition with zero TD error sampleable
+MEMORY_RESERVE_BYTES = 2 * 2**30  # for the rest of the process: networks, environments, batches
+
+
+class Stored(NamedTuple):
+    """A transition as the replay stores it."""
+
+    obs: np.ndarray
+    actions: np.ndarray
+    returns: np.ndarray
+    discounts: np.ndarray
+    next_obs: np.ndarray
+
+
+def replay_bytes(args: Args) -> int:
+    """The stored transitions (float32 fields, an int64 insertion count) and the two sum trees (2
+    float64 nodes per leaf, leaves a power of two)."""
+    spaces = spaces_of(args.env_id)
+    transition = 4 * (2 * spaces.obs_dim + len(spaces.action_low) + 2) + 8
+    tree_bytes = 2 * 8 * (1 << max(0, args.buffer_size - 1).bit_length())
+    return args.buffer_size * transition + 2 * tree_bytes
+
+
+def make_replay(args: Args, spaces: Spaces) -> PrioritizedReplay:
+    example = Stored(
+        obs=np.zeros(spaces.obs_dim, np.float32),
+        actions=np.zeros(len(spaces.action_low), np.float32),
+        returns=np.float32(0),
+        discounts=np.float32(0),
+        next_obs=np.zeros(spaces.obs_dim, np.float32),
+    )
+    return PrioritizedReplay(
+        example,
+        args.buffer_size,
+        priority_exponent=args.priority_exponent,
+        eviction_exponent=args.eviction_exponent if args.eviction == "prioritized" else None,
+    )
+
+
+def replay_insert(replay: PrioritizedReplay, data: Transitions, rng) -> int:
+    """Stores the valid transitions of one rollout of every environment (env-major, in global env
+    order); a full replay evicts with `rng`. Returns their number."""
+    valid = data.valid.ravel()
+    flat = lambda x: x.reshape(-1, *x.shape[2:])[valid]
+    stored = Stored(
+        obs=flat(data.obs),
+        actions=flat(data.actions),
+        returns=flat(data.returns),
+        discounts=flat(data.discounts),
+        next_obs=flat(data.next_obs),
+    )
+    replay.insert(stored, flat(data.priorities) + PRIORITY_EPSILON, rng=rng)
+    return int(valid.sum())
+
+
+def replay_sample(replay: PrioritizedReplay, batch_size: int, rng, beta: float):
+    """A prioritized `Batch` (host NumPy) and the `Sample` it came from (its slots, for the priority
+    update); the importance weights are normalized by the batch maximum."""
+    sample = replay.sample(batch_size, rng, beta)
+    batch = Batch(
+        obs=sample.items.obs,
+        actions=sample.items.actions,
+        returns=sample.items.returns,
+        discounts=sample.items.discounts,
+        next_obs=sample.items.next_obs,
+        weights=sample.weights,
+    )
+    return batch, sample
+
+
+# === Loss ===
+
+
+def n_step_transitions(rewards, terminations, truncations, is_reset, gamma: float, n: int):
+    """Transitions of steps 0 .. L - 1 of env-major windows (envs, L + n): the return of up to n
+    rewards, the bootstrap's discount (0 after a termination, gamma ** offset otherwise, truncations
+    included) and offset. None spans two episodes; envpool's reset steps (after an episode's end;
+    the action is ignored) are not valid."""
+    length = rewards.shape[1] - n
+    returns = np.zeros((len(rewards), length), np.float32)
+    offsets = np.full((len(rewards), length), n, np.uint8)
+    open_ = np.ones(returns.shape, bool)
+    terminated = np.zeros(returns.shape, bool)
+    for k in range(n):
+        returns += open_ * np.float32(gamma**k) * rewards[:, k : k + length]
+        ends = open_ & (terminations[:, k : k + length] | truncations[:, k : k + length])
+        offsets[ends] = k + 1
+        terminated |= open_ & terminations[:, k : k + length]
+        open_ &= ~ends
+    discounts = np.where(terminated, 0.0, np.float32(gamma) ** offsets).astype(np.float32)
+    return returns, discounts, offsets, ~is_reset[:, :length]
+
+
+class Batch(NamedTuple):
+    """Sampled transitions: the observation, the action, the n-step return, the bootstrap's discount
+    and observation, and the importance-sampling weight."""
+
+    obs: Any
+    actions: Any
+    returns: Any
+    discounts: Any
+    next_obs: Any
+    weights: Any
+
+
+def n_step_targets(batch: Batch, target_actor_apply, target_critic_apply, target_params):
+    """G = R_t+1 + ... + gamma^(n-1) R_t+n + gamma^n q(S_t+n, π(S_t+n; φ⁻); ψ⁻): the target
+    networks' value of the target policy's action (the discount is 0 after a termination, and
+    gamma ** k when the episode was truncated k steps on)."""
+    next_actions = target_actor_apply(target_params["actor"], batch.next_obs)
+    next_q = target_critic_apply(target_params["critic"], batch.next_obs, next_actions)
+    return batch.returns + batch.discounts * next_q
+
+
+def critic_loss(critic_params, critic_apply, batch: Batch, targets, batch_size: int):
+    """Importance-weighted ½ (G - q(S_t, A_t; ψ))², this device's share of the global mean; also
+    returns the TD errors (the new priorities) and q."""
+    q = critic_apply(critic_params, batch.obs, batch.actions)
+    td = targets - q
+    return (batch.weights * 0.5 * td**2).sum() / batch_size, (td, q)
+
+
+def actor_loss(actor_params, actor_apply, critic_apply, critic_params, batch: Batch, batch_size):
+    """-q(S_t, π(S_t; φ); ψ), this device's share of the global mean: its gradient in φ is the
+    deterministic policy gradient, which reaches φ only through the action (ascent on q). Not
+    importance-weighted: the weights correct the critic's TD targets for prioritized sampling (as in
+    Ape-X DQN); the paper names no correction of the actor's."""
+    actions = actor_apply(actor_params, batch.obs)
+    return -critic_apply(critic_params, batch.obs, actions).sum() / batch_size
+
+
+def clip_elementwise(grads, limit: float):
+    """Every component of the gradient clipped to [-limit, limit] on its own (the paper's clip of
+    the actor's gradient), not the vector rescaled as a global-norm clip does."""
+    return jax.tree.map(lambda g: jnp.clip(g, -limit, limit), grads)
+
+
+# === Update ===
+
+
+class LearnerState(struct.PyTreeNode):
+    """The actor's and the critic's train states (parameters, Adam, step counts) and their target
+    networks' parameters."""
+
+    actor: TrainState
+    critic: TrainState
+    target_params: dict
+    """{"actor": φ⁻, "critic": ψ⁻}"""
+
+    def params(self) -> dict:
+        return {"actor": self.actor.params, "critic": self.critic.params}
+
+
+class PendingPriorities(NamedTuple):
+    """A learner call whose priorities are not written yet: its batches' slots, the number of
+    transitions inserted before they were sampled, and the TD errors (steps, batch): a device array,
+    maybe still being computed."""
+
+    slots: np.ndarray
+    inserted: int
+    td: Any
+
+
+NO_PENDING = dict(slots=np.zeros(0, np.int64), inserted=0, td=np.zeros(0, np.float32))
+
+
+def init_state(args: Args, sizes: Sizes, replay: PrioritizedReplay):
+    """The networks, the learner state, the counters and the pending priorities: fresh, or with
+    --resume from the newest checkpoint, whose replay is loaded into `replay`."""
+    spaces = spaces_of(args.env_id)
+    networks = networks_of(args, spaces)
+    init_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 0)
+    obs = np.zeros((1, spaces.obs_dim), np.float32)
+    actor_params = networks.actor.init(jax.random.fold_in(init_key, 0), obs)
+    critic_params = networks.critic.init(
+        jax.random.fold_in(init_key, 1), obs, np.zeros((1, len(spaces.action_low)), np.float32)
+    )
+    # Adam for both; the critic's gradient norm is clipped globally here, the actor's gradient
+    # element-wise in the update (`clip_elementwise`).
+    state = LearnerState(
+        actor=TrainState.create(
+            apply_fn=networks.actor.apply, params=actor_params, tx=optax.adam(args.learning_rate)
+        ),
+        critic=TrainState.create(
+            apply_fn=networks.critic.apply,
+            params=critic_params,
+            tx=optax.chain(
+                optax.clip_by_global_norm(args.max_grad_norm), optax.adam(args.learning_rate)
+            ),
+        ),
+        target_params={"actor": actor_params, "critic": critic_params},
+    )
+    identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
+    template = dict(state=state, replay=replay.state_dict(), pending=NO_PENDING)
+    checkpoint = resume_from(run_dir_of(args), template, identity) if args.resume else None
+    if checkpoint is None:
+        return networks, state, dict(update=0, wall_time_s=0.0, **identity), None
+    saved, counters = checkpoint
+    replay.load_state_dict(saved["replay"])
+    pending = None
+    if len(saved["pending"]["slots"]):
+        pending = PendingPriorities(
+            slots=saved["pending"]["slots"],
+            inserted=int(saved["pending"]["inserted"]),
+            td=saved["pending"]["td"],
+        )
+    counters = dict(update=counters["update"], wall_time_s=counters["wall_time_s"], **identity)
+    return networks, saved["state"], counters, pending
+
+
+def make_update(args: Args, learner_devices):
+    """--steps-per-call optimizer steps, pmap'd over the learner devices, each with its slice of
+    every batch (gradients summed); the targets are copied every --target-update-period steps; all
+    devices return the TD errors of every batch (steps, batch)."""
+
+    def update_step(state: LearnerState, batch: Batch):
+        targets = n_step_targets(
+            batch,
+            target_actor_apply=state.actor.apply_fn,
+            target_critic_apply=state.critic.apply_fn,
+            target_params=state.target_params,
+        )
+        (loss_critic, (td, q)), critic_grads = jax.value_and_grad(critic_loss, has_aux=True)(
+            state.critic.params,
+            critic_apply=state.critic.apply_fn,
+            batch=batch,
+            targets=targets,
+            batch_size=args.batch_size,
+        )
+        # Both losses see the critic before this step: the two networks learn side by side.
+        loss_actor, actor_grads = jax.value_and_grad(actor_loss)(
+            state.actor.params,
+            actor_apply=state.actor.apply_fn,
+            critic_apply=state.critic.apply_fn,
+            critic_params=state.critic.params,
+            batch=batch,
+            batch_size=args.batch_size,
+        )
+        # Each device's losses are its share of the global means: the global gradients are sums.
+        critic_grads, actor_grads, loss_critic, loss_actor = jax.lax.psum(
+            (critic_grads, actor_grads, loss_critic, loss_actor), "devices"
+        )
+        clipped_share = jnp.mean(
+            jnp.concatenate(
+                [jnp.ravel(jnp.abs(g) > args.actor_grad_clip) for g in jax.tree.leaves(actor_grads)]
+            )
+        )
+        actor_grads = clip_elementwise(actor_grads, args.actor_grad_clip)
+        critic = state.critic.apply_gradients(grads=critic_grads)
+        actor = state.actor.apply_gradients(grads=actor_grads)
+        copy = critic.step % args.target_update_period == 0
+        target_params = jax.tree.map(
+            lambda target, online: jnp.where(copy, online, target),
+            state.target_params,
+            {"actor": actor.params, "critic": critic.params},
+        )
+        metrics = dict(
+            critic_loss=loss_critic,
+            actor_loss=loss_actor,
+            q_values=jax.lax.pmean(q.mean(), "devices"),
+            actor_grad_clipped=clipped_share,
+        )
+        state = LearnerState(actor=actor, critic=critic, target_params=target_params)
+        return state, (metrics, td)
+
+    def update_steps(state: LearnerState, batches: Batch):
+        state, (metrics, td) = jax.lax.scan(update_step, state, batches)
+        all_td = jax.lax.all_gather(td, "devices", axis=1, tiled=True)
+        return state, jax.tree.map(jnp.mean, metrics), all_td
+
+    return jax.pmap(update_steps, axis_name="devices", devices=learner_devices)
+
+
+# === Learner loop ===
+
+
+@dataclasses.dataclass
+class Tally:
+    """The learner's running counts."""
+
+    learner_updates: int
+    """optimizer steps so far (a resumed run continues the count)"""
+    replay_size: int = 0
+    """transitions in the replay"""
+    inserted: int = 0
+    """transitions inserted in this session"""
+    sampled: int = 0
+    """transitions sampled in this session"""
+
+
+class LearnStats(NamedTuple):
+    """The optimizer steps of one learner update: the importance weights of the last batch, the
+    seconds spent sampling and writing priorities, and the optimizer steps per second."""
+
+    is_weight_min: float
+    is_weight_max: float
+    replay_time: float
+    learner_updates_per_second: float
+
+
+class LoopStats(NamedTuple):
+    """One learner update's waits and times, and the policy versions of actor and learner."""
+
+    rollout_queue_get_time: float
+    insert_time: float
+    learn_time: float
+    actor_policy_version: int
+    learner_policy_version: int
+
+
+def start_actors(args, sizes, run, networks, first_update, actor_devices):
+    """One param queue, one rollout queue and one thread per actor thread of every local actor
+    device."""
+    param_queues = []
+    rollout_queues = []
+    threads = []
+    first_thread = jax.process_index() * len(actor_devices) * args.num_actor_threads
+    for index in range(len(actor_devices) * args.num_actor_threads):
+        param_queues.append(queue.Queue(maxsize=1))
+        rollout_queues.append(queue.Queue(maxsize=1))
+        thread = start_thread(
+            target=actor,
+            name=f"actor-{first_thread + index}",
+            stop=run.stop,
+            failures=run.failures,
+            args=args,
+            sizes=sizes,
+            run=run,
+            networks=networks,
+            first_update=first_update,
+            env_offset=(first_thread + index) * args.local_num_envs,
+            device=actor_devices[index // args.num_actor_threads],
+            param_queue=param_queues[-1],
+            rollout_queue=rollout_queues[-1],
+        )
+        threads.append(thread)
+    return param_queues, rollout_queues, threads
+
+
+def gather_rollouts(args, rollouts) -> Transitions:
+    """Every process's rollouts, env-major in global env order (each process holds the whole
+    replay)."""
+    data = Transitions(*[np.concatenate(fields) for fields in zip(*[r.data for r in rollouts])])
+    if args.distributed:
+        gathered = multihost_utils.process_allgather(data)
+        data = Transitions(*[np.asarray(v).reshape(-1, *v.shape[2:]) for v in gathered])
+    return data
+
+
+def insert_and_count(args, replay: PrioritizedReplay, data: Transitions, update: int):
+    """Inserts a rollout, evicting with a generator seeded by (seed, update); returns its valid
+    transitions and the replay's."""
+    rng = np.random.default_rng([args.seed, 4, update])
+    inserted = replay_insert(replay, data, rng)
+    return inserted, replay.num_sampleable()
+
+
+class Sampled(NamedTuple):
+    """The batches of one learner call ready for the learner devices, and what their priority update
+    needs."""
+
+    shards: Batch
+    """this process's learner devices' slices (device, step, transition)"""
+    slots: np.ndarray
+    """(step, transition)"""
+    inserted: int
+    """the transitions inserted before the batches were sampled"""
+    seconds: float
+
+
+def sample_batches(args, replay: PrioritizedReplay, sharding, first_step: int) -> Sampled:
+    """The batches of optimizer steps first_step .. first_step + --steps-per-call - 1, each drawn
+    with a generator seeded by (seed, its step): the same batches on every layout. They are put on
+    this process's learner devices (`sharding`) here, in the background: a pmap'd call given host
+    arrays spends milliseconds of the learner's thread copying them."""
+    tic = time.time()
+    batches = []
+    samples = []
+    for step in range(first_step, first_step + args.steps_per_call):
+        rng = np.random.default_rng([args.seed, 3, step])
+        batch, sample = replay_sample(
+            replay, args.batch_size, rng, beta=args.importance_sampling_exponent
+        )
+        batches.append(batch)
+        samples.append(sample)
+    stacked = Batch(*[np.stack(field) for field in zip(*batches)])
+    num_local = len(args.learner_device_ids)
+    num_global = num_local * jax.process_count()
+    local = slice(jax.process_index() * num_local, (jax.process_index() + 1) * num_local)
+    shards = jax.tree.map(
+        lambda v: np.moveaxis(v.reshape(v.shape[0], num_global, -1, *v.shape[2:]), 1, 0)[local],
+        stacked,
+    )
+    return Sampled(
+        shards=jax.device_put(shards, sharding),
+        slots=np.stack([sample.slots for sample in samples]),
+        inserted=samples[0].inserted,
+        seconds=time.time() - tic,
+    )
+
+
+def write_priorities(replay: PrioritizedReplay, pending: PendingPriorities) -> float:
+    """Waits for the call's TD errors and writes |TD| + PRIORITY_EPSILON as their transitions'
+    priorities (not those evicted since the sample); a transition drawn by several of the call's
+    steps gets the last one's. Returns the seconds spent writing."""
+    td = np.asarray(jax.device_get(first_replica(pending.td))).ravel()
+    tic = time.time()
+    slots = pending.slots.ravel()
+    _, last_from_end = np.unique(slots[::-1], return_index=True)
+    last = len(slots) - 1 - last_from_end
+    replay.update_priorities(
+        slots[last], np.abs(td[last]) + PRIORITY_EPSILON, sampled_at=pending.inserted
+    )
+    return time.time() - tic
+
+
+def learn(args, replay, jobs: BackgroundJobs, state, update_fn, tally: Tally, pending, sharding):
+    """--updates-per-rollout optimizer steps in calls of K = --steps-per-call. The replay's work
+    runs in `jobs`, in one fixed order: the K batches of call c + 1 are drawn after the priorities
+    of call c - 1 are written and before those of call c (across updates too: `pending` is the last
+    call's). So a step's TD errors reach the sampler K to 2K - 1 steps late: K = 1 is Ape-X DQN's
+    one-step lag. With --pipeline, call c + 1's batches are sampled and call c - 1's priorities
+    written while call c runs; without, the learner waits for them. The order, and so the run, is
+    the same either way. Returns the state, the last call's metrics, the `LearnStats` and the new
+    `pending`."""
+    learn_start = time.time()
+    first = tally.learner_updates
+    last = first + args.updates_per_rollout
+    sample = functools.partial(sample_batches, args, replay, sharding)
+    next_batches = jobs.submit(functools.partial(sample, first))
+    writes = []
+    sample_seconds = 0.0
+    for call_start in range(first, last, args.steps_per_call):
+        sampled = jobs.wait(next_batches)
+        sample_seconds += sampled.seconds
+        submitted = []
+        if pending is not None:
+            writes.append(jobs.submit(functools.partial(write_priorities, replay, pending)))
+            submitted.append(writes[-1])
+        if call_start + args.steps_per_call < last:
+            next_batches = jobs.submit(functools.partial(sample, call_start + args.steps_per_call))
+            submitted.append(next_batches)
+        if not args.pipeline:
+            for job in submitted:
+                jobs.wait(job)
+        state, metrics, td = update_fn(state, sampled.shards)
+        if not args.pipeline:
+            jax.block_until_ready(td)
+        pending = PendingPriorities(slots=sampled.slots, inserted=sampled.inserted, td=td)
+        tally.learner_updates += args.steps_per_call
+        tally.sampled += args.steps_per_call * args.batch_size
+    write_seconds = sum(jobs.wait(write) for write in writes)
+    stats = LearnStats(
+        is_weight_min=float(sampled.shards.weights[:, -1].min()),
+        is_weight_max=float(sampled.shards.weights[:, -1].max()),
+        replay_time=sample_seconds + write_seconds,
+        learner_updates_per_second=args.updates_per_rollout / (time.time() - learn_start),
+    )
+    return state, metrics, stats, pending
+
+
+def host_checkpoint(args, empty_replay: dict, checkpoint) -> dict:
+    """What a checkpoint saves of `checkpoint` (the learner state, the replay, the pending
+    priorities): the first replica of the state and, with --checkpoint-replay, the replay and the
+    last call's TD errors, which --resume writes as the uninterrupted run would have; without, an
+    empty replay (`empty_replay`, the state dict of the replay before its first insert)."""
+    state, replay, pending = checkpoint
+    if not args.checkpoint_replay:
+        return dict(state=first_replica(state), replay=empty_replay, pending=NO_PENDING)
+    saved_pending = NO_PENDING
+    if pending is not None:
+        saved_pending = dict(
+            slots=pending.slots,
+            inserted=pending.inserted,
+            td=np.asarray(jax.device_get(first_replica(pending.td))),
+        )
+    return dict(state=first_replica(state), replay=replay.state_dict(), pending=saved_pending)
+
+
+def evaluation(args, run, global_step: int, params) -> list[float]:
+    """The returns of --eval-episodes episodes of `params` in environments of the evaluation seed
+    (the run's + 1,000,000, as `Run.finish`'s), their mean logged as charts/eval_return."""
+    eval_returns = evaluate(params, args, args.eval_episodes, args.seed + 1_000_000)
+    mean_return = float(np.mean(eval_returns))
+    run.log({"charts/eval_return": mean_return}, global_step)
+    print(f"eval: mean return {mean_return:.1f} at step {global_step}", flush=True)
+    return eval_returns
+
+
+def log_update(
+    args, sizes, run, update, rollouts, read_priorities, metrics, learn_stats, tally, loop_stats
+):
+    """TensorBoard every update; priorities (an O(N) pass), losses and a console line every
+    --log-frequency. `metrics` and `learn_stats` are those of the last update that learned (None
+    before the first)."""
+    global_step = update * sizes.steps_per_update
+    elapsed = time.time() - run.start_time
+    timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
+    stds = noise_stds_of(
+        np.arange(sizes.num_envs), sizes.num_envs, args.noise_std, args.noise_alpha
+    )
+    param_lag = loop_stats.learner_policy_version - 1 - loop_stats.actor_policy_version
+    stats = {
+        **timing,
+        **loop_stats._asdict(),
+        **dataclasses.asdict(tally),
+        **(learn_stats._asdict() if learn_stats is not None else {}),
+        "param_lag": param_lag,
+        "noise_std_min": stds.min(),
+        "noise_std_max": stds.max(),
+        "actor_sps": args.local_num_envs * args.num_steps / timing["rollout_time"],
+        "replay_insert_per_second": tally.inserted / elapsed,
+        "replay_sample_per_second": tally.sampled / elapsed,
+    }
+    run.log(
+        {f"stats/{key}": value for key, value in stats.items()}
+        | {"charts/SPS": run.sps(global_step)},
+        global_step,
+    )
+    if update % args.log_frequency and update != sizes.num_updates:
+        return
+    priorities = read_priorities()
+    if priorities.size and args.priority_exponent:
+        run.log(
+            {"stats/priority_mean": priorities.mean(), "stats/priority_max": priorities.max()},
+            global_step,
+        )
+    if metrics is not None:
+        losses = jax.device_get(first_replica(metrics))
+        run.log({f"losses/{key}": value for key, value in losses.items()}, global_step)
+    details = (
+        f"learner updates={tally.learner_updates} replay={tally.replay_size} policy lag={param_lag}"
+        " wait rollout="
+        f"{loop_stats.rollout_queue_get_time:.2f}s param={timing['param_queue_get_time']:.2f}s"
+    )
+    run.print_progress(update, global_step, details)
+
+
+def train(args: Args):
+    sizes = sizes_of(args, jax.process_count())
+    actor_devices = [jax.local_devices()[i] for i in args.actor_device_ids]
+    learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
+    global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
+    replay = make_replay(args, spaces_of(args.env_id))
+    empty_replay = replay.state_dict()
+    networks, state, counters, pending = init_state(args, sizes, replay)
+    run = open_run(
+        args=args,
+        sizes=sizes,
+        script_path=__file__,
+        counters=counters,
+        global_learner_devices=global_learner_devices,
+    )
+    run.host_copy = functools.partial(host_checkpoint, args, empty_replay)
+    tally = Tally(learner_updates=int(state.critic.step), replay_size=replay.num_sampleable())
+    state = replicate(state, learner_devices)
+    if pending is not None:
+        pending = pending._replace(td=replicate(pending.td, learner_devices))
+    update_fn = make_update(args, global_learner_devices)
+    learner_sharding = NamedSharding(
+        Mesh(np.array(learner_devices), ("devices",)), PartitionSpec("devices")
+    )
+    learner_policy_version = counters["update"]
+    first_update = counters["update"] + 1
+    param_queues, rollout_queues, threads = start_actors(
+        args=args,
+        sizes=sizes,
+        run=run,
+        networks=networks,
+        first_update=first_update,
+        actor_devices=actor_devices,
+    )
+    jobs = BackgroundJobs("replay", run.stop, run.failures)
+    metrics = None
+    learn_stats = None
+    evaluations = []
+    eval_returns = None
+    host_params = lambda: jax.device_get(first_replica(state.params()))
+    with run.learner_loop([*threads, jobs.thread]) as end:
+        send_params(
+            first_replica(state.params()),
+            policy_version=learner_policy_version,
+            actor_devices=actor_devices,
+            param_queues=param_queues,
+            stop=run.stop,
+        )
+        for update in range(first_update, sizes.num_updates + 1):
+            wait_start = time.time()
+            rollouts = [queue_get(q, run.stop) for q in rollout_queues]
+            rollout_queue_get_time = time.time() - wait_start
+            check_policy_lag(
+                rollouts,
+                update=update,
+                learner_policy_version=learner_policy_version,
+                concurrency=args.concurrency,
+                first_update=first_update,
+            )
+            learn_start = time.time()
+            data = gather_rollouts(args, rollouts)
+            insert = jobs.submit(
+                functools.partial(insert_and_count, args, replay=replay, data=data, update=update)
+            )
+            inserted, tally.replay_size = jobs.wait(insert)
+            tally.inserted += inserted
+            insert_time = time.time() - learn_start
+            if tally.replay_size >= max(args.learning_starts, 1):
+                state, metrics, learn_stats, pending = learn(
+                    args,
+                    replay=replay,
+                    jobs=jobs,
+                    state=state,
+                    update_fn=update_fn,
+                    tally=tally,
+                    pending=pending,
+                    sharding=learner_sharding,
+                )
+            learner_policy_version += 1
+            loop_stats = LoopStats(
+                rollout_queue_get_time=rollout_queue_get_time,
+                insert_time=insert_time,
+                learn_time=time.time() - learn_start,
+                actor_policy_version=rollouts[0].policy_version,
+                learner_policy_version=learner_policy_version,
+            )
+            log_update(
+                args,
+                sizes=sizes,
+                run=run,
+                update=update,
+                rollouts=rollouts,
+                read_priorities=lambda: jobs.wait(jobs.submit(replay.priorities)),
+                metrics=metrics,
+                learn_stats=learn_stats,
+                tally=tally,
+                loop_stats=loop_stats,
+            )
+            due = update == sizes.num_updates or (args.eval_every and update % args.eval_every == 0)
+            if args.eval_episodes and due and run.is_main:
+                global_step = update * sizes.steps_per_update
+                eval_returns = evaluation(args, run, global_step=global_step, params=host_params())
+                evaluations.append((global_step, float(np.mean(eval_returns))))
+            end.exit_code = run.after_update((state, replay, pending), update)
+            if end.exit_code:
+                break
+            if update < sizes.num_updates:
+                send_params(
+                    first_replica(state.params()),
+                    policy_version=learner_policy_version,
+                    actor_devices=actor_devices,
+                    param_queues=param_queues,
+                    stop=run.stop,
+                )
+    # The last update's evaluation is the one `Run.finish` makes: same parameters, same seed.
+    final_evaluation = evaluate if eval_returns is None else lambda *_: eval_returns
+    run.finish(host_params(), learner_policy_version, final_evaluation)
+    if evaluations and run.is_main:
+        add_evaluations_to_summary(run.dir, evaluations)
+
+
+# === Main ===
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    distributed.join(args)
+    validate_layout(args)
+    train(args)
+
+
+if __name__ == "__main__":
+    main()
