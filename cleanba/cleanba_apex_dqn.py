@@ -10,7 +10,6 @@ same seed gives the same run on every layout, pipelined or not."""
 
 import dataclasses
 import functools
-import json
 import os
 import queue
 import time
@@ -33,7 +32,7 @@ from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.parsing import fail
 from cleanba_utils.replay import BackgroundJobs, PrioritizedReplay
 from cleanba_utils.run import open_run, run_dir_of
-from cleanba_utils.run_files import first_replica, replicate, write_json
+from cleanba_utils.run_files import add_to_summary, first_replica, replicate
 from cleanba_utils.threads import queue_get, queue_put, start_thread
 
 # === Args ===
@@ -1135,19 +1134,11 @@ def train(args: Args):
         jax.device_get(first_replica(state.params)), learner_policy_version, final_evaluation
     )
     if evaluations and run.is_main:
-        add_to_summary(run.dir, evaluations)
-
-
-def add_to_summary(run_dir: str, evaluations: list):
-    """summary.json gets the last evaluation's mean return and every evaluation's (step, mean)."""
-    path = os.path.join(run_dir, "summary.json")
-    with open(path) as f:
-        summary = json.load(f)
-    write_json(
-        path,
-        summary
-        | {"eval_return": evaluations[-1][1], "eval_returns": [list(e) for e in evaluations]},
-    )
+        # The last evaluation's mean return, and every evaluation's (step, mean).
+        add_to_summary(
+            run.dir,
+            {"eval_return": evaluations[-1][1], "eval_returns": [list(e) for e in evaluations]},
+        )
 
 
 # === Main ===

@@ -52,7 +52,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
-from cleanba_utils.envs import envpool_num_threads, is_continuous
+from cleanba_utils.envs import envpool_num_threads, flat_observation, is_continuous
 from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.parsing import fail
 from cleanba_utils.run import open_run, run_dir_of
@@ -226,17 +226,6 @@ def make_env(args: Args, seed: int, num_envs: int):
         seed=seed,
         num_threads=envpool_num_threads(args.envpool_num_threads, num_envs, instances),
     )
-
-
-def flat_observation(obs) -> np.ndarray:
-    """float32 (envs, features). dm_control tasks observe a dict of arrays: their features are
-    concatenated in sorted key order."""
-    if isinstance(obs, dict):
-        return np.concatenate(
-            [np.asarray(obs[key], np.float32).reshape(len(obs[key]), -1) for key in sorted(obs)],
-            axis=1,
-        )
-    return np.asarray(obs, np.float32)
 
 
 # === Normalization ===

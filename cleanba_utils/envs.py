@@ -1,6 +1,6 @@
 """envpool environments as every script makes them: which tasks are Atari games and which have
-continuous actions, the Atari protocol of Machado et al. (2018), and how many worker threads an
-envpool instance gets."""
+continuous actions, the Atari protocol of Machado et al. (2018), how many worker threads an envpool
+instance gets, and the flat observations of the continuous-control scripts."""
 
 import os
 
@@ -39,3 +39,14 @@ def envpool_num_threads(requested: int | None, num_envs: int, instances: int) ->
 def is_continuous(env_id: str) -> bool:
     """Tasks whose actions are vectors of reals (MuJoCo, dm_control), not the index of a choice."""
     return np.issubdtype(envpool.make_spec(env_id).action_space.dtype, np.floating)
+
+
+def flat_observation(obs) -> np.ndarray:
+    """float32 (envs, features). dm_control tasks observe a dict of arrays: their features are
+    concatenated in sorted key order."""
+    if isinstance(obs, dict):
+        return np.concatenate(
+            [np.asarray(obs[key], np.float32).reshape(len(obs[key]), -1) for key in sorted(obs)],
+            axis=1,
+        )
+    return np.asarray(obs, np.float32)

@@ -6,7 +6,8 @@ fields (a NamedTuple or a dict of NumPy arrays, each field of any shape and dtyp
   exponent -0.4", so low-priority items go first);
 - sampling in proportion to priority ** priority_exponent (Schaul et al., 2016) with
   importance-sampling weights, or uniform sampling (`uniform=True`, weights 1);
-- priority updates of sampled items, which skip the items overwritten since they were sampled.
+- priority updates of sampled items, which skip the items overwritten since they were sampled;
+- a snapshot of everything it holds, for checkpoints, and the restore of one.
 
 Every random choice comes from the `np.random.Generator` the caller passes, so a seeded generator
 gives the same samples and evictions on every run. The priorities live in `sum_tree` (float64, so
@@ -198,6 +199,36 @@ class PrioritizedReplay:
 
     def num_sampleable(self) -> int:
         return int(np.count_nonzero(self.stored_weights()))
+
+    def snapshot(self) -> dict:
+        """What the store holds, for a checkpoint: the items of its filled slots (slots 0 .. size -
+        1: empty slots are filled in order before any eviction), their sampling and eviction
+        weights and insertion counts, and the number inserted. Views of the store's arrays (a
+        replay of a million transitions takes hundreds of MB): save them before the store changes.
+        """
+        leaves = slice(sum_tree.num_leaves(self.tree), sum_tree.num_leaves(self.tree) + self.size)
+        no_eviction = self.eviction_tree is None
+        return dict(
+            items=map_fields(lambda field: field[: self.size], self.items),
+            weights=self.tree[leaves],
+            eviction_weights=np.zeros(0) if no_eviction else self.eviction_tree[leaves],
+            written_at=self.written_at[: self.size],
+            inserted=int(self.inserted),
+        )
+
+    def restore(self, snapshot: dict):
+        """Sets an empty store of the same capacity and record type to a `snapshot`, after which it
+        samples, inserts and evicts as the store it was taken from."""
+        size = len(snapshot["written_at"])
+        slots = np.arange(size)
+        for stored, field in zip(self.fields(self.items), self.fields(snapshot["items"])):
+            stored[:size] = field
+        sum_tree.set_weights(self.tree, slots, snapshot["weights"])
+        if self.eviction_tree is not None:
+            sum_tree.set_weights(self.eviction_tree, slots, snapshot["eviction_weights"])
+        self.written_at[:size] = snapshot["written_at"]
+        self.size = size
+        self.inserted = int(snapshot["inserted"])
 
 
 class Job:

@@ -45,6 +45,15 @@ def write_json(path: str, obj):
         json.dump(obj, f, indent=2)
 
 
+def add_to_summary(run_dir: str, fields: dict):
+    """Adds a script's own results (its evaluations, its learner's counts) to the summary.json that
+    `Run.finish` wrote."""
+    path = os.path.join(run_dir, "summary.json")
+    with open(path) as f:
+        summary = json.load(f)
+    write_json(path, summary | fields)
+
+
 def git_sha(path: str):
     try:
         result = subprocess.run(
