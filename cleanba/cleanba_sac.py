@@ -497,6 +497,7 @@ def actor(
         next_obs = flat_observation(envs.reset()[0])
         next_is_reset = np.zeros(args.local_num_envs, bool)
     else:
+        record = EnvRecord(*[np.array(field) for field in record])
         next_obs, next_is_reset = fast_forward(envs, record, episodes)
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
@@ -948,18 +949,6 @@ def start_actors(args, sizes, run, networks, first_update, actor_devices, env_re
     return param_queues, rollout_queues, threads
 
 
-@dataclasses.dataclass
-class Tally:
-    """The learner's running counts."""
-
-    gradient_steps: int
-    """gradient updates so far (a resumed run continues the count)"""
-    replay_size: int = 0
-    """transitions in the replay"""
-    inserted: int = 0
-    """transitions inserted in this session"""
-
-
 def gradient_steps_before(args: Args, sizes: Sizes, update: int) -> int:
     """The gradient updates of the run before `update`: those of every earlier update that
     `learns`."""
@@ -969,11 +958,13 @@ def gradient_steps_before(args: Args, sizes: Sizes, update: int) -> int:
 
 class Incoming(NamedTuple):
     """The rollouts of one update, inserted, and the batches of its gradient updates (None before
-    learning starts), with the seconds spent waiting, inserting and sampling."""
+    learning starts), with the replay's size after the insertion and the seconds spent waiting,
+    inserting and sampling."""
 
     rollouts: list
     env_record: EnvRecord
     batches: Batch | None
+    replay_size: int
     rollout_queue_get_time: float
     insert_time: float
     sample_time: float
@@ -996,7 +987,7 @@ def learns(args: Args, sizes: Sizes, update: int) -> bool:
     return update * sizes.steps_per_update >= args.learning_starts
 
 
-def receive(args, sizes, update, rollout_queues, run, replay, tally, learner_policy_version):
+def receive(args, sizes, update, rollout_queues, run, replay, learner_policy_version):
     """Takes the rollouts of `update` (checking which policy played them), inserts them and draws
     the batches of its gradient updates."""
     wait_start = time.time()
@@ -1013,8 +1004,7 @@ def receive(args, sizes, update, rollout_queues, run, replay, tally, learner_pol
     )
     tic = time.time()
     data, env_record = gather(args, rollouts)
-    tally.inserted += replay_insert(replay, data)
-    tally.replay_size = replay.size
+    replay_insert(replay, data)
     insert_time = time.time() - tic
     tic = time.time()
     batches = None
@@ -1030,6 +1020,7 @@ def receive(args, sizes, update, rollout_queues, run, replay, tally, learner_pol
         rollouts=rollouts,
         env_record=env_record,
         batches=batches,
+        replay_size=replay.size,
         rollout_queue_get_time=rollout_queue_get_time,
         insert_time=insert_time,
         sample_time=time.time() - tic,
@@ -1037,12 +1028,18 @@ def receive(args, sizes, update, rollout_queues, run, replay, tally, learner_pol
 
 
 class LoopStats(NamedTuple):
-    """One learner update's waits and times, and the policy versions of actor and learner."""
+    """One learner update: its counts, waits and times, and the policy versions of actor and
+    learner."""
 
+    gradient_steps: int
+    """gradient updates so far (a resumed run continues the count)"""
+    replay_size: int
     rollout_queue_get_time: float
     insert_time: float
     sample_time: float
     learn_time: float
+    """seconds from the update's start until its parameters are ready (with --concurrency, the
+    next update's insertion and sampling overlap it)"""
     actor_policy_version: int
     learner_policy_version: int
 
@@ -1064,18 +1061,16 @@ class Rate:
         return rate
 
 
-def log_update(args, sizes, run, update, incoming: Incoming, metrics, tally, loop_stats, rate):
+def log_update(args, sizes, run, update, rollouts, metrics, loop_stats: LoopStats, rate):
     """TensorBoard every update; losses, the gradient updates per second and a console line every
     --log-frequency. `metrics` are those of the last update that learned (None before the
     first)."""
     global_step = update * sizes.steps_per_update
-    rollouts = incoming.rollouts
     timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
     param_lag = loop_stats.learner_policy_version - 1 - loop_stats.actor_policy_version
     stats = {
         **timing,
         **loop_stats._asdict(),
-        **dataclasses.asdict(tally),
         "param_lag": param_lag,
         "actor_sps": args.local_num_envs * args.num_steps / timing["rollout_time"],
     }
@@ -1086,14 +1081,14 @@ def log_update(args, sizes, run, update, incoming: Incoming, metrics, tally, loo
     )
     if update % args.log_frequency and update != sizes.num_updates:
         return
-    updates_per_second = rate.since(tally.gradient_steps)
+    updates_per_second = rate.since(loop_stats.gradient_steps)
     run.log({"stats/updates_per_second": updates_per_second}, global_step)
     if metrics is not None:
         losses = jax.device_get(first_replica(metrics))
         run.log({f"losses/{key}": value for key, value in losses.items()}, global_step)
     details = (
-        f"gradient updates={tally.gradient_steps} ({updates_per_second:.0f}/s) "
-        f"replay={tally.replay_size} policy lag={param_lag} wait "
+        f"gradient updates={loop_stats.gradient_steps} ({updates_per_second:.0f}/s) "
+        f"replay={loop_stats.replay_size} policy lag={param_lag} wait "
         f"rollout={loop_stats.rollout_queue_get_time:.2f}s "
         f"param={timing['param_queue_get_time']:.2f}s"
     )
@@ -1160,7 +1155,7 @@ def train(args: Args):
         global_learner_devices=global_learner_devices,
     )
     run.host_copy = saved_of
-    tally = Tally(gradient_steps=int(state.step), replay_size=replay.size)
+    gradient_steps = int(state.step)
     env_record = None if saved is None else saved.env_record
     state = replicate(state, learner_devices)
     update_fn = make_update(args, global_learner_devices, networks)
@@ -1182,7 +1177,6 @@ def train(args: Args):
         rollout_queues=rollout_queues,
         run=run,
         replay=replay,
-        tally=tally,
         learner_policy_version=learner_policy_version,
     )
     send = lambda params, version: send_params(
@@ -1196,7 +1190,7 @@ def train(args: Args):
     incoming = None
     evaluations = []
     eval_returns = None
-    console_rate = Rate(gradient_steps=tally.gradient_steps, time=time.time())
+    console_rate = Rate(gradient_steps=gradient_steps, time=time.time())
     session_rate = None
     with run.learner_loop(threads) as end:
         # The actor parameters last sent: under --concurrency the actors' next rollout is played
@@ -1210,18 +1204,28 @@ def train(args: Args):
                 incoming = receive_update(update)
             learn_start = time.time()
             if incoming.batches is not None:
-                session_rate = session_rate or Rate(tally.gradient_steps, time.time())
+                session_rate = session_rate or Rate(gradient_steps, time.time())
                 state, metrics = update_fn(state, incoming.batches)
-                tally.gradient_steps += sizes.gradient_steps_per_update
+                gradient_steps += sizes.gradient_steps_per_update
             learner_policy_version += 1
             current = incoming
             incoming = None
+            checkpointable = Checkpointable(
+                state=state,
+                acting_params=last_sent,
+                env_record=current.env_record,
+                replay=replay,
+            )
+            end.exit_code = run.after_update(checkpointable, update)
             # With --concurrency the next rollouts were played with parameters the actors have:
-            # take, insert and sample them while the device trains on these.
-            if args.concurrency and update < sizes.num_updates:
+            # take, insert and sample them while the device trains on these (after the
+            # checkpoint, which holds the replay as this update left it).
+            if args.concurrency and update < sizes.num_updates and not end.exit_code:
                 incoming = receive_update(update + 1)
             jax.block_until_ready(state)
             loop_stats = LoopStats(
+                gradient_steps=gradient_steps,
+                replay_size=current.replay_size,
                 rollout_queue_get_time=current.rollout_queue_get_time,
                 insert_time=current.insert_time,
                 sample_time=current.sample_time,
@@ -1234,9 +1238,8 @@ def train(args: Args):
                 sizes=sizes,
                 run=run,
                 update=update,
-                incoming=current,
+                rollouts=current.rollouts,
                 metrics=metrics,
-                tally=tally,
                 loop_stats=loop_stats,
                 rate=console_rate,
             )
@@ -1245,25 +1248,18 @@ def train(args: Args):
                 global_step = update * sizes.steps_per_update
                 eval_returns = evaluation(args, run, global_step, model_params(state))
                 evaluations.append((global_step, float(np.mean(eval_returns))))
-            checkpointable = Checkpointable(
-                state=state,
-                acting_params=last_sent,
-                env_record=current.env_record,
-                replay=replay,
-            )
-            end.exit_code = run.after_update(checkpointable, update)
             if end.exit_code:
                 break
             if update < sizes.num_updates:
                 last_sent = first_replica(state.actor_params)
                 send(last_sent, learner_policy_version)
-    learning_rate = session_rate.since(tally.gradient_steps, restart=False) if session_rate else 0.0
+    learning_rate = session_rate.since(gradient_steps, restart=False) if session_rate else 0.0
     # The last update's evaluation is the one `Run.finish` makes: same parameters, same seed.
     final_evaluation = evaluate if eval_returns is None else lambda *_: eval_returns
     run.finish(model_params(state), learner_policy_version, final_evaluation)
     if run.is_main:
         # The session's gradient updates per second from its first one (evaluations included).
-        learned = dict(gradient_updates=tally.gradient_steps, updates_per_second=learning_rate)
+        learned = dict(gradient_updates=gradient_steps, updates_per_second=learning_rate)
         if evaluations:
             learned["eval_return"] = evaluations[-1][1]
             learned["eval_returns"] = [list(e) for e in evaluations]
