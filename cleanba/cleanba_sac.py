@@ -633,11 +633,8 @@ def sample_batches(args: Args, replay: PrioritizedReplay, first: int, count: int
     """The batches of gradient updates first .. first + count - 1 (1-based, counted over the run),
     stacked (count, batch, ...): each drawn uniformly with a generator seeded by (seed, its gradient
     update), so it depends on nothing but the replay's content and its index."""
-    batches = [
-        replay.sample(args.batch_size, np.random.default_rng([args.seed, 3, index]), 0.0).items
-        for index in range(first, first + count)
-    ]
-    return Batch(*[np.stack(field) for field in zip(*batches)])
+    rngs = [np.random.default_rng([args.seed, 3, index]) for index in range(first, first + count)]
+    return replay.sample_many(args.batch_size, rngs, beta=0.0).items
 
 
 def local_shards(batches: "Batch", num_local: int) -> "Batch":

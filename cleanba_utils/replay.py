@@ -5,7 +5,8 @@ fields (a NamedTuple or a dict of NumPy arrays, each field of any shape and dtyp
   proportion to priority ** eviction_exponent (Ape-X DPG evicts "by prioritized sampling with
   exponent -0.4", so low-priority items go first);
 - sampling in proportion to priority ** priority_exponent (Schaul et al., 2016) with
-  importance-sampling weights, or uniform sampling (`uniform=True`, weights 1);
+  importance-sampling weights, or uniform sampling (`uniform=True`, weights 1), of one batch or of
+  many at once;
 - priority updates of sampled items, which skip the items overwritten since they were sampled;
 - a snapshot of everything it holds, for checkpoints, and the restore of one.
 
@@ -161,6 +162,25 @@ class PrioritizedReplay:
         slots = sum_tree.sample_stratified(self.tree, batch_size, rng)
         probabilities = sum_tree.weights(self.tree, slots) / total
         weights = (probabilities.min() / probabilities) ** beta
+        return Sample(
+            slots=slots,
+            items=map_fields(lambda field: field[slots], self.items),
+            probabilities=probabilities,
+            weights=weights.astype(np.float32),
+            inserted=self.inserted,
+        )
+
+    def sample_many(self, batch_size: int, rngs: list, beta: float) -> Sample:
+        """One batch per generator of `rngs`, each field stacked (len(rngs), batch_size, ...): the
+        batches that `sample` draws with each generator in turn, found in one descent of the tree
+        (a learner that makes many updates per rollout draws their batches at once)."""
+        total = sum_tree.total(self.tree)
+        if total <= 0:
+            raise ValueError("the replay has no item to sample")
+        targets = np.stack([sum_tree.stratified_targets(self.tree, batch_size, r) for r in rngs])
+        slots = sum_tree.find(self.tree, targets.ravel()).reshape(targets.shape)
+        probabilities = sum_tree.weights(self.tree, slots) / total
+        weights = (probabilities.min(axis=1, keepdims=True) / probabilities) ** beta
         return Sample(
             slots=slots,
             items=map_fields(lambda field: field[slots], self.items),
