@@ -103,7 +103,7 @@ def check_discrete_actions(args):
     if is_continuous(args.env_id):
         fail(
             f"--env-id {args.env_id} has continuous actions and this script chooses among discrete "
-            "ones; train it with cleanba/cleanba_ppo_continuous.py"
+            "ones; train it with cleanba/cleanba_ppo_continuous.py or cleanba/cleanba_sac.py"
         )
 
 
