@@ -20,6 +20,7 @@ the replay, the policy the actors play next with, and what each environment did 
 reset, from which the resumed actors bring their environments back to the same state."""
 
 import dataclasses
+import functools
 import os
 import queue
 import time
@@ -451,19 +452,43 @@ def fast_forward(envs, record: EnvRecord, episodes):
     return obs, next_is_reset
 
 
-def explore(networks: Networks, params, obs, key, step, env_ids, random_actions):
+class Draws(NamedTuple):
+    """The random draws of a rollout's actions, (steps, envs, action dims): the policy's Gaussian
+    noise, and uniform draws in [-1, 1] for the random actions before learning starts."""
+
+    normal: jax.Array
+    uniform: jax.Array
+
+
+def rollout_draws(key, first_step, num_steps: int, env_ids, action_dim: int) -> Draws:
+    """The draws of steps first_step .. first_step + num_steps - 1, keyed by (step, global env
+    index): the same whatever the layout. Drawn for a whole rollout at once, since one small
+    call of the threefry generator costs several times the policy's forward pass on a CPU."""
+
+    def of_step(step):
+        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
+            jax.random.fold_in(key, step), env_ids
+        )
+        return Draws(
+            normal=jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, 0), (action_dim,)))(
+                keys
+            ),
+            uniform=jax.vmap(
+                lambda k: jax.random.uniform(
+                    jax.random.fold_in(k, 1), (action_dim,), minval=-1, maxval=1
+                )
+            )(keys),
+        )
+
+    return jax.vmap(of_step)(first_step + jnp.arange(num_steps))
+
+
+def explore(networks: Networks, params, obs, draws: Draws, step, random_actions):
     """Per environment, the policy's sampled action, or with `random_actions` a uniform one in the
-    task's box; the draws are keyed by (step, global env index), so they do not depend on the
-    layout."""
+    task's box, from the rollout's draws of its `step`."""
     mean, log_std = networks.actor.apply(params, obs)
-    step_key = jax.random.fold_in(key, step)
-    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_key, env_ids)
-    noise = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, 0), mean.shape[1:]))(keys)
-    uniform = jax.vmap(
-        lambda k: jax.random.uniform(jax.random.fold_in(k, 1), mean.shape[1:], minval=-1, maxval=1)
-    )(keys)
-    action, _ = squashed_gaussian(mean, log_std, noise, networks.bounds)
-    random = uniform * networks.bounds.scale + networks.bounds.bias
+    action, _ = squashed_gaussian(mean, log_std, draws.normal[step], networks.bounds)
+    random = draws.uniform[step] * networks.bounds.scale + networks.bounds.bias
     return jnp.where(random_actions, random, action)
 
 
@@ -480,17 +505,13 @@ def actor(
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
     env_ids_on_device = jax.device_put(env_ids, device)
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
-    act = jax.jit(
-        lambda params, obs, step, random_actions: explore(
-            networks,
-            params=params,
-            obs=obs,
-            key=action_key,
-            step=step,
-            env_ids=env_ids_on_device,
-            random_actions=random_actions,
+    action_dim = len(networks.bounds.scale)
+    draw = jax.jit(
+        lambda first_step: rollout_draws(
+            action_key, first_step, args.num_steps, env_ids_on_device, action_dim
         )
     )
+    act = jax.jit(functools.partial(explore, networks))
     episodes = run.episodes(args.local_num_envs)
     if record is None:
         record = empty_record(args.local_num_envs, args.env_id)
@@ -510,10 +531,11 @@ def actor(
         env_step_time = 0.0
         num_envs = args.local_num_envs
         obs = np.zeros((num_envs, args.num_steps + 1, next_obs.shape[1]), np.float32)
-        actions = np.zeros((num_envs, args.num_steps, len(networks.bounds.scale)), np.float32)
+        actions = np.zeros((num_envs, args.num_steps, action_dim), np.float32)
         rewards = np.zeros((num_envs, args.num_steps), np.float32)
         terminations = np.zeros((num_envs, args.num_steps), np.float32)
         is_reset = np.zeros((num_envs, args.num_steps), bool)
+        draws = draw((update - 1) * args.num_steps)
         for step in range(args.num_steps):
             tic = time.time()
             policy_step = (update - 1) * args.num_steps + step
@@ -522,8 +544,9 @@ def actor(
                 act(
                     params,
                     jax.device_put(next_obs, device),
-                    policy_step,
-                    global_step < args.learning_starts,
+                    draws,
+                    step,
+                    random_actions=global_step < args.learning_starts,
                 )
             )
             inference_time += time.time() - tic
