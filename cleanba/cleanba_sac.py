@@ -122,8 +122,9 @@ class Args:
     depend on it"""
     num_steps: int = 64
     """the number of steps each environment runs per rollout (one update of the learner). CleanRL
-    updates after every step; here an update makes the gradient updates of a whole rollout in one
-    compiled call, and the actors play up to two rollouts behind the learner (--concurrency)"""
+    makes a gradient update after every step; here a learner update makes a whole rollout's in one
+    compiled call, and with --concurrency the actors play with parameters one learner update (64
+    gradient updates at the defaults) behind"""
 
     actor_device_ids: tuple[int, ...] = (0,)
     """the local device ids that run actor threads"""
@@ -610,17 +611,16 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
 
 # === Replay ===
 
-# Bytes of a stored transition besides its two observations (float32 each feature): the action's
-# float32s, reward and termination (float32), its insertion count (int64), and its sum-tree leaf
-# with its share of the inner nodes (two float64, leaves a power of two). 2 GiB are kept for the
-# rest of the process; a checkpoint writes the filled part of the replay once more.
-MEMORY_RESERVE_BYTES = 2 * 2**30
+MEMORY_RESERVE_BYTES = 2 * 2**30  # for the rest of the process: networks, environments, batches
 
 
 def replay_bytes(args: Args, obs_size: int, action_size: int) -> int:
+    """The replay's memory, twice: a checkpoint serializes a copy of it. A transition holds two
+    observations, an action, a reward and a termination (float32s) and its insertion count
+    (int64); the sum tree two float64 per leaf, leaves a power of two."""
     tree_bytes = 2 * 8 * (1 << max(0, args.buffer_size - 1).bit_length())
     transition_bytes = 4 * (2 * obs_size + action_size + 2) + 8
-    return args.buffer_size * transition_bytes + tree_bytes
+    return 2 * (args.buffer_size * transition_bytes + tree_bytes)
 
 
 def make_replay(args: Args, obs_size: int, action_size: int) -> PrioritizedReplay:
