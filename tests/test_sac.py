@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from helpers import (
     PROMPT_EXIT_SECONDS,
+    REPO,
     assert_policy_lag,
     assert_refused,
     load_params,
@@ -403,6 +404,17 @@ for command in json.loads(sys.argv[1]):
         )
 """
 
+
+def readme_commands() -> list[list[str]]:
+    """The commands of the README's SAC section, each a list of arguments of the script."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### SAC") :]
+    block = section[section.index("```bash") + len("```bash") : section.index("```\n", 10)]
+    lines = block.replace("\\\n", " ").splitlines()
+    commands = [line.split() for line in lines if "cleanba_sac.py" in line]
+    return [command[command.index("cleanba/cleanba_sac.py") + 1 :] for command in commands]
+
+
 CONCURRENT = ["--checkpoint-every", 3]
 SYNC = ["--no-concurrency", "--checkpoint-every", 3]
 # Two processes: the same command in both (determinism across processes), the layouts, evaluation,
@@ -416,6 +428,9 @@ PROCESSES = [
             name="indivisible", argv=["--batch-size", 255, "--learner-device-ids", 0, 1], refused=1
         ),
         dict(name="one", argv=CONCURRENT),
+        # The README's first command at its defaults (256-256 networks, batches of 256), for one
+        # update of 64 steps that learns.
+        dict(name="readme", argv=["--total-timesteps", 64, "--learning-starts", 0], readme=True),
         dict(
             name="two_threads", argv=[*CONCURRENT, "--local-num-envs", 2, "--num-actor-threads", 2]
         ),
@@ -446,7 +461,11 @@ def runs(tmp_path_factory):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
     processes = []
     for commands in PROCESSES:
-        commands = [dict(c, argv=[*map(str, TINY), *map(str, c["argv"])]) for c in commands]
+        commands = [
+            dict(c, argv=[*(readme_commands()[0] if c.get("readme") else TINY), *c["argv"]])
+            for c in commands
+        ]
+        commands = [dict(c, argv=list(map(str, c["argv"]))) for c in commands]
         processes.append(
             subprocess.Popen(
                 [sys.executable, "-c", DRIVER, json.dumps(commands)],
@@ -476,6 +495,14 @@ def test_a_batch_that_the_learner_devices_cannot_share_is_one_line_and_exit_2(ru
 
 def summary(run_dir) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_the_readme_commands_run(runs):
+    commands = readme_commands()
+    assert commands[0] == ["--env-id", "HalfCheetah-v4"] and len(commands) == 2
+    assert sac.parse_args(commands[1]).eval_episodes == 10
+    result = summary(runs[0] / "readme")
+    assert result["global_step"] == 64 and result["gradient_updates"] == 64
 
 
 def test_concurrent_run_has_lag_one_and_sync_run_lag_zero(runs):
