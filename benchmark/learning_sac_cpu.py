@@ -11,9 +11,9 @@ python benchmark/learning_sac_cpu.py --report-only                # the report o
 Each run saves a checkpoint (the replay included) every 500 updates (32,000 steps) and on SIGTERM:
 running the same command again resumes an unfinished run from its newest checkpoint, where it
 continues exactly as if never stopped, and skips a finished one (whose checkpoints are then
-deleted: a checkpoint of a full replay takes 170 MB). Every invocation that runs first measures
-the bare update: the script's own compiled update (`make_update`, the scan of one learner update's
-64 gradient updates) on random batches, after compilation, in a process of its own under the same
+deleted: a checkpoint of a full replay takes 170 MB). Before and after each run it measures the
+bare update: the script's own compiled update (`make_update`, the scan of one learner update's 64
+gradient updates) on random batches, after compilation, in a process of its own under the same
 `nice -n 10` as the runs. Writes benchmark/results/learning_sac_cpu.md (tables, commands,
 references), .csv (one row per run, unfinished ones marked) and .png (the curves).
 """
@@ -59,6 +59,7 @@ CSV_COLUMNS = [
 BARE_CALLS = 20
 BARE_MEASURE = """
 import json
+import os
 import sys
 import time
 
@@ -97,7 +98,17 @@ for _ in range(int(sys.argv[2])):
     state, _ = update_fn(state, batches)
     jax.block_until_ready(state)
     rates.append(count / (time.time() - tic))
-print(json.dumps(dict(env_id=args.env_id, updates_per_call=count, rates=rates, time=time.time())))
+print(
+    json.dumps(
+        dict(
+            env_id=args.env_id,
+            updates_per_call=count,
+            rates=rates,
+            time=time.time(),
+            load=os.getloadavg()[0],
+        )
+    )
+)
 """
 
 
@@ -111,8 +122,8 @@ def command_of(env_id: str, seed: int) -> list[str]:
 
 
 def measure_bare(work_dir: Path, env_id: str):
-    """Appends one measurement of the bare update (the rates of BARE_CALLS calls) to
-    bare_update.json."""
+    """Appends one measurement of the bare update on `env_id`'s shapes (the rates of BARE_CALLS
+    calls, and the machine's load average) to bare_update.json."""
     result = subprocess.run(
         ["nice", "-n", "10", sys.executable, "-c", BARE_MEASURE, env_id, str(BARE_CALLS)],
         cwd=REPO,
@@ -128,11 +139,13 @@ def measure_bare(work_dir: Path, env_id: str):
 
 
 def run(env_id: str, seed: int, work_dir: Path):
-    """Runs one (env, seed) under `nice -n 10`; an unfinished run continues from its newest
-    checkpoint, a finished one is skipped and its checkpoints removed."""
+    """Runs one (env, seed) under `nice -n 10` between two measurements of the bare update; an
+    unfinished run continues from its newest checkpoint, a finished one is skipped and its
+    checkpoints removed."""
     name = name_of(env_id, seed)
     run_dir = work_dir / "runs" / name
     if not (run_dir / "summary.json").exists():
+        measure_bare(work_dir, env_id)
         resume = (run_dir / "checkpoints").exists()
         command = command_of(env_id, seed)
         command[0] = str(REPO / command[0])
@@ -147,6 +160,7 @@ def run(env_id: str, seed: int, work_dir: Path):
             ).returncode
         if code:
             sys.exit(f"{name} stopped (exit {code}); run the same command to resume it")
+        measure_bare(work_dir, env_id)
     print(f"{name}: finished", flush=True)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
 
@@ -232,13 +246,18 @@ def bare_summary(work_dir: Path) -> tuple[str, float | None]:
         return "The bare update was not measured.", None
     measurements = json.loads(path.read_text())
     medians = [float(np.median(m["rates"])) for m in measurements]
-    dates = [time.strftime("%Y-%m-%d %H:%M", time.localtime(m["time"])) for m in measurements]
+    described = [
+        f"{median:.0f}/s ({m['env_id']}, "
+        f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(m['time']))}, load {m['load']:.1f})"
+        for median, m in zip(medians, measurements)
+    ]
     text = (
         f"The bare update (`make_update`'s compiled scan of {measurements[0]['updates_per_call']} "
-        f"gradient updates on random batches of {measurements[0]['env_id']}'s shapes, after "
-        f"compilation, {BARE_CALLS} calls, median of each measurement): "
-        + ", ".join(f"{m:.0f}/s ({d})" for m, d in zip(medians, dates))
-        + f"; median {np.median(medians):.0f} updates/s."
+        f"gradient updates on random batches, after compilation, the median of {BARE_CALLS} "
+        "calls; measured before and after every run this benchmark made): "
+        + ", ".join(described)
+        + f". Their median, {np.median(medians):.0f} updates/s, is the `% of bare` reference; "
+        "the machine's load moves both rates."
     )
     return text, float(np.median(medians))
 
@@ -356,7 +375,6 @@ def main():
     # One seed of every task first.
     plan = [(seed, env_id) for seed in options.seeds for env_id in options.envs]
     if not options.report_only:
-        measure_bare(options.work_dir, options.envs[0])
         for seed, env_id in plan:
             run(env_id, seed, options.work_dir)
     report(options.work_dir, options.out, plan, options.date, options.note, sys.argv)
