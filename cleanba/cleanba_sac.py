@@ -288,7 +288,7 @@ def dense(features: int, fan_in: int) -> nn.Dense:
     +-1/sqrt(fan_in)."""
     bound = 1.0 / np.sqrt(fan_in)
     init = lambda key, shape, dtype=jnp.float32: jax.random.uniform(
-        key, shape, dtype, -bound, bound
+        key, shape, dtype, minval=-bound, maxval=bound
     )
     return nn.Dense(features, kernel_init=init, bias_init=init)
 
@@ -509,7 +509,11 @@ def actor(
     action_dim = len(networks.bounds.scale)
     draw = jax.jit(
         lambda first_step: rollout_draws(
-            action_key, first_step, args.num_steps, env_ids_on_device, action_dim
+            action_key,
+            first_step=first_step,
+            num_steps=args.num_steps,
+            env_ids=env_ids_on_device,
+            action_dim=action_dim,
         )
     )
     act = jax.jit(functools.partial(explore, networks))
@@ -826,8 +830,8 @@ def make_update(args: Args, learner_devices: list, networks: Networks):
         return jax.lax.dynamic_slice_in_dim(noise, first, share)
 
     def apply(optimizer, grads, opt_state, params):
-        updates, opt_state = optimizer.update(jax.lax.pmean(grads, "devices"), opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
+        deltas, opt_state = optimizer.update(jax.lax.pmean(grads, "devices"), opt_state, params)
+        return optax.apply_updates(params, deltas), opt_state
 
     def policy_step(state: SACState, batch: Batch, key, iteration):
         """One actor step, then one temperature step on log-probabilities of the new actor."""
@@ -1279,11 +1283,15 @@ def train(args: Args):
     run.finish(model_params(state), learner_policy_version, final_evaluation)
     if run.is_main:
         # The session's gradient updates per second from its first one (evaluations included).
-        learned = dict(gradient_updates=gradient_steps, updates_per_second=learning_rate)
-        if evaluations:
-            learned["eval_return"] = evaluations[-1][1]
-            learned["eval_returns"] = [list(e) for e in evaluations]
-        add_to_summary(run.dir, learned)
+        add_to_summary(
+            run.dir, dict(gradient_updates=gradient_steps, updates_per_second=learning_rate)
+        )
+    if evaluations and run.is_main:
+        # The last evaluation's mean return, and every evaluation's (step, mean).
+        add_to_summary(
+            run.dir,
+            {"eval_return": evaluations[-1][1], "eval_returns": [list(e) for e in evaluations]},
+        )
 
 
 # === Main ===

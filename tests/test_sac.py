@@ -2,6 +2,7 @@
 NumPy, the update's grouping into calls, then short Hopper runs in two processes (2 CPU devices) for
 the policy lag, the stored transitions, determinism, layout invariance, evaluation and resume."""
 
+import dataclasses
 import json
 import math
 import os
@@ -267,6 +268,15 @@ def test_gradient_updates_do_not_depend_on_their_grouping_into_calls():
     initial = jax.tree.leaves(start.target_critic_params)[0]
     np.testing.assert_allclose(target, 0.005 * critic + 0.995 * initial, rtol=1e-5, atol=1e-7)
     assert set(metrics) >= {"qf_loss", "qf1_values", "actor_loss", "alpha", "alpha_loss"}
+    # --no-autotune: the temperature stays at --alpha.
+    fixed = dataclasses.replace(args, autotune=False, alpha=0.2)
+    networks, state, _, _ = sac.init_state(
+        fixed, sac.sizes_of(fixed, 1), sac.make_replay(fixed, 11, 3)
+    )
+    after, metrics = sac.make_update(fixed, devices, networks)(replicate(state, devices), batches)
+    np.testing.assert_allclose(np.exp(after.log_alpha[0]), 0.2, rtol=1e-6)
+    assert int(after.alpha_opt_state[0].count[0]) == 0 and float(metrics["alpha_loss"][0]) == 0.0
+    assert int(after.actor_opt_state[0].count[0]) == 2
 
 
 MODEL = "cleanba_sac.cleanba_model"
