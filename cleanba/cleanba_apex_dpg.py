@@ -770,12 +770,12 @@ def init_state(args: Args, sizes: Sizes, replay: PrioritizedReplay):
         target_params={"actor": actor_params, "critic": critic_params},
     )
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
-    template = dict(state=state, replay=replay.state_dict(), pending=NO_PENDING)
+    template = dict(state=state, replay=replay.snapshot(), pending=NO_PENDING)
     checkpoint = resume_from(run_dir_of(args), template, identity) if args.resume else None
     if checkpoint is None:
         return networks, state, dict(update=0, wall_time_s=0.0, **identity), None
     saved, counters = checkpoint
-    replay.load_state_dict(saved["replay"])
+    replay.restore(saved["replay"])
     pending = None
     if len(saved["pending"]["slots"]):
         pending = PendingPriorities(
@@ -1042,7 +1042,7 @@ def host_checkpoint(args, empty_replay: dict, checkpoint) -> dict:
     """What a checkpoint saves of `checkpoint` (the learner state, the replay, the pending
     priorities): the first replica of the state and, with --checkpoint-replay, the replay and the
     last call's TD errors, which --resume writes as the uninterrupted run would have; without, an
-    empty replay (`empty_replay`, the state dict of the replay before its first insert)."""
+    empty replay (`empty_replay`, the snapshot of the replay before its first insert)."""
     state, replay, pending = checkpoint
     if not args.checkpoint_replay:
         return dict(state=first_replica(state), replay=empty_replay, pending=NO_PENDING)
@@ -1053,7 +1053,7 @@ def host_checkpoint(args, empty_replay: dict, checkpoint) -> dict:
             inserted=pending.inserted,
             td=np.asarray(jax.device_get(first_replica(pending.td))),
         )
-    return dict(state=first_replica(state), replay=replay.state_dict(), pending=saved_pending)
+    return dict(state=first_replica(state), replay=replay.snapshot(), pending=saved_pending)
 
 
 def evaluation(args, run, global_step: int, params) -> list[float]:
@@ -1121,7 +1121,7 @@ def train(args: Args):
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
     replay = make_replay(args, spaces_of(args.env_id))
-    empty_replay = replay.state_dict()
+    empty_replay = replay.snapshot()
     networks, state, counters, pending = init_state(args, sizes, replay)
     run = open_run(
         args=args,

@@ -25,7 +25,9 @@ def save_checkpoint(run_dir: str, state, counters: dict, keep: int = 2, host_cop
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"update_{counters['update']:09d}.ckpt")
     with open(path + ".tmp", "wb") as f:
-        f.write(hashlib.sha256(payload).hexdigest().encode() + payload)
+        # Two writes, not one of their concatenation: a checkpoint with a replay is hundreds of MB.
+        f.write(hashlib.sha256(payload).hexdigest().encode())
+        f.write(payload)
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)

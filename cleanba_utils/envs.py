@@ -1,6 +1,6 @@
 """envpool environments as every script makes them: which tasks are Atari games and which have
 continuous actions, the Atari protocol of Machado et al. (2018), how many worker threads an envpool
-instance gets, and dm_control's observations as flat vectors."""
+instance gets, and the flat observations of the continuous-control scripts."""
 
 import os
 

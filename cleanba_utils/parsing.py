@@ -103,13 +103,14 @@ def check_discrete_actions(args):
     if is_continuous(args.env_id):
         fail(
             f"--env-id {args.env_id} has continuous actions and this script chooses among discrete "
-            "ones; train it with cleanba/cleanba_ppo_continuous.py"
+            "ones; train it with cleanba/cleanba_ppo_continuous.py or cleanba/cleanba_sac.py"
         )
 
 
-def check_devices(args, num_updates: int, steps_per_update: int):
+def check_devices(args, num_updates: int, steps_per_update: int, split_rollouts: bool = True):
     """The checks that need the devices and the number of processes, before any environment or
-    device work."""
+    device work. `split_rollouts`: each learner device takes a share of every rollout's
+    environments (not so for a learner that trains on batches drawn from a replay)."""
     import jax
 
     num_devices = len(jax.local_devices())
@@ -120,7 +121,7 @@ def check_devices(args, num_updates: int, steps_per_update: int):
                 f"{flag(name)} must list distinct ids among the {num_devices} local devices "
                 f"(0..{num_devices - 1}), got {list(ids)}"
             )
-    if args.local_num_envs % len(args.learner_device_ids):
+    if split_rollouts and args.local_num_envs % len(args.learner_device_ids):
         fail(
             f"--local-num-envs {args.local_num_envs} must be divisible by the number of learner "
             f"devices ({len(args.learner_device_ids)}): each learner device takes an equal share "

@@ -5,9 +5,10 @@ fields (a NamedTuple or a dict of NumPy arrays, each field of any shape and dtyp
   proportion to priority ** eviction_exponent (Ape-X DPG evicts "by prioritized sampling with
   exponent -0.4", so low-priority items go first);
 - sampling in proportion to priority ** priority_exponent (Schaul et al., 2016) with
-  importance-sampling weights, or uniform sampling (`uniform=True`, weights 1);
+  importance-sampling weights, or uniform sampling (`uniform=True`, weights 1), of one batch or of
+  many at once;
 - priority updates of sampled items, which skip the items overwritten since they were sampled;
-- a state dict for checkpoints, from which the same samples and evictions follow.
+- a snapshot of everything it holds, for checkpoints, and the restore of one.
 
 Every random choice comes from the `np.random.Generator` the caller passes, so a seeded generator
 gives the same samples and evictions on every run. The priorities live in `sum_tree` (float64, so
@@ -169,6 +170,25 @@ class PrioritizedReplay:
             inserted=self.inserted,
         )
 
+    def sample_many(self, batch_size: int, rngs: list, beta: float) -> Sample:
+        """One batch per generator of `rngs`, each field stacked (len(rngs), batch_size, ...): the
+        batches that `sample` draws with each generator in turn, found in one descent of the tree
+        (a learner that makes many updates per rollout draws their batches at once)."""
+        total = sum_tree.total(self.tree)
+        if total <= 0:
+            raise ValueError("the replay has no item to sample")
+        targets = np.stack([sum_tree.stratified_targets(self.tree, batch_size, r) for r in rngs])
+        slots = sum_tree.find(self.tree, targets.ravel()).reshape(targets.shape)
+        probabilities = sum_tree.weights(self.tree, slots) / total
+        weights = (probabilities.min(axis=1, keepdims=True) / probabilities) ** beta
+        return Sample(
+            slots=slots,
+            items=map_fields(lambda field: field[slots], self.items),
+            probabilities=probabilities,
+            weights=weights.astype(np.float32),
+            inserted=self.inserted,
+        )
+
     def update_priorities(self, slots, priorities, sampled_at: int):
         """New priorities of the items of `slots`, sampled when `sampled_at` items had been
         inserted; the slots rewritten since keep their new items' priorities. A slot listed twice
@@ -200,35 +220,35 @@ class PrioritizedReplay:
     def num_sampleable(self) -> int:
         return int(np.count_nonzero(self.stored_weights()))
 
-    def state_dict(self) -> dict:
-        """What a checkpoint saves (views, not copies: serialize it before the store changes): the
-        filled slots' items, sampling and eviction weights and insertion counts, and the counts.
-        Slots 0 .. size - 1 are the filled ones under either eviction."""
-        filled = slice(0, self.size)
-        leaves = lambda tree: (
-            np.zeros(0) if tree is None else tree[sum_tree.num_leaves(tree) :][filled]
-        )
+    def snapshot(self) -> dict:
+        """What the store holds, for a checkpoint: the items of its filled slots (slots 0 .. size -
+        1: empty slots are filled in order before any eviction), their sampling and eviction
+        weights and insertion counts, and the number inserted. Views of the store's arrays (a
+        replay of a million transitions takes hundreds of MB): save them before the store changes.
+        """
+        leaves = slice(sum_tree.num_leaves(self.tree), sum_tree.num_leaves(self.tree) + self.size)
+        no_eviction = self.eviction_tree is None
         return dict(
-            items=[field[filled] for field in self.fields(self.items)],
-            weights=leaves(self.tree),
-            eviction_weights=leaves(self.eviction_tree),
-            written_at=self.written_at[filled],
-            size=self.size,
-            inserted=self.inserted,
+            items=map_fields(lambda field: field[: self.size], self.items),
+            weights=self.tree[leaves],
+            eviction_weights=np.zeros(0) if no_eviction else self.eviction_tree[leaves],
+            written_at=self.written_at[: self.size],
+            inserted=int(self.inserted),
         )
 
-    def load_state_dict(self, saved: dict):
-        """Restores a `state_dict` into this empty store of the same capacity and fields. The sum
-        trees are rebuilt from their leaves, which determine them: the same samples follow."""
-        size = int(saved["size"])
-        for stored, field in zip(self.fields(self.items), saved["items"]):
+    def restore(self, snapshot: dict):
+        """Sets an empty store of the same capacity and record type to a `snapshot`, after which it
+        samples, inserts and evicts as the store it was taken from."""
+        size = len(snapshot["written_at"])
+        slots = np.arange(size)
+        for stored, field in zip(self.fields(self.items), self.fields(snapshot["items"])):
             stored[:size] = field
-        sum_tree.set_weights(self.tree, np.arange(size), saved["weights"])
+        sum_tree.set_weights(self.tree, slots, snapshot["weights"])
         if self.eviction_tree is not None:
-            sum_tree.set_weights(self.eviction_tree, np.arange(size), saved["eviction_weights"])
-        self.written_at[:size] = saved["written_at"]
+            sum_tree.set_weights(self.eviction_tree, slots, snapshot["eviction_weights"])
+        self.written_at[:size] = snapshot["written_at"]
         self.size = size
-        self.inserted = int(saved["inserted"])
+        self.inserted = int(snapshot["inserted"])
 
 
 class Job:

@@ -51,9 +51,13 @@ def find(tree: np.ndarray, targets) -> np.ndarray:
     return nodes - leaves
 
 
+def stratified_targets(tree: np.ndarray, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+    """One uniform draw in each of `batch_size` equal slices of [0, total)."""
+    return (np.arange(batch_size) + rng.random(batch_size)) * (total(tree) / batch_size)
+
+
 def sample_stratified(tree: np.ndarray, batch_size: int, rng: np.random.Generator) -> np.ndarray:
-    """`batch_size` items, each with probability weight / total: one uniform draw in each of
-    `batch_size` equal slices of [0, total), as Schaul et al. (2016) sample a prioritized replay
-    (lower variance than independent draws, the same marginal probabilities)."""
-    targets = (np.arange(batch_size) + rng.random(batch_size)) * (total(tree) / batch_size)
-    return find(tree, targets)
+    """`batch_size` items, each with probability weight / total: the items of `stratified_targets`,
+    as Schaul et al. (2016) sample a prioritized replay (lower variance than independent draws, the
+    same marginal probabilities)."""
+    return find(tree, stratified_targets(tree, batch_size, rng))

@@ -357,12 +357,12 @@ def test_only_valid_transitions_enter_and_a_full_replay_evicts_by_the_written_pr
     priorities = np.array([0.5, 2.0, 0.2, 1.5, 0.05, 0.7]) + dpg.PRIORITY_EPSILON
     np.testing.assert_allclose(replay.priorities(), priorities, rtol=1e-6)
     expected = priorities**-0.4 / (priorities**-0.4).sum()
-    saved = replay.state_dict()
+    saved = replay.snapshot()
     evicted = []
     rng = np.random.default_rng(1)
     for _ in range(3000):
         trial = small_replay(6)
-        trial.load_state_dict(saved)
+        trial.restore(saved)
         dpg.replay_insert(trial, transitions([99], [1], [1.0]), rng=rng)
         evicted.append(int(np.flatnonzero(trial.items.returns == 99)[0]))
     counts = np.bincount(evicted, minlength=6)
@@ -384,12 +384,10 @@ def test_a_checkpointed_replay_continues_with_the_same_samples_and_evictions():
         dpg.replay_insert(replay, data, rng=np.random.default_rng([1, 4, update]))
     # Through the checkpoint's serialization, into a fresh replay.
     saved = flax.serialization.msgpack_restore(
-        flax.serialization.msgpack_serialize(flax.serialization.to_state_dict(replay.state_dict()))
+        flax.serialization.msgpack_serialize(flax.serialization.to_state_dict(replay.snapshot()))
     )
     restored = small_replay(50)
-    restored.load_state_dict(
-        flax.serialization.from_state_dict(small_replay(50).state_dict(), saved)
-    )
+    restored.restore(flax.serialization.from_state_dict(small_replay(50).snapshot(), saved))
     assert restored.size == replay.size == 50 and restored.inserted == replay.inserted
     np.testing.assert_array_equal(restored.tree, replay.tree)
     np.testing.assert_array_equal(restored.eviction_tree, replay.eviction_tree)

@@ -181,3 +181,40 @@ def test_background_jobs_run_in_order_and_a_failure_stops_the_waiter():
         jobs.wait(never)
     assert time.time() - start < 2 and stop.is_set()
     assert "sampler exploded" in failures[0]
+
+
+@pytest.mark.parametrize("options", [dict(), dict(uniform=True), dict(eviction_exponent=-0.4)])
+def test_many_batches_at_once_are_the_batches_of_one_sample_each(options):
+    replay = store(64, **options)
+    rng = np.random.default_rng(0)
+    replay.insert(items_of(np.arange(100)), rng.uniform(0.1, 2.0, 100), rng=rng)
+    many = replay.sample_many(16, [np.random.default_rng([7, step]) for step in range(5)], beta=0.4)
+    for step in range(5):
+        one = replay.sample(16, np.random.default_rng([7, step]), beta=0.4)
+        np.testing.assert_array_equal(many.slots[step], one.slots)
+        np.testing.assert_array_equal(many.items.obs[step], one.items.obs)
+        np.testing.assert_array_equal(many.weights[step], one.weights)
+        np.testing.assert_array_equal(many.probabilities[step], one.probabilities)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(uniform=True), dict(eviction_exponent=-0.4)])
+def test_a_restored_snapshot_samples_inserts_and_evicts_as_the_original(options):
+    # Half full, and full after evictions: the restored store goes on as the original.
+    for inserted in (20, 150):
+        original = store(64, **options)
+        rng = np.random.default_rng(1)
+        original.insert(items_of(np.arange(inserted)), rng.uniform(0.1, 2.0, inserted), rng=rng)
+        restored = store(64, **options)
+        restored.restore(original.snapshot())
+        assert (restored.size, restored.inserted) == (original.size, original.inserted)
+        for replay in (original, restored):
+            more = np.arange(1000, 1030)
+            replay.insert(items_of(more), np.linspace(0.2, 1.0, 30), rng=np.random.default_rng(2))
+            replay.update_priorities([0, 5], [3.0, 0.5], sampled_at=replay.inserted - 30)
+        for a, b in zip(original.items, restored.items):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(original.tree, restored.tree)
+        np.testing.assert_array_equal(original.written_at, restored.written_at)
+        a = original.sample(32, np.random.default_rng(3), beta=0.4)
+        b = restored.sample(32, np.random.default_rng(3), beta=0.4)
+        np.testing.assert_array_equal(a.slots, b.slots)

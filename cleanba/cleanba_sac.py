@@ -1,0 +1,1309 @@
+"""Cleanba SAC: Soft Actor-Critic (Haarnoja et al., 2018) for envpool's MuJoCo and dm_control tasks,
+with the algorithm and hyperparameters of CleanRL's `sac_continuous_action.py`, in Cleanba's
+actor-learner shape.
+
+Actor threads play rollouts of --local-num-envs x --num-steps steps with a tanh-squashed Gaussian
+policy (uniform random actions for the first --learning-starts steps of the run) and hand them to
+the learner through queues of size 1. The learner inserts each rollout into a uniform replay, then
+makes exactly --replay-ratio gradient updates per environment step of the rollout (one per step, as
+CleanRL's), each on a batch drawn with a generator seeded by (seed, gradient update), all of one
+rollout's updates in one compiled call (a scan). With `--concurrency` (the default) the actors play
+with the parameters exactly one version behind, as in Cleanba's IMPALA: the next rollout is
+played, inserted and its batches drawn while the learner trains on the last one.
+
+Which data a gradient sees never depends on timing: the rollouts and the policy that played each
+are fixed by the protocol, the replay's content by the rollouts in global environment order, each
+batch by its seed. So the same seed gives the same `params_fingerprint` on every layout (learner
+devices, actor threads, processes) up to float rounding, with or without evaluation, and a run
+resumed from a checkpoint repeats the uninterrupted one exactly: the checkpoint holds the learner,
+the replay, the policy the actors play next with, and what each environment did since its last
+reset, from which the resumed actors bring their environments back to the same state."""
+
+import dataclasses
+import functools
+import os
+import queue
+import time
+import types
+from typing import Any, NamedTuple
+
+import envpool
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.experimental import multihost_utils
+
+from cleanba_utils import distributed, parsing
+from cleanba_utils.checkpoints import resume_from
+from cleanba_utils.envs import envpool_num_threads, flat_observation, is_continuous
+from cleanba_utils.handoff import check_policy_lag, send_params
+from cleanba_utils.parsing import fail
+from cleanba_utils.replay import PrioritizedReplay
+from cleanba_utils.run import open_run, run_dir_of
+from cleanba_utils.run_files import (
+    add_evaluations_to_summary,
+    add_to_summary,
+    first_replica,
+    replicate,
+)
+from cleanba_utils.threads import queue_get, queue_put, start_thread
+
+# === Args ===
+
+
+@dataclasses.dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment: environments, actions, initialization, replay sampling"""
+    run_name: str | None = None
+    """name of the run folder under `runs/` (default: `{env_id}__{exp_name}__{seed}__{unix time}`)
+    """
+    group: str = ""
+    """free-form label of the experiment this run belongs to, recorded in spec.json"""
+    track: bool = False
+    """log to Weights & Biases"""
+    wandb_project_name: str = "cleanba"
+    """the Weights & Biases project"""
+    wandb_entity: str | None = None
+    """the Weights & Biases entity (team)"""
+    save_model: bool = False
+    """save the final parameters (actor, critics, target critics, temperature) to
+    `runs/{run_name}/{exp_name}.cleanba_model`"""
+    eval_episodes: int = 0
+    """play this many episodes with the deterministic action (tanh of the mean, scaled) in
+    evaluation environments of their own every --eval-every updates and after the last, logged as
+    charts/eval_return (0: no evaluation; CleanRL's script has none)"""
+    eval_every: int = 100
+    """evaluate every this many updates (0: only after the last); evaluation never changes the run
+    """
+    log_frequency: int = 10
+    """print and log losses every this many updates"""
+
+    env_id: str = "HalfCheetah-v4"
+    """the id of the envpool environment (continuous actions: MuJoCo or dm_control)"""
+    total_timesteps: int = 1_000_000
+    """total environment steps of the run"""
+    buffer_size: int = 1_000_000
+    """the replay capacity in transitions, first in first out"""
+    gamma: float = 0.99
+    """the discount factor"""
+    tau: float = 0.005
+    """the target critics move this fraction of the way to the critics after every gradient update
+    (Polyak averaging)"""
+    batch_size: int = 256
+    """the transitions of one gradient update, split equally over the learner devices"""
+    learning_starts: int = 5000
+    """environment steps of uniformly random actions before the policy acts; the first gradient
+    update follows the first rollout that completes this many steps (CleanRL's follows step 5001)"""
+    policy_lr: float = 3e-4
+    """the learning rate of the actor's Adam"""
+    q_lr: float = 1e-3
+    """the learning rate of the twin critics' Adam"""
+    alpha_lr: float = 1e-3
+    """the learning rate of the temperature's Adam (CleanRL's script gives the temperature its
+    q_lr, 1e-3, although its docs name 3e-4)"""
+    policy_frequency: int = 2
+    """update the actor and the temperature every this many gradient updates, this many times
+    each (making up for the skipped ones), as CleanRL's delayed policy update"""
+    autotune: bool = True
+    """tune the temperature alpha towards the target entropy -|A| (else keep it at --alpha)"""
+    alpha: float = 0.2
+    """the temperature with --no-autotune"""
+    replay_ratio: float = 1.0
+    """gradient updates per environment step: each update of the learner makes replay_ratio x
+    num_envs x num_steps of them (CleanRL's: 1)"""
+    hiddens: tuple[int, ...] = (256, 256)
+    """the ReLU hidden layers of the actor and of each critic"""
+    local_num_envs: int = 1
+    """the number of environments of each actor thread (CleanRL's: 1)"""
+    num_actor_threads: int = 1
+    """the number of actor threads per actor device"""
+    envpool_num_threads: int | None = None
+    """worker threads of each envpool instance (default: CPUs / actor threads); results do not
+    depend on it"""
+    num_steps: int = 64
+    """the number of steps each environment runs per rollout (one update of the learner). CleanRL
+    makes a gradient update after every step; here a learner update makes a whole rollout's in one
+    compiled call, and with --concurrency the actors play with parameters one learner update (64
+    gradient updates at the defaults) behind"""
+
+    actor_device_ids: tuple[int, ...] = (0,)
+    """the local device ids that run actor threads"""
+    learner_device_ids: tuple[int, ...] = (0,)
+    """the local device ids the learner update is pmap'd over (each takes an equal share of every
+    batch)"""
+    concurrency: bool = True
+    """let actors play the next rollout while the learner trains (policy lag 1 instead of 0)"""
+    distributed: bool = False
+    """join a multi-process run with jax.distributed (configured by SLURM or the three options
+    below)"""
+    coordinator_address: str | None = None
+    """host:port of process 0, for --distributed outside SLURM"""
+    num_processes: int | None = None
+    """the number of processes, for --distributed outside SLURM"""
+    process_id: int | None = None
+    """this process's index in 0 .. num_processes - 1, for --distributed outside SLURM"""
+    checkpoint_every: int = 0
+    """save a checkpoint every this many updates (0: only at the end and on SIGTERM / SIGUSR1); it
+    holds the replay"""
+    resume: bool = False
+    """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is
+    none); the resumed run repeats the uninterrupted one"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    num_envs: int
+    steps_per_update: int
+    """environment steps of one learner update: num_envs x num_steps"""
+    gradient_steps_per_update: int
+    """gradient updates of one learner update, once learning has started: replay_ratio x
+    steps_per_update"""
+    num_updates: int
+
+
+def sizes_of(args: Args, num_processes: int) -> Sizes:
+    num_envs = args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids)
+    num_envs *= num_processes
+    steps_per_update = num_envs * args.num_steps
+    return Sizes(
+        num_envs=num_envs,
+        steps_per_update=steps_per_update,
+        gradient_steps_per_update=round(args.replay_ratio * steps_per_update),
+        num_updates=args.total_timesteps // steps_per_update,
+    )
+
+
+def parse_args(argv=None) -> Args:
+    args = parsing.parse_args(Args, argv)
+    validate(args)
+    return args
+
+
+def validate(args: Args):
+    """Checks every argument that needs no device, before any other work; exits 2 on the first
+    problem."""
+    positive = (
+        "total_timesteps buffer_size batch_size policy_lr q_lr alpha_lr policy_frequency alpha"
+        " replay_ratio local_num_envs num_actor_threads num_steps log_frequency"
+    )
+    non_negative = "learning_starts eval_episodes eval_every checkpoint_every"
+    parsing.check_signs(args, positive.split(), non_negative.split())
+    parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
+    parsing.check_in(args, "tau", low=0, high=1, low_open=True)
+    if args.env_id not in envpool.list_all_envs():
+        fail(
+            f"--env-id {args.env_id} is not an envpool environment; try HalfCheetah-v4 or "
+            "CheetahRun-v1"
+        )
+    if not is_continuous(args.env_id):
+        fail(
+            f"--env-id {args.env_id} has discrete actions; train it with cleanba_apex_dqn.py or "
+            "cleanba_ppo.py"
+        )
+    if args.learning_starts >= args.total_timesteps:
+        fail(
+            f"--learning-starts {args.learning_starts} is not below --total-timesteps "
+            f"{args.total_timesteps}: the run would never learn"
+        )
+    # The shared checks cover an image network's channels too; these MLPs have none.
+    parsing.check_run_options(types.SimpleNamespace(**vars(args), channels=()))
+
+
+def validate_layout(args: Args):
+    """The checks that need the devices (and, with --distributed, the number of processes) or the
+    machine."""
+    sizes = sizes_of(args, jax.process_count())
+    parsing.check_devices(args, sizes.num_updates, sizes.steps_per_update, split_rollouts=False)
+    num_learner_devices = len(args.learner_device_ids) * jax.process_count()
+    if args.batch_size % num_learner_devices:
+        fail(
+            f"--batch-size {args.batch_size} must be divisible by the {num_learner_devices} "
+            "learner device(s): each takes an equal share of every batch"
+        )
+    gradient_steps = args.replay_ratio * sizes.steps_per_update
+    if sizes.gradient_steps_per_update < 1 or abs(gradient_steps - round(gradient_steps)) > 1e-6:
+        fail(
+            f"--replay-ratio {args.replay_ratio} x {sizes.steps_per_update} steps per update "
+            f"(num envs x --num-steps) = {gradient_steps:g} gradient updates: it must be a "
+            "whole number, at least 1"
+        )
+    if args.buffer_size < sizes.steps_per_update:
+        fail(
+            f"--buffer-size {args.buffer_size} holds fewer transitions than one update inserts "
+            f"({sizes.num_envs} envs x {args.num_steps} steps); raise it"
+        )
+    spec = envpool.make_spec(args.env_id)
+    parsing.check_memory(
+        args,
+        "buffer_size",
+        replay_bytes(args, observation_size(spec), spec.action_space.shape[0]),
+        MEMORY_RESERVE_BYTES,
+    )
+
+
+# === Environment ===
+
+
+def make_env(args: Args, seed: int, num_envs: int):
+    """envpool seeds its environment i with `seed + i`. Episodes end on termination or at the task's
+    time limit (1000 steps for MuJoCo and dm_control), which envpool reports as a truncation."""
+    instances = args.num_actor_threads * len(args.actor_device_ids)
+    return envpool.make(
+        args.env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        num_threads=envpool_num_threads(args.envpool_num_threads, num_envs, instances),
+    )
+
+
+def observation_size(spec) -> int:
+    """Features of a flat observation (`flat_observation`) of an envpool spec's task."""
+    space = spec.observation_space
+    spaces = space.spaces.values() if hasattr(space, "spaces") else [space]
+    return sum(int(np.prod(s.shape)) for s in spaces)
+
+
+class Bounds(NamedTuple):
+    """The affine map from the squashed action in (-1, 1) to the task's action box."""
+
+    scale: Any
+    bias: Any
+
+
+def bounds_of(action_space) -> Bounds:
+    low = np.asarray(action_space.low, np.float32)
+    high = np.asarray(action_space.high, np.float32)
+    return Bounds(scale=(high - low) / 2.0, bias=(high + low) / 2.0)
+
+
+# === Network ===
+
+LOG_STD_MIN = -5.0
+LOG_STD_MAX = 2.0
+
+
+def dense(features: int, fan_in: int) -> nn.Dense:
+    """A dense layer initialized as PyTorch's (CleanRL's networks): kernel and bias uniform in
+    +-1/sqrt(fan_in)."""
+    bound = 1.0 / np.sqrt(fan_in)
+    init = lambda key, shape, dtype=jnp.float32: jax.random.uniform(
+        key, shape, dtype, minval=-bound, maxval=bound
+    )
+    return nn.Dense(features, kernel_init=init, bias_init=init)
+
+
+class Actor(nn.Module):
+    """The mean and the log standard deviation of a Gaussian over pre-squashing actions, from a ReLU
+    MLP; the log std is squashed into [LOG_STD_MIN, LOG_STD_MAX] by a rescaled tanh."""
+
+    hiddens: tuple[int, ...]
+    action_dim: int
+
+    @nn.compact
+    def __call__(self, obs):
+        x = obs
+        for hidden in self.hiddens:
+            x = nn.relu(dense(hidden, x.shape[-1])(x))
+        mean = dense(self.action_dim, x.shape[-1])(x)
+        log_std = jnp.tanh(dense(self.action_dim, x.shape[-1])(x))
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1.0)
+        return mean, log_std
+
+
+class Critic(nn.Module):
+    """Q(s, a) from a ReLU MLP on the observation and the action (in the task's units)."""
+
+    hiddens: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, obs, actions):
+        x = jnp.concatenate([obs, actions], axis=-1)
+        for hidden in self.hiddens:
+            x = nn.relu(dense(hidden, x.shape[-1])(x))
+        return dense(1, x.shape[-1])(x)[..., 0]
+
+
+class TwinCritic(nn.Module):
+    """Two critics of their own initializations, evaluated together: Q-values (2, N)."""
+
+    hiddens: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, obs, actions):
+        critics = nn.vmap(
+            Critic,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=None,
+            out_axes=0,
+            axis_size=2,
+        )
+        return critics(self.hiddens)(obs, actions)
+
+
+class Networks(NamedTuple):
+    actor: Actor
+    critic: TwinCritic
+    bounds: Bounds
+
+
+def squashed_gaussian(mean, log_std, noise, bounds: Bounds):
+    """The action a = tanh(u) * scale + bias for u = mean + std * noise, and its log-density: the
+    Gaussian's of u, minus log |da/du| = log(scale (1 - tanh(u)^2)) per dimension (+1e-6 inside the
+    log, CleanRL's guard), summed over the dimensions."""
+    pre_tanh = mean + jnp.exp(log_std) * noise
+    squashed = jnp.tanh(pre_tanh)
+    gaussian = -0.5 * noise**2 - log_std - 0.5 * jnp.log(2 * jnp.pi)
+    log_prob = gaussian - jnp.log(bounds.scale * (1.0 - squashed**2) + 1e-6)
+    return squashed * bounds.scale + bounds.bias, log_prob.sum(-1)
+
+
+def deterministic_action(mean, bounds: Bounds):
+    """The evaluation action: tanh of the mean, scaled to the task's box."""
+    return jnp.tanh(mean) * bounds.scale + bounds.bias
+
+
+# === Actor ===
+
+
+class Transitions(NamedTuple):
+    """One rollout as an actor thread played it, env-major (envs, steps, ...): each step's
+    observation, action (in the task's units), reward, next observation and termination. `valid`
+    is False on envpool's reset steps (the step after an episode's end: it ignores the action and
+    returns the next episode's first observation), which are no transitions. On a truncating step
+    the next observation is the episode's last (envpool returns it there and resets on the next
+    step): the target bootstraps from it."""
+
+    obs: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray
+    next_obs: np.ndarray
+    terminations: np.ndarray
+    valid: np.ndarray
+
+
+class EnvRecord(NamedTuple):
+    """What brings an actor's environments back to their state after a rollout (envpool's
+    simulations are deterministic given the seed and the actions): per environment, the resets
+    since the first (each draws the next initial state), and the actions of its current episode."""
+
+    resets: np.ndarray
+    episode_actions: np.ndarray
+    """(envs, max episode steps, action dims); the first `episode_lengths` steps are played"""
+    episode_lengths: np.ndarray
+
+
+class Rollout(NamedTuple):
+    """What an actor thread puts on its rollout queue: the learner update it is for, the version of
+    the parameters that played it, its transitions, its environments' record after it, and the
+    seconds the actor spent waiting for parameters, playing, stepping and inferring."""
+
+    update: int
+    policy_version: int
+    data: Transitions
+    record: EnvRecord
+    timing: dict
+
+
+def empty_record(num_envs: int, env_id: str) -> EnvRecord:
+    spec = envpool.make_spec(env_id)
+    return EnvRecord(
+        resets=np.zeros(num_envs, np.int64),
+        episode_actions=np.zeros(
+            (num_envs, spec.config.max_episode_steps, spec.action_space.shape[0]), np.float32
+        ),
+        episode_lengths=np.zeros(num_envs, np.int64),
+    )
+
+
+def record_step(record: EnvRecord, actions, is_reset):
+    """Adds one step to `record` (in place): a reset step starts a new episode (its action is
+    ignored), any other step adds its action to its episode."""
+    record.resets[:] += is_reset
+    record.episode_lengths[is_reset] = 0
+    playing = np.flatnonzero(~is_reset)
+    record.episode_actions[playing, record.episode_lengths[playing]] = actions[playing]
+    record.episode_lengths[playing] += 1
+
+
+def fast_forward(envs, record: EnvRecord, episodes):
+    """Brings freshly made `envs` to the state of `record`: each environment is reset as often as it
+    was, then replays its current episode's actions (alone: envpool steps a subset of its
+    environments). The episodes' running returns and lengths continue. Returns the observation and
+    which environments' next step is a reset step."""
+    obs = flat_observation(envs.reset()[0])
+    for env, resets in enumerate(record.resets):
+        for _ in range(resets):
+            obs[env] = flat_observation(envs.reset(np.array([env]))[0])[0]
+    next_is_reset = np.zeros(len(obs), bool)
+    for step in range(record.episode_lengths.max(initial=0)):
+        ids = np.flatnonzero(record.episode_lengths > step)
+        step_obs, reward, terminated, truncated, info = envs.step(
+            record.episode_actions[ids, step], ids
+        )
+        stepped = info["env_id"]
+        obs[stepped] = flat_observation(step_obs)
+        episodes.returns[stepped] += reward
+        episodes.lengths[stepped] += 1
+        next_is_reset[stepped] = terminated | truncated
+    # An episode that ended on the record's last step was logged before the checkpoint.
+    episodes.returns[next_is_reset] = 0.0
+    episodes.lengths[next_is_reset] = 0
+    return obs, next_is_reset
+
+
+class Draws(NamedTuple):
+    """The random draws of a rollout's actions, (steps, envs, action dims): the policy's Gaussian
+    noise, and uniform draws in [-1, 1] for the random actions before learning starts."""
+
+    normal: jax.Array
+    uniform: jax.Array
+
+
+def rollout_draws(key, first_step, num_steps: int, env_ids, action_dim: int) -> Draws:
+    """The draws of steps first_step .. first_step + num_steps - 1, keyed by (step, global env
+    index): the same whatever the layout. Drawn for a whole rollout at once, since one small
+    call of the threefry generator costs several times the policy's forward pass on a CPU."""
+
+    def of_step(step):
+        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
+            jax.random.fold_in(key, step), env_ids
+        )
+        return Draws(
+            normal=jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, 0), (action_dim,)))(
+                keys
+            ),
+            uniform=jax.vmap(
+                lambda k: jax.random.uniform(
+                    jax.random.fold_in(k, 1), (action_dim,), minval=-1, maxval=1
+                )
+            )(keys),
+        )
+
+    return jax.vmap(of_step)(first_step + jnp.arange(num_steps))
+
+
+def explore(networks: Networks, params, obs, draws: Draws, step, random_actions):
+    """Per environment, the policy's sampled action, or with `random_actions` a uniform one in the
+    task's box, from the rollout's draws of its `step`."""
+    mean, log_std = networks.actor.apply(params, obs)
+    action, _ = squashed_gaussian(mean, log_std, draws.normal[step], networks.bounds)
+    random = draws.uniform[step] * networks.bounds.scale + networks.bounds.bias
+    return jnp.where(random_actions, random, action)
+
+
+def actor(
+    args, sizes, run, networks, first_update, env_offset, device, param_queue, rollout_queue, record
+):
+    """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs
+    - 1. `record` (on a resumed run) is their `EnvRecord` at the checkpoint.
+
+    The rollout of update u is played by the parameters of version u - 1, or u - 2 with
+    --concurrency (version 0 for the first two): the actor takes parameters from its queue before
+    every rollout but the second of a fresh concurrent run."""
+    envs = make_env(args, args.seed + env_offset, args.local_num_envs)
+    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
+    env_ids_on_device = jax.device_put(env_ids, device)
+    action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
+    action_dim = len(networks.bounds.scale)
+    draw = jax.jit(
+        lambda first_step: rollout_draws(
+            action_key,
+            first_step=first_step,
+            num_steps=args.num_steps,
+            env_ids=env_ids_on_device,
+            action_dim=action_dim,
+        )
+    )
+    act = jax.jit(functools.partial(explore, networks))
+    episodes = run.episodes(args.local_num_envs)
+    if record is None:
+        record = empty_record(args.local_num_envs, args.env_id)
+        next_obs = flat_observation(envs.reset()[0])
+        next_is_reset = np.zeros(args.local_num_envs, bool)
+    else:
+        record = EnvRecord(*[np.array(field) for field in record])
+        next_obs, next_is_reset = fast_forward(envs, record, episodes)
+    for update in range(first_update, sizes.num_updates + 1):
+        param_wait_start = time.time()
+        if update == first_update or not (args.concurrency and update == 2):
+            policy_version, params = queue_get(param_queue, run.stop)
+        param_queue_get_time = time.time() - param_wait_start
+
+        rollout_start = time.time()
+        inference_time = 0.0
+        env_step_time = 0.0
+        num_envs = args.local_num_envs
+        obs = np.zeros((num_envs, args.num_steps + 1, next_obs.shape[1]), np.float32)
+        actions = np.zeros((num_envs, args.num_steps, action_dim), np.float32)
+        rewards = np.zeros((num_envs, args.num_steps), np.float32)
+        terminations = np.zeros((num_envs, args.num_steps), np.float32)
+        is_reset = np.zeros((num_envs, args.num_steps), bool)
+        draws = draw((update - 1) * args.num_steps)
+        for step in range(args.num_steps):
+            tic = time.time()
+            policy_step = (update - 1) * args.num_steps + step
+            global_step = policy_step * sizes.num_envs
+            action = np.asarray(
+                act(
+                    params,
+                    jax.device_put(next_obs, device),
+                    draws,
+                    step,
+                    random_actions=global_step < args.learning_starts,
+                )
+            )
+            inference_time += time.time() - tic
+            tic = time.time()
+            step_obs, reward, terminated, truncated, _ = envs.step(action)
+            env_step_time += time.time() - tic
+            obs[:, step] = next_obs
+            actions[:, step] = action
+            rewards[:, step] = reward
+            terminations[:, step] = terminated
+            is_reset[:, step] = next_is_reset
+            record_step(record, action, next_is_reset)
+            done = terminated | truncated
+            episodes.step(reward, done, next_is_reset, global_step)
+            next_obs = flat_observation(step_obs)
+            next_is_reset = done
+        obs[:, -1] = next_obs
+
+        data = Transitions(
+            obs=obs[:, :-1],
+            actions=actions,
+            rewards=rewards,
+            next_obs=obs[:, 1:],
+            terminations=terminations,
+            valid=~is_reset,
+        )
+        timing = dict(
+            param_queue_get_time=param_queue_get_time,
+            rollout_time=time.time() - rollout_start,
+            inference_time=inference_time,
+            env_step_time=env_step_time,
+        )
+        rollout = Rollout(
+            update=update,
+            policy_version=policy_version,
+            data=data,
+            record=EnvRecord(*[field.copy() for field in record]),
+            timing=timing,
+        )
+        queue_put(rollout_queue, rollout, run.stop)
+
+
+def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
+    """Plays one episode in each of `num_episodes` fresh environments with the deterministic action;
+    `params` are the model's (`params["actor"]` plays)."""
+    envs = make_env(args, seed, num_episodes)
+    actor_network = Actor(args.hiddens, envs.action_space.shape[0])
+    bounds = bounds_of(envs.action_space)
+    act = jax.jit(lambda p, o: deterministic_action(actor_network.apply(p, o)[0], bounds))
+    obs, _ = envs.reset()
+    returns = np.zeros(num_episodes)
+    finished = np.zeros(num_episodes, bool)
+    while not finished.all():
+        action = np.asarray(act(params["actor"], flat_observation(obs)))
+        obs, reward, terminated, truncated, _ = envs.step(action)
+        returns += reward * ~finished
+        finished |= terminated | truncated
+    envs.close()
+    return returns.tolist()
+
+
+# === Replay ===
+
+MEMORY_RESERVE_BYTES = 2 * 2**30  # for the rest of the process: networks, environments, batches
+
+
+def replay_bytes(args: Args, obs_size: int, action_size: int) -> int:
+    """The replay's memory, twice: a checkpoint serializes a copy of it. A transition holds two
+    observations, an action, a reward and a termination (float32s) and its insertion count
+    (int64); the sum tree two float64 per leaf, leaves a power of two."""
+    tree_bytes = 2 * 8 * (1 << max(0, args.buffer_size - 1).bit_length())
+    transition_bytes = 4 * (2 * obs_size + action_size + 2) + 8
+    return 2 * (args.buffer_size * transition_bytes + tree_bytes)
+
+
+def make_replay(args: Args, obs_size: int, action_size: int) -> PrioritizedReplay:
+    """A uniform, first-in-first-out store of `Batch` records: one transition each, its next
+    observation stored beside its observation."""
+    example = Batch(
+        obs=np.zeros(obs_size, np.float32),
+        actions=np.zeros(action_size, np.float32),
+        rewards=np.float32(0),
+        next_obs=np.zeros(obs_size, np.float32),
+        terminations=np.float32(0),
+    )
+    return PrioritizedReplay(example, args.buffer_size, uniform=True)
+
+
+def replay_insert(replay: PrioritizedReplay, data: Transitions) -> int:
+    """Inserts the valid transitions of a rollout of every environment (env-major, in global env
+    order: the same order whatever the layout); reset steps are left out. Returns their number."""
+    valid = data.valid
+    replay.insert(
+        Batch(
+            obs=data.obs[valid],
+            actions=data.actions[valid],
+            rewards=data.rewards[valid],
+            next_obs=data.next_obs[valid],
+            terminations=data.terminations[valid],
+        )
+    )
+    return int(valid.sum())
+
+
+def sample_batches(args: Args, replay: PrioritizedReplay, first: int, count: int) -> "Batch":
+    """The batches of gradient updates first .. first + count - 1 (1-based, counted over the run),
+    stacked (count, batch, ...): each drawn uniformly with a generator seeded by (seed, its gradient
+    update), so it depends on nothing but the replay's content and its index."""
+    rngs = [np.random.default_rng([args.seed, 3, index]) for index in range(first, first + count)]
+    return replay.sample_many(args.batch_size, rngs, beta=0.0).items
+
+
+def local_shards(batches: "Batch", num_local: int) -> "Batch":
+    """This process's learner devices' shares of stacked batches, (devices, count, batch / all
+    learner devices, ...): global learner device d takes samples d x share .. (d + 1) x share - 1 of
+    every batch."""
+    num_global = num_local * jax.process_count()
+    local = slice(jax.process_index() * num_local, (jax.process_index() + 1) * num_local)
+    return Batch(
+        *[
+            np.swapaxes(v.reshape(v.shape[0], num_global, -1, *v.shape[2:])[:, local], 0, 1)
+            for v in batches
+        ]
+    )
+
+
+# === Loss ===
+
+
+class Batch(NamedTuple):
+    """Transitions: observation, action, reward, next observation and termination (1.0: the
+    episode ended there and the target does not bootstrap; a truncation is 0.0)."""
+
+    obs: Any
+    actions: Any
+    rewards: Any
+    next_obs: Any
+    terminations: Any
+
+
+def soft_target(batch: Batch, next_q_target, next_log_prob, alpha, gamma: float):
+    """y = r + gamma (1 - terminated) (min_i Q'_i(s', a') - alpha log pi(a' | s')) with a' ~ pi(s')
+    and Q'_i the target critics: `next_q_target` (2, N), `next_log_prob` (N,)."""
+    next_value = jnp.min(next_q_target, axis=0) - alpha * next_log_prob
+    return batch.rewards + gamma * (1.0 - batch.terminations) * next_value
+
+
+def critic_loss(critic_params, critic_apply, batch: Batch, target):
+    """The sum over the twin critics of the mean squared error to the soft target; also each
+    critic's loss and mean Q-value."""
+    q_values = critic_apply(critic_params, batch.obs, batch.actions)
+    losses = ((q_values - target) ** 2).mean(axis=1)
+    return losses.sum(), (losses, q_values.mean(axis=1))
+
+
+def actor_loss(actor_params, networks: Networks, critic_params, batch: Batch, noise, alpha):
+    """mean(alpha log pi(a | s) - min_i Q_i(s, a)), a ~ pi(s) reparameterized by `noise`; also the
+    log-probabilities."""
+    mean, log_std = networks.actor.apply(actor_params, batch.obs)
+    actions, log_prob = squashed_gaussian(mean, log_std, noise, networks.bounds)
+    q_values = networks.critic.apply(critic_params, batch.obs, actions)
+    return (alpha * log_prob - jnp.min(q_values, axis=0)).mean(), log_prob
+
+
+def temperature_loss(log_alpha, log_prob, target_entropy: float):
+    """mean(-alpha (log pi(a | s) + target entropy)), alpha = exp(log_alpha): alpha grows while the
+    policy's entropy is below the target and shrinks while above."""
+    return (-jnp.exp(log_alpha) * (log_prob + target_entropy)).mean()
+
+
+# === Update ===
+
+
+class SACState(NamedTuple):
+    """Everything the learner updates, one pytree: the parameters, the target critics, the
+    temperature, the three Adam states and the gradient updates made so far."""
+
+    actor_params: Any
+    critic_params: Any
+    target_critic_params: Any
+    log_alpha: Any
+    actor_opt_state: Any
+    critic_opt_state: Any
+    alpha_opt_state: Any
+    step: Any
+
+
+class Optimizers(NamedTuple):
+    actor: optax.GradientTransformation
+    critic: optax.GradientTransformation
+    alpha: optax.GradientTransformation
+
+
+def optimizers_of(args: Args) -> Optimizers:
+    """Adam with PyTorch's defaults (betas 0.9 and 0.999, eps 1e-8), as CleanRL's."""
+    return Optimizers(
+        actor=optax.adam(args.policy_lr),
+        critic=optax.adam(args.q_lr),
+        alpha=optax.adam(args.alpha_lr),
+    )
+
+
+class Saved(NamedTuple):
+    """A checkpoint: the learner's state, the actor parameters of the version before (the actors'
+    next rollout is played with them under --concurrency), every environment's `EnvRecord` in
+    global env order, and the replay's snapshot."""
+
+    learner: SACState
+    acting_params: Any
+    env_record: EnvRecord
+    replay: dict
+
+
+def init_state(args: Args, sizes: Sizes, replay: PrioritizedReplay):
+    """The networks, the learner state and counters, and with --resume the newest checkpoint's
+    `Saved` (else None), whose replay snapshot `replay` is set to."""
+    spec = envpool.make_spec(args.env_id)
+    obs_size = observation_size(spec)
+    action_size = spec.action_space.shape[0]
+    networks = Networks(
+        actor=Actor(args.hiddens, action_size),
+        critic=TwinCritic(args.hiddens),
+        bounds=bounds_of(spec.action_space),
+    )
+    init_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 0)
+    obs = np.zeros((1, obs_size), np.float32)
+    actor_params = networks.actor.init(jax.random.fold_in(init_key, 0), obs)
+    critic_params = networks.critic.init(
+        jax.random.fold_in(init_key, 1), obs, np.zeros((1, action_size), np.float32)
+    )
+    log_alpha = np.float32(0.0 if args.autotune else np.log(args.alpha))
+    optimizers = optimizers_of(args)
+    state = SACState(
+        actor_params=actor_params,
+        critic_params=critic_params,
+        target_critic_params=critic_params,
+        log_alpha=log_alpha,
+        actor_opt_state=optimizers.actor.init(actor_params),
+        critic_opt_state=optimizers.critic.init(critic_params),
+        alpha_opt_state=optimizers.alpha.init(log_alpha),
+        step=np.int32(0),
+    )
+    template = Saved(
+        learner=state,
+        acting_params=actor_params,
+        env_record=empty_record(sizes.num_envs, args.env_id),
+        replay=replay.snapshot(),
+    )
+    identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
+    checkpoint = resume_from(run_dir_of(args), template, identity) if args.resume else None
+    saved, counters = checkpoint or (None, dict(update=0, wall_time_s=0.0))
+    if saved is not None:
+        state = saved.learner
+        replay.restore(saved.replay)
+    return networks, state, dict(counters, **identity), saved
+
+
+def make_update(args: Args, learner_devices: list, networks: Networks):
+    """`update_fn(state, batches) -> (state, metrics)`, pmap'd over the learner devices: one
+    gradient update per batch of `batches` (count, this device's share of the batch, ...), in a
+    `lax.scan`. An update: the critics on the soft target; every --policy-frequency updates (by
+    the update's index over the run, so however updates are grouped into calls), that many steps
+    of the actor, each followed by one of the temperature; last the target critics' Polyak step.
+    Gradients are means over the device's share, averaged over devices (pmean: the global batch's
+    mean). The noise of the sampled actions is drawn for the global batch from a key of (seed,
+    gradient update) and sliced, so it does not depend on the layout either."""
+    learner_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 2)
+    optimizers = optimizers_of(args)
+    share = args.batch_size // len(learner_devices)
+    action_dim = len(networks.bounds.scale)
+    target_entropy = -float(action_dim)
+
+    def device_noise(key):
+        noise = jax.random.normal(key, (args.batch_size, action_dim))
+        first = jax.lax.axis_index("devices") * share
+        return jax.lax.dynamic_slice_in_dim(noise, first, share)
+
+    def apply(optimizer, grads, opt_state, params):
+        deltas, opt_state = optimizer.update(jax.lax.pmean(grads, "devices"), opt_state, params)
+        return optax.apply_updates(params, deltas), opt_state
+
+    def policy_step(state: SACState, batch: Batch, key, iteration):
+        """One actor step, then one temperature step on log-probabilities of the new actor."""
+        (loss, _), grads = jax.value_and_grad(actor_loss, has_aux=True)(
+            state.actor_params,
+            networks=networks,
+            critic_params=state.critic_params,
+            batch=batch,
+            noise=device_noise(jax.random.fold_in(key, 1 + 2 * iteration)),
+            alpha=jnp.exp(state.log_alpha),
+        )
+        actor_params, actor_opt_state = apply(
+            optimizers.actor, grads, state.actor_opt_state, state.actor_params
+        )
+        state = state._replace(actor_params=actor_params, actor_opt_state=actor_opt_state)
+        if not args.autotune:
+            metrics = dict(actor_loss=loss, alpha_loss=jnp.float32(0.0))
+            return state, jax.lax.pmean(metrics, "devices")
+        mean, log_std = networks.actor.apply(state.actor_params, batch.obs)
+        _, log_prob = squashed_gaussian(
+            mean, log_std, device_noise(jax.random.fold_in(key, 2 + 2 * iteration)), networks.bounds
+        )
+        log_prob = jax.lax.stop_gradient(log_prob)
+        alpha_loss, grad = jax.value_and_grad(temperature_loss)(
+            state.log_alpha, log_prob, target_entropy
+        )
+        log_alpha, alpha_opt_state = apply(
+            optimizers.alpha, grad, state.alpha_opt_state, state.log_alpha
+        )
+        state = state._replace(log_alpha=log_alpha, alpha_opt_state=alpha_opt_state)
+        metrics = dict(actor_loss=loss, alpha_loss=alpha_loss)
+        return state, jax.lax.pmean(metrics, "devices")
+
+    def gradient_step(state: SACState, batch: Batch):
+        step = state.step + 1
+        key = jax.random.fold_in(learner_key, step)
+        mean, log_std = networks.actor.apply(state.actor_params, batch.next_obs)
+        next_actions, next_log_prob = squashed_gaussian(
+            mean, log_std, device_noise(jax.random.fold_in(key, 0)), networks.bounds
+        )
+        next_q_target = networks.critic.apply(
+            state.target_critic_params, batch.next_obs, next_actions
+        )
+        target = soft_target(
+            batch,
+            next_q_target=next_q_target,
+            next_log_prob=next_log_prob,
+            alpha=jnp.exp(state.log_alpha),
+            gamma=args.gamma,
+        )
+        grads, (qf_losses, qf_values) = jax.grad(critic_loss, has_aux=True)(
+            state.critic_params, networks.critic.apply, batch, target
+        )
+        critic_params, critic_opt_state = apply(
+            optimizers.critic, grads, state.critic_opt_state, state.critic_params
+        )
+        state = state._replace(critic_params=critic_params, critic_opt_state=critic_opt_state)
+
+        def policy_steps(state):
+            state, metrics = jax.lax.scan(
+                lambda s, i: policy_step(s, batch, key, i), state, jnp.arange(args.policy_frequency)
+            )
+            return state, jax.tree.map(lambda m: m[-1], metrics)
+
+        def no_policy_step(state):
+            return state, dict(actor_loss=jnp.float32(0.0), alpha_loss=jnp.float32(0.0))
+
+        is_policy_step = step % args.policy_frequency == 0
+        state, policy_metrics = jax.lax.cond(is_policy_step, policy_steps, no_policy_step, state)
+        target_critic_params = jax.tree.map(
+            lambda target, online: args.tau * online + (1.0 - args.tau) * target,
+            state.target_critic_params,
+            state.critic_params,
+        )
+        state = state._replace(target_critic_params=target_critic_params, step=step)
+        qf_losses, qf_values = jax.lax.pmean((qf_losses, qf_values), "devices")
+        metrics = dict(
+            qf1_loss=qf_losses[0],
+            qf2_loss=qf_losses[1],
+            qf_loss=qf_losses.mean(),
+            qf1_values=qf_values[0],
+            qf2_values=qf_values[1],
+            alpha=jnp.exp(state.log_alpha),
+            policy_step=is_policy_step.astype(jnp.float32),
+            **policy_metrics,
+        )
+        return state, metrics
+
+    def update_on_device(state: SACState, batches: Batch):
+        state, metrics = jax.lax.scan(gradient_step, state, batches)
+        policy_steps = jnp.maximum(metrics["policy_step"].sum(), 1.0)
+        policy_mean = lambda m: (m * metrics["policy_step"]).sum() / policy_steps
+        return state, dict(
+            qf1_loss=metrics["qf1_loss"].mean(),
+            qf2_loss=metrics["qf2_loss"].mean(),
+            qf_loss=metrics["qf_loss"].mean(),
+            qf1_values=metrics["qf1_values"].mean(),
+            qf2_values=metrics["qf2_values"].mean(),
+            actor_loss=policy_mean(metrics["actor_loss"]),
+            alpha_loss=policy_mean(metrics["alpha_loss"]),
+            alpha=metrics["alpha"][-1],
+        )
+
+    return jax.pmap(update_on_device, axis_name="devices", devices=learner_devices)
+
+
+# === Learner loop ===
+
+
+def start_actors(args, sizes, run, networks, first_update, actor_devices, env_record):
+    """One param queue, one rollout queue and one thread per actor thread of every local actor
+    device; with `env_record` (a resumed run) each thread gets its environments' part."""
+    param_queues = []
+    rollout_queues = []
+    threads = []
+    first_thread = jax.process_index() * len(actor_devices) * args.num_actor_threads
+    for index in range(len(actor_devices) * args.num_actor_threads):
+        env_offset = (first_thread + index) * args.local_num_envs
+        own_envs = slice(env_offset, env_offset + args.local_num_envs)
+        param_queues.append(queue.Queue(maxsize=1))
+        rollout_queues.append(queue.Queue(maxsize=1))
+        thread = start_thread(
+            target=actor,
+            name=f"actor-{first_thread + index}",
+            stop=run.stop,
+            failures=run.failures,
+            args=args,
+            sizes=sizes,
+            run=run,
+            networks=networks,
+            first_update=first_update,
+            env_offset=env_offset,
+            device=actor_devices[index // args.num_actor_threads],
+            param_queue=param_queues[-1],
+            rollout_queue=rollout_queues[-1],
+            record=None if env_record is None else EnvRecord(*[f[own_envs] for f in env_record]),
+        )
+        threads.append(thread)
+    return param_queues, rollout_queues, threads
+
+
+def gradient_steps_before(args: Args, sizes: Sizes, update: int) -> int:
+    """The gradient updates of the run before `update`: those of every earlier update that
+    `learns`."""
+    first_learning = max(1, -(-args.learning_starts // sizes.steps_per_update))
+    return sizes.gradient_steps_per_update * max(0, update - first_learning)
+
+
+class Incoming(NamedTuple):
+    """The rollouts of one update, inserted, and the batches of its gradient updates (None before
+    learning starts), with the replay's size after the insertion and the seconds spent waiting,
+    inserting and sampling."""
+
+    rollouts: list
+    env_record: EnvRecord
+    batches: Batch | None
+    replay_size: int
+    rollout_queue_get_time: float
+    insert_time: float
+    sample_time: float
+
+
+def gather(args, rollouts):
+    """Every process's transitions and environment records, env-major in global env order (each
+    process holds the whole replay)."""
+    data = Transitions(*[np.concatenate(fields) for fields in zip(*[r.data for r in rollouts])])
+    record = EnvRecord(*[np.concatenate(fields) for fields in zip(*[r.record for r in rollouts])])
+    if args.distributed:
+        gathered = multihost_utils.process_allgather((data, record))
+        data, record = jax.tree.map(lambda v: np.asarray(v).reshape(-1, *v.shape[2:]), gathered)
+    return data, record
+
+
+def learns(args: Args, sizes: Sizes, update: int) -> bool:
+    """Gradient updates start with the first update whose rollouts complete --learning-starts
+    environment steps."""
+    return update * sizes.steps_per_update >= args.learning_starts
+
+
+def receive(args, sizes, update, rollout_queues, run, replay, learner_policy_version):
+    """Takes the rollouts of `update` (checking which policy played them), inserts them and draws
+    the batches of its gradient updates."""
+    wait_start = time.time()
+    rollouts = [queue_get(q, run.stop) for q in rollout_queues]
+    rollout_queue_get_time = time.time() - wait_start
+    # The policy history goes on across a resume (the checkpoint holds the version the actors play
+    # with next), so the lag is checked as in an uninterrupted run.
+    check_policy_lag(
+        rollouts,
+        update=update,
+        learner_policy_version=learner_policy_version,
+        concurrency=args.concurrency,
+        first_update=1,
+    )
+    tic = time.time()
+    data, env_record = gather(args, rollouts)
+    replay_insert(replay, data)
+    insert_time = time.time() - tic
+    tic = time.time()
+    batches = None
+    if learns(args, sizes, update):
+        stacked = sample_batches(
+            args,
+            replay,
+            first=gradient_steps_before(args, sizes, update) + 1,
+            count=sizes.gradient_steps_per_update,
+        )
+        batches = local_shards(stacked, len(args.learner_device_ids))
+    return Incoming(
+        rollouts=rollouts,
+        env_record=env_record,
+        batches=batches,
+        replay_size=replay.size,
+        rollout_queue_get_time=rollout_queue_get_time,
+        insert_time=insert_time,
+        sample_time=time.time() - tic,
+    )
+
+
+class LoopStats(NamedTuple):
+    """One learner update: its counts, waits and times, and the policy versions of actor and
+    learner."""
+
+    gradient_steps: int
+    """gradient updates so far (a resumed run continues the count)"""
+    replay_size: int
+    rollout_queue_get_time: float
+    insert_time: float
+    sample_time: float
+    learn_time: float
+    """seconds from the update's start until its parameters are ready (with --concurrency, the
+    next update's insertion and sampling overlap it)"""
+    actor_policy_version: int
+    learner_policy_version: int
+
+
+@dataclasses.dataclass
+class Rate:
+    """Gradient updates per second since a count and a time: between two console lines, or over the
+    session's learning."""
+
+    gradient_steps: int
+    time: float
+
+    def since(self, gradient_steps: int, restart: bool = True) -> float:
+        now = time.time()
+        rate = (gradient_steps - self.gradient_steps) / max(now - self.time, 1e-9)
+        if restart:
+            self.gradient_steps = gradient_steps
+            self.time = now
+        return rate
+
+
+def log_update(args, sizes, run, update, rollouts, metrics, loop_stats: LoopStats, rate):
+    """TensorBoard every update; losses, the gradient updates per second and a console line every
+    --log-frequency. `metrics` are those of the last update that learned (None before the
+    first)."""
+    global_step = update * sizes.steps_per_update
+    timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
+    param_lag = loop_stats.learner_policy_version - 1 - loop_stats.actor_policy_version
+    stats = {
+        **timing,
+        **loop_stats._asdict(),
+        "param_lag": param_lag,
+        "actor_sps": args.local_num_envs * args.num_steps / timing["rollout_time"],
+    }
+    run.log(
+        {f"stats/{key}": value for key, value in stats.items()}
+        | {"charts/SPS": run.sps(global_step)},
+        global_step,
+    )
+    if update % args.log_frequency and update != sizes.num_updates:
+        return
+    updates_per_second = rate.since(loop_stats.gradient_steps)
+    run.log({"stats/updates_per_second": updates_per_second}, global_step)
+    if metrics is not None:
+        losses = jax.device_get(first_replica(metrics))
+        run.log({f"losses/{key}": value for key, value in losses.items()}, global_step)
+    details = (
+        f"gradient updates={loop_stats.gradient_steps} ({updates_per_second:.0f}/s) "
+        f"replay={loop_stats.replay_size} policy lag={param_lag} wait "
+        f"rollout={loop_stats.rollout_queue_get_time:.2f}s "
+        f"param={timing['param_queue_get_time']:.2f}s"
+    )
+    run.print_progress(update, global_step, details)
+
+
+def evaluation(args, run, global_step: int, params) -> list[float]:
+    """The returns of --eval-episodes episodes of `params` in environments of the evaluation seed
+    (the run's + 1,000,000, as `Run.finish`'s), their mean logged as charts/eval_return."""
+    eval_returns = evaluate(params, args, args.eval_episodes, args.seed + 1_000_000)
+    mean_return = float(np.mean(eval_returns))
+    run.log({"charts/eval_return": mean_return}, global_step)
+    print(f"eval: mean return {mean_return:.1f} at step {global_step}", flush=True)
+    return eval_returns
+
+
+def model_params(state: SACState) -> dict:
+    """What the model file saves and the fingerprint hashes: every parameter of the learner (this
+    process's first replica), not the optimizer states."""
+    return jax.device_get(
+        first_replica(
+            dict(
+                actor=state.actor_params,
+                critic=state.critic_params,
+                target_critic=state.target_critic_params,
+                log_alpha=state.log_alpha,
+            )
+        )
+    )
+
+
+class Checkpointable(NamedTuple):
+    """What `Run.after_update` gets: the replicated learner state and the rest of a checkpoint,
+    copied to the host (`saved_of`) only when a checkpoint is written."""
+
+    state: SACState
+    acting_params: Any
+    env_record: EnvRecord
+    replay: PrioritizedReplay
+
+
+def saved_of(checkpointable: Checkpointable) -> Saved:
+    return Saved(
+        learner=first_replica(checkpointable.state),
+        acting_params=checkpointable.acting_params,
+        env_record=checkpointable.env_record,
+        replay=checkpointable.replay.snapshot(),
+    )
+
+
+def train(args: Args):
+    sizes = sizes_of(args, jax.process_count())
+    actor_devices = [jax.local_devices()[i] for i in args.actor_device_ids]
+    learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
+    global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
+    spec = envpool.make_spec(args.env_id)
+    replay = make_replay(args, observation_size(spec), spec.action_space.shape[0])
+    networks, state, counters, saved = init_state(args, sizes, replay)
+    run = open_run(
+        args=args,
+        sizes=sizes,
+        script_path=__file__,
+        counters=counters,
+        global_learner_devices=global_learner_devices,
+    )
+    run.host_copy = saved_of
+    gradient_steps = int(state.step)
+    env_record = None if saved is None else saved.env_record
+    state = replicate(state, learner_devices)
+    update_fn = make_update(args, global_learner_devices, networks)
+    learner_policy_version = counters["update"]
+    first_update = counters["update"] + 1
+    param_queues, rollout_queues, threads = start_actors(
+        args,
+        sizes=sizes,
+        run=run,
+        networks=networks,
+        first_update=first_update,
+        actor_devices=actor_devices,
+        env_record=env_record,
+    )
+    receive_update = lambda update: receive(
+        args,
+        sizes=sizes,
+        update=update,
+        rollout_queues=rollout_queues,
+        run=run,
+        replay=replay,
+        learner_policy_version=learner_policy_version,
+    )
+    send = lambda params, version: send_params(
+        params,
+        policy_version=version,
+        actor_devices=actor_devices,
+        param_queues=param_queues,
+        stop=run.stop,
+    )
+    metrics = None
+    incoming = None
+    evaluations = []
+    eval_returns = None
+    console_rate = Rate(gradient_steps=gradient_steps, time=time.time())
+    session_rate = None
+    with run.learner_loop(threads) as end:
+        # The actor parameters last sent: under --concurrency the actors' next rollout is played
+        # with them, so a resumed run sends the checkpoint's first.
+        if saved is not None and args.concurrency:
+            send(saved.acting_params, learner_policy_version - 1)
+        last_sent = first_replica(state.actor_params)
+        send(last_sent, learner_policy_version)
+        for update in range(first_update, sizes.num_updates + 1):
+            if incoming is None:
+                incoming = receive_update(update)
+            learn_start = time.time()
+            if incoming.batches is not None:
+                session_rate = session_rate or Rate(gradient_steps, time.time())
+                state, metrics = update_fn(state, incoming.batches)
+                gradient_steps += sizes.gradient_steps_per_update
+            learner_policy_version += 1
+            current = incoming
+            incoming = None
+            checkpointable = Checkpointable(
+                state=state,
+                acting_params=last_sent,
+                env_record=current.env_record,
+                replay=replay,
+            )
+            end.exit_code = run.after_update(checkpointable, update)
+            # With --concurrency the next rollouts were played with parameters the actors have:
+            # take, insert and sample them while the device trains on these (after the
+            # checkpoint, which holds the replay as this update left it).
+            if args.concurrency and update < sizes.num_updates and not end.exit_code:
+                incoming = receive_update(update + 1)
+            jax.block_until_ready(state)
+            loop_stats = LoopStats(
+                gradient_steps=gradient_steps,
+                replay_size=current.replay_size,
+                rollout_queue_get_time=current.rollout_queue_get_time,
+                insert_time=current.insert_time,
+                sample_time=current.sample_time,
+                learn_time=time.time() - learn_start,
+                actor_policy_version=current.rollouts[0].policy_version,
+                learner_policy_version=learner_policy_version,
+            )
+            log_update(
+                args,
+                sizes=sizes,
+                run=run,
+                update=update,
+                rollouts=current.rollouts,
+                metrics=metrics,
+                loop_stats=loop_stats,
+                rate=console_rate,
+            )
+            due = update == sizes.num_updates or (args.eval_every and update % args.eval_every == 0)
+            if args.eval_episodes and due and run.is_main:
+                global_step = update * sizes.steps_per_update
+                eval_returns = evaluation(args, run, global_step, model_params(state))
+                evaluations.append((global_step, float(np.mean(eval_returns))))
+            if end.exit_code:
+                break
+            if update < sizes.num_updates:
+                last_sent = first_replica(state.actor_params)
+                send(last_sent, learner_policy_version)
+    learning_rate = session_rate.since(gradient_steps, restart=False) if session_rate else 0.0
+    # The last update's evaluation is the one `Run.finish` makes: same parameters, same seed.
+    final_evaluation = evaluate if eval_returns is None else lambda *_: eval_returns
+    run.finish(model_params(state), learner_policy_version, final_evaluation)
+    if run.is_main:
+        # The session's gradient updates per second from its first one (evaluations included).
+        add_to_summary(
+            run.dir, dict(gradient_updates=gradient_steps, updates_per_second=learning_rate)
+        )
+    if evaluations and run.is_main:
+        add_evaluations_to_summary(run.dir, evaluations)
+
+
+# === Main ===
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    distributed.join(args)
+    validate_layout(args)
+    train(args)
+
+
+if __name__ == "__main__":
+    main()
