@@ -35,6 +35,8 @@ LOSS = {
     "impala": "impala_loss",
     "apex_dqn": "dqn_loss",
     "gala_a2c": "a2c_loss",
+    "sac": "critic_loss",
+    "apex_dpg": "critic_loss",
 }
 
 BROKEN_PROGRAM = """
@@ -134,7 +136,7 @@ def run_seed(name: str, seed: int, overrides: list[str], work_dir: Path, broken:
         overrides=overrides,
         broken=broken,
         returns=returns,
-        score=learning_score(returns),
+        score=learning_score(returns, test.episodes),
     )
     (cwd / f"seed_{seed}.json").write_text(json.dumps(record))
     return record
