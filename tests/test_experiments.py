@@ -267,10 +267,12 @@ def test_search_prunes_and_the_report_ranks_the_trials(tmp_path):
     complete = [trial for trial in record["trials"] if trial["state"] == "complete"]
     assert pruned and complete, result.stdout
     assert all(trial["params"]["--learning-rate"] == "1e-06" for trial in pruned)
-    # Stopped cleanly: SIGTERM, exit 128 + 15, after a checkpoint.
+    # A pruned trial's runs were stopped cleanly (SIGTERM, exit 128 + 15, after a checkpoint), or
+    # had finished before the report that pruned it.
     for run in pruned[0]["runs"]:
-        assert run["exit_code"] == 143
-        assert list((tmp_path / "runs" / run["run_name"] / "checkpoints").iterdir())
+        assert run["exit_code"] in (0, 143)
+        if run["exit_code"] == 143:
+            assert list((tmp_path / "runs" / run["run_name"] / "checkpoints").iterdir())
     assert spec.load(experiment_dir / "spec.toml")[0]["budget"] == 4
     analyzed = subprocess.run(
         [

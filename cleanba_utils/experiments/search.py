@@ -266,8 +266,9 @@ class Worker:
 
     def report(self, active: ActiveTrial):
         every = self.plan.report_every
-        # Once a session has ended, stopping the others saves little; the trial completes instead.
-        if every is None or active.pending or active.exit_codes:
+        # Every step that all sessions' logs reached is reported, also after a session has ended:
+        # what the pruner sees depends on the logged data, not on when this worker looked.
+        if every is None or active.pending or any(active.exit_codes.values()):
             return
         curves = [read_scalars(run_dir) for run_dir in active.run_dirs(self.runs_dir)]
         if any(len(c.steps) == 0 for c in curves):
@@ -318,6 +319,8 @@ class Worker:
                 for process in active.processes.values():
                     signal_group(process, signal.SIGKILL)
             if not active.processes and not active.pending:
+                if active.stopping_since is None:
+                    self.report(active)
                 self.finish(active)
         if now - self.events_at > EVENTS_SECONDS:
             self.events_at = now
