@@ -152,8 +152,10 @@ class Args:
     """copy the actor and the critic to their target networks every this many optimizer steps (the
     paper's)"""
     actor_grad_clip: float = 1.0
-    """the actor's gradient is clipped element-wise to [-actor_grad_clip, actor_grad_clip] (the
-    paper's 1)"""
+    """the gradient the actor follows, dq/da, is clipped element-wise to [-actor_grad_clip,
+    actor_grad_clip] (the paper's 1; DeepMind's DPG losses clip dq/da: a clip of the parameters'
+    batch-mean gradient would barely bind, measured on 0.02 % of its components at 600k steps of
+    HalfCheetah-v4)"""
     max_grad_norm: float = 40.0
     """the maximum global norm of the critic's gradient (Ape-X DQN's 40: the paper's DPG keeps
     DQN's hyperparameters where appendix D names none)"""
@@ -699,19 +701,35 @@ def critic_loss(critic_params, critic_apply, batch: Batch, targets, batch_size: 
     return (batch.weights * 0.5 * td**2).sum() / batch_size, (td, q)
 
 
-def actor_loss(actor_params, actor_apply, critic_apply, critic_params, batch: Batch, batch_size):
-    """-q(S_t, π(S_t; φ); ψ), this device's share of the global mean: its gradient in φ is the
-    deterministic policy gradient, which reaches φ only through the action (ascent on q). Not
-    importance-weighted: the weights correct the critic's TD targets for prioritized sampling (as in
-    Ape-X DQN); the paper names no correction of the actor's."""
+class ActorStats(NamedTuple):
+    """What the actor's loss reports besides its surrogate."""
+
+    policy_q_loss: Any
+    dqda_clipped: Any
+
+
+def actor_loss(
+    actor_params, actor_apply, critic_apply, critic_params, batch: Batch, batch_size, dqda_clip
+):
+    """The deterministic policy gradient with dq/da clipped element-wise to [-dqda_clip, dqda_clip],
+    as a surrogate whose gradient in φ is -Σ clip(∂q/∂a) ∂π/∂φ / batch: ascent on q, reaching φ only
+    through the action. Not importance-weighted: the weights correct the critic's TD targets for
+    prioritized sampling (as in Ape-X DQN); the paper names no correction of the actor's. Also
+    returns -q(S_t, π(S_t; φ); ψ) and the share of dq/da's components the clip changed; losses are
+    this device's share of the global mean."""
     actions = actor_apply(actor_params, batch.obs)
-    return -critic_apply(critic_params, batch.obs, actions).sum() / batch_size
-
-
-def clip_elementwise(grads, limit: float):
-    """Every component of the gradient clipped to [-limit, limit] on its own (the paper's clip of
-    the actor's gradient), not the vector rescaled as a global-norm clip does."""
-    return jax.tree.map(lambda g: jnp.clip(g, -limit, limit), grads)
+    q, q_vjp = jax.vjp(lambda a: critic_apply(critic_params, batch.obs, a), actions)
+    # Each q depends on its own action only: the vector-Jacobian product with ones is every
+    # sample's dq/da.
+    (dqda,) = q_vjp(jnp.ones_like(q))
+    # rlax.dpg_loss clips dq/da by its L2 norm; the paper clips element-wise.
+    clipped_dqda = jax.lax.stop_gradient(jnp.clip(dqda, -dqda_clip, dqda_clip))
+    surrogate = -(clipped_dqda * actions).sum() / batch_size
+    stats = ActorStats(
+        policy_q_loss=-jax.lax.stop_gradient(q).sum() / batch_size,
+        dqda_clipped=jnp.mean(jnp.abs(dqda) > dqda_clip),
+    )
+    return surrogate, stats
 
 
 # === Update ===
@@ -754,8 +772,8 @@ def init_state(args: Args, sizes: Sizes, replay: PrioritizedReplay):
     critic_params = networks.critic.init(
         jax.random.fold_in(init_key, 1), obs, np.zeros((1, len(spaces.action_low)), np.float32)
     )
-    # Adam for both; the critic's gradient norm is clipped globally here, the actor's gradient
-    # element-wise in the update (`clip_elementwise`).
+    # Adam for both; the critic's gradient norm is clipped globally here, the actor's dq/da
+    # element-wise in its loss.
     state = LearnerState(
         actor=TrainState.create(
             apply_fn=networks.actor.apply, params=actor_params, tx=optax.adam(args.learning_rate)
@@ -807,24 +825,19 @@ def make_update(args: Args, learner_devices):
             batch_size=args.batch_size,
         )
         # Both losses see the critic before this step: the two networks learn side by side.
-        loss_actor, actor_grads = jax.value_and_grad(actor_loss)(
+        (_, actor_stats), actor_grads = jax.value_and_grad(actor_loss, has_aux=True)(
             state.actor.params,
             actor_apply=state.actor.apply_fn,
             critic_apply=state.critic.apply_fn,
             critic_params=state.critic.params,
             batch=batch,
             batch_size=args.batch_size,
+            dqda_clip=args.actor_grad_clip,
         )
         # Each device's losses are its share of the global means: the global gradients are sums.
         critic_grads, actor_grads, loss_critic, loss_actor = jax.lax.psum(
-            (critic_grads, actor_grads, loss_critic, loss_actor), "devices"
+            (critic_grads, actor_grads, loss_critic, actor_stats.policy_q_loss), "devices"
         )
-        clipped_share = jnp.mean(
-            jnp.concatenate(
-                [jnp.ravel(jnp.abs(g) > args.actor_grad_clip) for g in jax.tree.leaves(actor_grads)]
-            )
-        )
-        actor_grads = clip_elementwise(actor_grads, args.actor_grad_clip)
         critic = state.critic.apply_gradients(grads=critic_grads)
         actor = state.actor.apply_gradients(grads=actor_grads)
         copy = critic.step % args.target_update_period == 0
@@ -837,7 +850,7 @@ def make_update(args: Args, learner_devices):
             critic_loss=loss_critic,
             actor_loss=loss_actor,
             q_values=jax.lax.pmean(q.mean(), "devices"),
-            actor_grad_clipped=clipped_share,
+            actor_grad_clipped=jax.lax.pmean(actor_stats.dqda_clipped, "devices"),
         )
         state = LearnerState(actor=actor, critic=critic, target_params=target_params)
         return state, (metrics, td)

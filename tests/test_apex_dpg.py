@@ -12,7 +12,6 @@ import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from helpers import (
     PROMPT_EXIT_SECONDS,
@@ -121,31 +120,89 @@ def test_losses_and_n_step_targets_match_a_numpy_reference():
     )
     np.testing.assert_allclose(td, expected_td, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(loss, expected_critic_loss, rtol=1e-5)
-    actor_loss = dpg.actor_loss(
+    _, actor_stats = dpg.actor_loss(
         actor,
         actor_apply=networks.actor.apply,
         critic_apply=networks.critic.apply,
         critic_params=critic,
         batch=batch,
         batch_size=12,
+        dqda_clip=1.0,
     )
-    np.testing.assert_allclose(actor_loss, expected_actor_loss, rtol=1e-5)
+    np.testing.assert_allclose(actor_stats.policy_q_loss, expected_actor_loss, rtol=1e-5)
 
 
-def test_the_actor_gradient_is_clipped_element_wise_not_by_its_norm():
-    grads = {"w": jnp.array([0.5, -3.0, 2.0]), "b": jnp.array([[0.2, -1.0]])}
-    clipped = dpg.clip_elementwise(grads, 1.0)
-    np.testing.assert_allclose(clipped["w"], [0.5, -1.0, 1.0])
-    np.testing.assert_allclose(clipped["b"], [[0.2, -1.0]])
-    # A clip of the global norm to 1 would scale every component by 1 / 3.78 instead.
-    by_norm, _ = optax.clip_by_global_norm(1.0).update(grads, optax.EmptyState())
-    assert not np.allclose(by_norm["w"], clipped["w"])
-    np.testing.assert_allclose(by_norm["b"][0, 0], 0.2 / np.sqrt(0.25 + 9 + 4 + 0.04 + 1))
+def test_the_actor_follows_dq_da_clipped_element_wise():
+    # dq/da by central differences of the NumPy critic at the policy's actions, clipped at its
+    # median magnitude (so that the clip binds on half the components); the actor's gradient must
+    # be that of -Σ clip(dq/da)·π(s) / batch, and without a clip that of -Σ q(s, π(s)) / batch.
+    networks = dpg.networks_of(dpg.Args(critic_hiddens=(5, 4), actor_hiddens=(4, 3)), SPACES)
+    rng = np.random.default_rng(1)
+    obs = rng.normal(size=(6, 3)).astype(np.float32)
+    key = jax.random.PRNGKey(2)
+    critic = random_params(networks.critic, key, obs, np.zeros((6, 2), np.float32))
+    actor = random_params(networks.actor, jax.random.fold_in(key, 1), obs)
+    batch = dpg.Batch(
+        obs=obs, actions=None, returns=None, discounts=None, next_obs=None, weights=None
+    )
+    low = np.array(SPACES.action_low)
+    high = np.array(SPACES.action_high)
+    critic64 = jax.tree.map(lambda x: np.asarray(x, np.float64), critic)
+    actions = numpy_actor(actor, obs, low, high).astype(np.float64)
+    dqda = np.zeros_like(actions)
+    for j in range(actions.shape[1]):
+        step = np.zeros_like(actions)
+        step[:, j] = 1e-4
+        dqda[:, j] = (
+            numpy_critic(critic64, obs, actions + step)
+            - numpy_critic(critic64, obs, actions - step)
+        ) / 2e-4
+    clip = float(np.median(np.abs(dqda)))
+    expected_dqda = np.clip(dqda, -clip, clip)
+
+    def gradient(dqda_clip):
+        (_, stats), grads = jax.value_and_grad(dpg.actor_loss, has_aux=True)(
+            actor,
+            actor_apply=networks.actor.apply,
+            critic_apply=networks.critic.apply,
+            critic_params=critic,
+            batch=batch,
+            batch_size=12,
+            dqda_clip=dqda_clip,
+        )
+        return grads, stats
+
+    def reference(loss):
+        return jax.grad(loss)(actor)
+
+    def largest(grads):
+        return max(float(np.max(np.abs(g))) for g in jax.tree.leaves(grads))
+
+    clipped, stats = gradient(clip)
+    expected = reference(lambda p: -(expected_dqda * networks.actor.apply(p, obs)).sum() / 12)
+    assert max_abs_difference(clipped, expected) < 1e-4 * largest(expected)
+    np.testing.assert_allclose(stats.dqda_clipped, np.mean(np.abs(dqda) > clip))
+    unclipped, stats = gradient(1e9)
+    expected = reference(
+        lambda p: -networks.critic.apply(critic, obs, networks.actor.apply(p, obs)).sum() / 12
+    )
+    assert max_abs_difference(unclipped, expected) < 1e-5 * largest(expected)
+    assert stats.dqda_clipped == 0
+    # The clip changes the direction, not only the length: the two gradients are not parallel.
+    flat_clipped = np.concatenate([np.ravel(g) for g in jax.tree.leaves(clipped)])
+    flat_unclipped = np.concatenate([np.ravel(g) for g in jax.tree.leaves(unclipped)])
+    cosine = (
+        flat_clipped
+        @ flat_unclipped
+        / np.linalg.norm(flat_clipped)
+        / np.linalg.norm(flat_unclipped)
+    )
+    assert cosine < 0.999
 
 
 def test_the_update_clips_the_actors_gradient_and_copies_the_targets():
-    # One call of two steps, with the clip at 0.01 (so that some of the actor's gradient components
-    # exceed it) and without: the actor moves otherwise (Adam's first step is lr x sign(g) either
+    # One call of two steps, with the clip at 0.01 (so that some of dq/da's components exceed it)
+    # and without: the actor moves otherwise (Adam's first step is lr x sign(g) either
     # way, its second is not), the critic alike; the target copy falls on step 2 of a period of 2.
     rng = np.random.default_rng(0)
     device = jax.local_devices()[0]

@@ -1,4 +1,4 @@
-"""Multi-process runs, a lost peer, preemption with checkpoint and resume: the machinery both
+"""Multi-process runs, a lost peer, preemption with checkpoint and resume: the machinery the
 scripts share."""
 
 import json
@@ -24,11 +24,22 @@ from helpers import (
     scalars,
     wait_for_line,
 )
+from test_apex_dpg import LAYOUT_ATOL as APEX_DPG_LAYOUT_ATOL
+from test_apex_dpg import TINY as APEX_DPG_TINY
+from test_sac import LAYOUT_ATOL as SAC_LAYOUT_ATOL
+from test_sac import TINY as SAC_TINY
 
 # Each script's tiny arguments and how far its parameters may drift between layouts.
 SCRIPTS = {
     "cleanba_ppo.py": (TINY, PPO_LAYOUT_ATOL),
     "cleanba_impala.py": (IMPALA_TINY, IMPALA_LAYOUT_ATOL),
+}
+# The off-policy scripts in two processes too: every process gathers all processes' transitions
+# into a whole replay of its own, and its learner devices take their shares of each global batch.
+MULTI_PROCESS_SCRIPTS = {
+    **SCRIPTS,
+    "cleanba_sac.py": (SAC_TINY, SAC_LAYOUT_ATOL),
+    "cleanba_apex_dpg.py": (APEX_DPG_TINY, APEX_DPG_LAYOUT_ATOL),
 }
 GLOBAL = [
     "--total-timesteps",
@@ -77,9 +88,9 @@ def start_processes(script: str, args: list, cwd, num_processes: int = 2) -> lis
     ]
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", MULTI_PROCESS_SCRIPTS)
 def test_two_processes_match_one_process_with_two_learner_devices(tmp_path, script):
-    tiny, layout_atol = SCRIPTS[script]
+    tiny, layout_atol = MULTI_PROCESS_SCRIPTS[script]
     start = time.time()
     processes = start_processes(
         script,
