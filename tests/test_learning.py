@@ -50,10 +50,10 @@ and last 20 episodes (about 76 in all):
   broken run.
 - apex_dpg, the paper's settings but 64-64 networks and a learning rate of 1e-3 (1e-4 does not
   learn Pendulum in 16k steps), 4 environments x 16 steps, 64 batches of 256 per update (one per
-  step), learning from step 1,000, 16k steps: 1298.1, 1287.8, 1190.1, 1018.3, 1244.5, 1169.5,
-  1069.5, 822.1, 655.3, 1121.1. Broken: frozen 170.4, 133.5, 210.7; ascent 46.1, 74.2, 73.0;
-  shuffled (the actions of the critic's batch) 49.0, 3.3, 93.6. Threshold 430: 225 below the worst
-  seed, 219 above the best broken run."""
+  step), learning from step 1,000, 16k steps: 1349.2, 1330.7, 1184.5, 1071.4, 1215.4, 1184.0,
+  1021.0, 867.0, 600.1, 944.2. Broken: frozen 170.4, 133.5, 210.7; ascent 47.7, 76.7, 61.1;
+  shuffled (the actions of the critic's batch) 92.4, 0.1, 92.5. Threshold 405: 195 below the worst
+  seed, 194 above the best broken run."""
 
 from typing import NamedTuple
 
@@ -113,7 +113,7 @@ LEARNING_TESTS = {
     "gala_a2c": LearningTest("cleanba_gala_a2c.py", (GALA + RUN).split(), 4, 20),
     "sac": LearningTest("cleanba_sac.py", (SAC_PENDULUM + RUN).split(), 1, 500, episodes=20),
     "apex_dpg": LearningTest(
-        "cleanba_apex_dpg.py", (APEX_DPG_PENDULUM + RUN).split(), 1, 430, episodes=20
+        "cleanba_apex_dpg.py", (APEX_DPG_PENDULUM + RUN).split(), 1, 405, episodes=20
     ),
 }
 
