@@ -1,9 +1,13 @@
 """Evidence that cleanba_apex_dpg.py learns, and how fast, on a CPU.
 
-1. The implementation check: DDPG's replay ratio, one batch of 256 per environment step (8
-   environments x 8 steps per update, 64 optimizer steps per update), 1M steps of HalfCheetah-v4 and
-   Hopper-v4, seeds 1 and 2 (`--seeds 1 2 3` adds a third); every other hyperparameter is the
-   paper's. Against CleanRL's JAX DDPG and TD3 at 1M steps.
+1. The implementation check against CleanRL's JAX DDPG and TD3 at 1M steps, at equal data: DDPG's
+   replay ratio, one batch of 256 per environment step (8 environments x 8 steps per update, 64
+   optimizer steps per update), 1M steps of HalfCheetah-v4 and Hopper-v4, seeds 1 and 2 (`--seeds
+   1 2 3` adds a third), with DDPG's settings where the two differ: relu networks of 256 and 256,
+   learning rate 3e-4, noise σ 0.1, learning from step 25,000 (`ddpg_settings`). Ape-X's own parts
+   stay: 3-step returns, prioritized replay, target copies every 100 batches, the dq/da clip. Also
+   one HalfCheetah run with the paper's settings at that ratio (`paper_settings`: tanh networks of
+   400-300 and 300-200, 1e-4, σ 0.3).
 2. The paper's setting (the script's defaults: 2 x 32 environments, 16 batches of 256 per 2,560
    steps) on HumanoidStand-v1 (`--paper-env ManipulatorBringBall-v1` for the other task) for
    `--paper-minutes` of wall time: the returns against wall time, and transitions and batches per
@@ -12,10 +16,10 @@
    DDPG's ratio (20,480 steps), timed over their learning phase: environment steps and optimizer
    steps per second.
 
-python benchmark/learning_apex_dpg_cpu.py                                  # everything, in turn
-python benchmark/learning_apex_dpg_cpu.py --runs halfcheetah_ddpg_ratio_1 # some runs
-python benchmark/learning_apex_dpg_cpu.py --speed                          # the speed runs only
-python benchmark/learning_apex_dpg_cpu.py --report-only                    # the report, no runs
+python benchmark/learning_apex_dpg_cpu.py                                    # everything, in turn
+python benchmark/learning_apex_dpg_cpu.py --runs halfcheetah_ddpg_settings_1 # some runs
+python benchmark/learning_apex_dpg_cpu.py --speed                            # the speed runs only
+python benchmark/learning_apex_dpg_cpu.py --report-only                      # the report, no runs
 
 Resuming: the 1M-step runs save a checkpoint every 500 updates (32,000 steps) with their replay
 (the script's --checkpoint-replay: about 190 MB for 1M HalfCheetah transitions), so a stopped run
@@ -55,18 +59,23 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = "cleanba_apex_dpg"
 DDPG_RATIO = ["--local-num-envs", "8", "--num-actor-threads", "1", "--num-steps", "8"]
 DDPG_RATIO += ["--updates-per-rollout", "64"]
+# Evaluations every 250 updates (16,000 steps), checkpoints every 500.
+CADENCE = [
+    "--eval-episodes",
+    "10",
+    "--eval-every",
+    "250",
+    "--checkpoint-every",
+    "500",
+    "--log-frequency",
+    "100",
+]
+DDPG_SETTINGS = ["--first-activation", "relu", "--critic-hiddens", "256", "256"]
+DDPG_SETTINGS += ["--actor-hiddens", "256", "256", "--learning-rate", "3e-4", "--noise-std", "0.1"]
+DDPG_SETTINGS += ["--learning-starts", "25000"]
 MODES = {
-    "ddpg_ratio": [
-        *DDPG_RATIO,
-        "--eval-episodes",
-        "10",
-        "--eval-every",
-        "250",
-        "--checkpoint-every",
-        "500",
-        "--log-frequency",
-        "100",
-    ],
+    "ddpg_settings": [*DDPG_RATIO, *DDPG_SETTINGS, *CADENCE],
+    "paper_settings": [*DDPG_RATIO, *CADENCE],
     "paper": [
         "--total-timesteps",
         "100000000",
@@ -115,11 +124,14 @@ CSV_COLUMNS = [
 
 
 def plan(seeds: list[int], paper_env: str) -> dict:
-    """Run name -> (env_id, mode, seed), in the order they run: one seed of everything first."""
+    """Run name -> (env_id, mode, seed), in the order they run: the implementation check's seeds
+    first."""
     runs = {}
     for seed in seeds:
         for env_id in ["HalfCheetah-v4", "Hopper-v4"]:
-            runs[f"{env_id.split('-')[0].lower()}_ddpg_ratio_{seed}"] = (env_id, "ddpg_ratio", seed)
+            name = f"{env_id.split('-')[0].lower()}_ddpg_settings_{seed}"
+            runs[name] = (env_id, "ddpg_settings", seed)
+    runs["halfcheetah_paper_settings_1"] = ("HalfCheetah-v4", "paper_settings", 1)
     runs[f"{paper_env.split('-')[0].lower()}_paper_1"] = (paper_env, "paper", 1)
     return runs
 
@@ -127,7 +139,7 @@ def plan(seeds: list[int], paper_env: str) -> dict:
 def command_of(name: str, runs: dict, options) -> list[str]:
     env_id, mode, seed = runs[name]
     args = ["--env-id", env_id, *MODES[mode], "--seed", str(seed), "--run-name", name]
-    if mode == "ddpg_ratio":
+    if mode != "paper":
         args += ["--total-timesteps", str(options.total_timesteps)]
     return [f"cleanba/{SCRIPT}.py", *args, *shlex.split(options.extra_args)]
 
@@ -281,11 +293,12 @@ def plot_ddpg_ratio(names: list, runs: dict, work_dir: Path, path: Path):
     for ax, env_id in zip(axes[0], env_ids):
         for index, name in enumerate(n for n in names if runs[n][0] == env_id):
             accumulator = events(work_dir / "runs" / name)
+            mode = runs[name][1]
             seed = runs[name][2]
             evaluations = scalar(accumulator, "charts/eval_return")
             if evaluations:
                 steps, values, _ = zip(*evaluations)
-                ax.plot(steps, values, color=f"C{index}", label=f"seed {seed}, evaluation")
+                ax.plot(steps, values, color=f"C{index}", label=f"{mode} seed {seed}, evaluation")
             training = scalar(accumulator, "charts/episodic_return")
             if training:
                 steps, values, _ = zip(*training)
@@ -295,7 +308,7 @@ def plot_ddpg_ratio(names: list, runs: dict, work_dir: Path, path: Path):
                     smoothed,
                     color=f"C{index}",
                     linestyle=":",
-                    label=f"seed {seed}, training",
+                    label=f"{mode} seed {seed}, training",
                 )
         for reference, style, label in [(CLEANRL_DDPG, "--", "DDPG"), (CLEANRL_TD3, "-.", "TD3")]:
             mean, _ = reference[env_id]
@@ -371,7 +384,7 @@ def report(runs: dict, options):
         finished = [
             r
             for r in results.values()
-            if r["env_id"] == env_id and r["mode"] == "ddpg_ratio" and r["status"] == "finished"
+            if r["env_id"] == env_id and r["mode"] == "ddpg_settings" and r["status"] == "finished"
         ]
         evaluations = [r["eval_return"] for r in finished if r["eval_return"] is not None]
         training = [r["final_return"] for r in finished if r["final_return"] is not None]
@@ -391,7 +404,7 @@ def report(runs: dict, options):
                 f"| {env_id} | 0 | not run | | {ddpg_mean} ± {ddpg_std} | {td3_mean} ± {td3_std} | "
                 "| |"
             )
-    done = [n for n in names if runs[n][1] == "ddpg_ratio"]
+    done = [n for n in names if runs[n][1] != "paper"]
     if done:
         plot_ddpg_ratio(done, runs, work_dir, out.with_suffix(".png"))
     paper = [n for n in names if runs[n][1] == "paper"]
@@ -413,15 +426,20 @@ def report(runs: dict, options):
         f"Machine: {platform.machine()}, 2 CPU cores, Python {platform.python_version()}. Made by "
         f"`{command_line(sys.argv)}`. The learning runs, one at a time under `nice -n 10` (from "
         f"the repository root):\n\n```\n{commands}\n```\n\n"
-        "`ddpg_ratio`: one batch of 256 per environment step (8 environments x 8 steps, 64 "
-        "optimizer steps per update), 1M steps, the paper's other hyperparameters. `paper`: the "
-        "script's defaults (the paper's: 64 environments, 1.6 samples per inserted transition), "
-        f"stopped after {options.paper_minutes:g} minutes. Training return: the mean of the last "
-        f"{LAST_EPISODES} training episodes, played with the exploration noise (σ 0.3); eval "
-        "return: the last evaluation, 10 episodes of the noiseless policy. CleanRL's figures are "
-        "their final training returns (noise 0.1), mean ± std over seeds; the target compares our "
-        "evaluation return with DDPG's mean. A partial run has not finished (it continues when the "
-        "benchmark runs again).\n\n"
+        "`ddpg_settings`, the implementation check: one batch of 256 per environment step (8 "
+        "environments x 8 steps, 64 optimizer steps per update), 1M steps, DDPG's settings where "
+        "they differ from the paper's (relu networks of 256 and 256, learning rate 3e-4, noise σ "
+        "0.1, learning from step 25,000), Ape-X's own parts kept (3-step returns, prioritized "
+        "replay, target copies every 100 batches, dq/da clipped to ±1). `paper_settings`: the same "
+        "ratio with the paper's other hyperparameters (tanh after the first layers of 400-300 and "
+        "300-200 units, 1e-4, σ 0.3, learning from step 50,000). `paper`: the script's defaults "
+        "(the paper's: 64 environments, 1.6 samples per inserted transition), stopped after "
+        f"{options.paper_minutes:g} minutes. Training return: the mean of the last "
+        f"{LAST_EPISODES} training episodes, played with the exploration noise; eval return: the "
+        "last evaluation, 10 episodes of the noiseless policy. CleanRL's figures are their final "
+        "training returns (noise 0.1), mean ± std over seeds; the target compares our "
+        "`ddpg_settings` evaluation return with DDPG's mean. A partial run has not finished (it "
+        "continues when the benchmark runs again).\n\n"
         + ("\n".join(table) if results else "No learning run has been made yet.")
         + "\n\n"
         + "\n".join(groups)

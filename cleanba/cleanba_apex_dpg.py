@@ -160,10 +160,16 @@ class Args:
     """the maximum global norm of the critic's gradient (Ape-X DQN's 40: the paper's DPG keeps
     DQN's hyperparameters where appendix D names none)"""
     critic_hiddens: tuple[int, ...] = (400, 300)
-    """the critic's layers (the paper's 400 and 300): tanh after the first, which the action joins,
-    relu after the others"""
+    """the critic's layers (the paper's 400 and 300): --first-activation after the first, which the
+    action joins, relu after the others"""
     actor_hiddens: tuple[int, ...] = (300, 200)
-    """the actor's layers (the paper's 300 and 200): tanh after the first, relu after the others"""
+    """the actor's layers (the paper's 300 and 200): --first-activation after the first, relu after
+    the others"""
+    first_activation: Literal["tanh", "relu"] = "tanh"
+    """the activation after both networks' first layer: the paper's tanh, or DDPG's relu. tanh
+    saturates on observations of large magnitude, as gym MuJoCo's unnormalized velocities: on
+    HalfCheetah-v4 they reach ±27, and at 600k steps 59 % of the critic's first-layer outputs on its
+    replay were beyond ±0.99"""
     pipeline: bool = True
     """sample the next batches and write the priorities in a background thread while the learner
     computes; --no-pipeline waits for them (the same run, slower)"""
@@ -329,16 +335,21 @@ def small_uniform(key, shape, dtype=jnp.float32):
     return jax.random.uniform(key, shape, dtype, minval=-3e-3, maxval=3e-3)
 
 
+ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
+
+
 class Critic(nn.Module):
-    """q(s, a): a layer of hiddens[0] units on the observation, tanh; the action joins its features
-    there, as in DDPG (Lillicrap et al., 2016, on which the paper builds: the action enters at the
-    second layer), then the other layers with relu, and a linear output."""
+    """q(s, a): a layer of hiddens[0] units on the observation, its activation (the paper's tanh);
+    the action joins its features there, as in DDPG (Lillicrap et al., 2016, on which the paper
+    builds: the action enters at the second layer), then the other layers with relu, and a linear
+    output."""
 
     hiddens: tuple[int, ...]
+    first_activation: str
 
     @nn.compact
     def __call__(self, obs, action):
-        x = nn.tanh(nn.Dense(self.hiddens[0])(obs))
+        x = ACTIVATIONS[self.first_activation](nn.Dense(self.hiddens[0])(obs))
         x = jnp.concatenate([x, action], axis=-1)
         for hidden in self.hiddens[1:]:
             x = nn.relu(nn.Dense(hidden)(x))
@@ -346,16 +357,17 @@ class Critic(nn.Module):
 
 
 class Actor(nn.Module):
-    """π(s): a layer of hiddens[0] units, tanh, the other layers with relu, then a tanh output
-    scaled to the action bounds: center + half range x tanh."""
+    """π(s): a layer of hiddens[0] units, its activation (the paper's tanh), the other layers with
+    relu, then a tanh output scaled to the action bounds: center + half range x tanh."""
 
     hiddens: tuple[int, ...]
+    first_activation: str
     action_low: tuple[float, ...]
     action_high: tuple[float, ...]
 
     @nn.compact
     def __call__(self, obs):
-        x = nn.tanh(nn.Dense(self.hiddens[0])(obs))
+        x = ACTIVATIONS[self.first_activation](nn.Dense(self.hiddens[0])(obs))
         for hidden in self.hiddens[1:]:
             x = nn.relu(nn.Dense(hidden)(x))
         x = nn.Dense(len(self.action_low), kernel_init=small_uniform, bias_init=small_uniform)(x)
@@ -371,8 +383,13 @@ class Networks(NamedTuple):
 
 def networks_of(args: Args, spaces: Spaces) -> Networks:
     return Networks(
-        actor=Actor(args.actor_hiddens, spaces.action_low, spaces.action_high),
-        critic=Critic(args.critic_hiddens),
+        actor=Actor(
+            hiddens=args.actor_hiddens,
+            first_activation=args.first_activation,
+            action_low=spaces.action_low,
+            action_high=spaces.action_high,
+        ),
+        critic=Critic(hiddens=args.critic_hiddens, first_activation=args.first_activation),
     )
 
 

@@ -35,9 +35,14 @@ def parse_args(args_type, argv=None):
             return tyro.cli(args_type, args=argv)
     except SystemExit as exit_:
         if exit_.code:
-            lines = [line.strip(" │╭╮╰╯─-") for line in captured.getvalue().splitlines()]
-            lines = [line for line in lines if line]
-            fail(f"{lines[1] if len(lines) > 1 else 'invalid arguments'} (see --help)")
+            # The box's title, then its message (wrapped over lines) up to a rule of "─".
+            lines = [line.strip(" │╭╮╰╯") for line in captured.getvalue().splitlines()]
+            message = []
+            for line in lines[1:]:
+                if not line.strip("─"):
+                    break
+                message.append(line)
+            fail(f"{' '.join(message) or 'invalid arguments'} (see --help)")
         print(captured.getvalue(), end="")
         raise
 

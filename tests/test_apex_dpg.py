@@ -41,19 +41,25 @@ def dense(layer, x):
     return x @ np.asarray(layer["kernel"]) + np.asarray(layer["bias"])
 
 
-def numpy_critic(params, obs, action):
-    """tanh(first layer of the observation), the action appended, relu layers, a linear output."""
+def numpy_relu(x):
+    return np.maximum(x, 0.0)
+
+
+def numpy_critic(params, obs, action, first_activation=np.tanh):
+    """tanh (or relu) of the first layer of the observation, the action appended, relu layers, a
+    linear output."""
     layers = numpy_layers(params)
-    x = np.concatenate([np.tanh(dense(layers[0], obs)), action], axis=1)
+    x = np.concatenate([first_activation(dense(layers[0], obs)), action], axis=1)
     for layer in layers[1:-1]:
         x = np.maximum(dense(layer, x), 0.0)
     return dense(layers[-1], x)[:, 0]
 
 
-def numpy_actor(params, obs, low, high):
-    """tanh(first layer), relu layers, a tanh output scaled from [-1, 1] to [low, high]."""
+def numpy_actor(params, obs, low, high, first_activation=np.tanh):
+    """tanh (or relu) of the first layer, relu layers, a tanh output scaled from [-1, 1] to [low,
+    high]."""
     layers = numpy_layers(params)
-    x = np.tanh(dense(layers[0], obs))
+    x = first_activation(dense(layers[0], obs))
     for layer in layers[1:-1]:
         x = np.maximum(dense(layer, x), 0.0)
     return low + (high - low) * (np.tanh(dense(layers[-1], x)) + 1) / 2
@@ -130,6 +136,25 @@ def test_losses_and_n_step_targets_match_a_numpy_reference():
         dqda_clip=1.0,
     )
     np.testing.assert_allclose(actor_stats.policy_q_loss, expected_actor_loss, rtol=1e-5)
+
+
+def test_relu_after_the_first_layers_matches_numpy():
+    args = dpg.Args(critic_hiddens=(5, 4), actor_hiddens=(4, 3), first_activation="relu")
+    networks = dpg.networks_of(args, SPACES)
+    rng = np.random.default_rng(2)
+    obs = rng.normal(size=(6, 3)).astype(np.float32)
+    action = rng.uniform(-1, 0, size=(6, 2)).astype(np.float32)
+    key = jax.random.PRNGKey(3)
+    critic = random_params(networks.critic, key, obs, action)
+    actor = random_params(networks.actor, jax.random.fold_in(key, 1), obs)
+    low = np.array(SPACES.action_low)
+    high = np.array(SPACES.action_high)
+    q = networks.critic.apply(critic, obs, action)
+    np.testing.assert_allclose(q, numpy_critic(critic, obs, action, numpy_relu), rtol=1e-5)
+    assert not np.allclose(q, numpy_critic(critic, obs, action), rtol=1e-3)
+    policy = networks.actor.apply(actor, obs)
+    np.testing.assert_allclose(policy, numpy_actor(actor, obs, low, high, numpy_relu), rtol=1e-5)
+    assert not np.allclose(policy, numpy_actor(actor, obs, low, high), rtol=1e-3)
 
 
 def test_the_actor_follows_dq_da_clipped_element_wise():
