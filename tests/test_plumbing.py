@@ -8,6 +8,7 @@ import signal
 import struct
 import threading
 import time
+from typing import Literal
 
 import flax.serialization
 import jax
@@ -27,6 +28,10 @@ class Options:
     """a float"""
     count: int = 3
     """an int"""
+    replay_eviction_order: Literal["prioritized_by_priority", "first_in_first_out"] = (
+        "first_in_first_out"
+    )
+    """a choice with names long enough that tyro wraps its error message over lines"""
 
 
 # parsing
@@ -38,6 +43,16 @@ def test_parse_error_is_one_line_and_exit_2(capsys):
     assert exit_.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "--count" in lines[0], lines
+
+
+def test_a_wrapped_parse_error_keeps_its_whole_message_on_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parsing.parse_args(Options, ["--replay-eviction-order", "last_in_first_out"])
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    # The choices come after the line break of tyro's box.
+    assert "'prioritized_by_priority', 'first_in_first_out'" in lines[0], lines
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
