@@ -55,7 +55,7 @@ from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.parsing import fail
 from cleanba_utils.replay import BackgroundJobs, PrioritizedReplay
 from cleanba_utils.run import open_run, run_dir_of
-from cleanba_utils.run_files import add_evaluations_to_summary, first_replica, replicate
+from cleanba_utils.run_files import first_replica, replicate
 from cleanba_utils.threads import queue_get, queue_put, start_thread
 
 # === Args ===
@@ -1182,7 +1182,6 @@ def train(args: Args):
     jobs = BackgroundJobs("replay", run.stop, run.failures)
     metrics = None
     learn_stats = None
-    evaluations = []
     eval_returns = None
     host_params = lambda: jax.device_get(first_replica(state.params()))
     with run.learner_loop([*threads, jobs.thread]) as end:
@@ -1247,7 +1246,7 @@ def train(args: Args):
             if args.eval_episodes and due and run.is_main:
                 global_step = update * sizes.steps_per_update
                 eval_returns = evaluation(args, run, global_step=global_step, params=host_params())
-                evaluations.append((global_step, float(np.mean(eval_returns))))
+                run.record_evaluation(global_step, float(np.mean(eval_returns)))
             end.exit_code = run.after_update((state, replay, pending), update)
             if end.exit_code:
                 break
@@ -1262,8 +1261,6 @@ def train(args: Args):
     # The last update's evaluation is the one `Run.finish` makes: same parameters, same seed.
     final_evaluation = evaluate if eval_returns is None else lambda *_: eval_returns
     run.finish(host_params(), learner_policy_version, final_evaluation)
-    if evaluations and run.is_main:
-        add_evaluations_to_summary(run.dir, evaluations)
 
 
 # === Main ===

@@ -32,7 +32,7 @@ from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.parsing import fail
 from cleanba_utils.replay import BackgroundJobs, PrioritizedReplay
 from cleanba_utils.run import open_run, run_dir_of
-from cleanba_utils.run_files import add_evaluations_to_summary, first_replica, replicate
+from cleanba_utils.run_files import first_replica, replicate
 from cleanba_utils.threads import queue_get, queue_put, start_thread
 
 # === Args ===
@@ -1073,7 +1073,6 @@ def train(args: Args):
     metrics = None
     learn_stats = None
     pending = None
-    evaluations = []
     eval_returns = None
     with run.learner_loop([*threads, jobs.thread]) as end:
         send_params(
@@ -1135,7 +1134,7 @@ def train(args: Args):
                 global_step = update * sizes.steps_per_update
                 params = jax.device_get(first_replica(state.params))
                 eval_returns = evaluation(args, run, global_step=global_step, params=params)
-                evaluations.append((global_step, float(np.mean(eval_returns))))
+                run.record_evaluation(global_step, float(np.mean(eval_returns)))
             end.exit_code = run.after_update(state, update)
             if end.exit_code:
                 break
@@ -1152,8 +1151,6 @@ def train(args: Args):
     run.finish(
         jax.device_get(first_replica(state.params)), learner_policy_version, final_evaluation
     )
-    if evaluations and run.is_main:
-        add_evaluations_to_summary(run.dir, evaluations)
 
 
 # === Main ===

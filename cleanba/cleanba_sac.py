@@ -43,7 +43,6 @@ from cleanba_utils.parsing import fail
 from cleanba_utils.replay import PrioritizedReplay
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_files import (
-    add_evaluations_to_summary,
     add_to_summary,
     first_replica,
     replicate,
@@ -1217,7 +1216,6 @@ def train(args: Args):
     )
     metrics = None
     incoming = None
-    evaluations = []
     eval_returns = None
     console_rate = Rate(gradient_steps=gradient_steps, time=time.time())
     session_rate = None
@@ -1276,7 +1274,7 @@ def train(args: Args):
             if args.eval_episodes and due and run.is_main:
                 global_step = update * sizes.steps_per_update
                 eval_returns = evaluation(args, run, global_step, model_params(state))
-                evaluations.append((global_step, float(np.mean(eval_returns))))
+                run.record_evaluation(global_step, float(np.mean(eval_returns)))
             if end.exit_code:
                 break
             if update < sizes.num_updates:
@@ -1291,8 +1289,6 @@ def train(args: Args):
         add_to_summary(
             run.dir, dict(gradient_updates=gradient_steps, updates_per_second=learning_rate)
         )
-    if evaluations and run.is_main:
-        add_evaluations_to_summary(run.dir, evaluations)
 
 
 # === Main ===

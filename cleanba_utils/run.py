@@ -4,6 +4,7 @@ keeps its algorithm, its actors and its learner loop; `Run` holds what the loop 
 
 import contextlib
 import dataclasses
+import json
 import os
 import sys
 import threading
@@ -30,6 +31,9 @@ MEMORY_OPTIONS = {
         "more --gradient-accumulation-steps (the same result in less memory)"
     ),
 }
+
+# (global step, mean return) of every evaluation so far, in the run folder.
+EVALUATIONS_FILE = "evaluations.json"
 
 
 def out_of_memory(args) -> str:
@@ -58,6 +62,8 @@ class Run:
     recent_returns: deque = dataclasses.field(default_factory=lambda: deque(maxlen=100))
     """the returns of the last 100 finished episodes, for the console"""
     start_time: float = dataclasses.field(default_factory=time.time)
+    evaluations: list = dataclasses.field(default_factory=list)
+    """(global step, mean return) of the run's evaluations, those made before a resume included"""
     host_copy: object = run_files.first_replica
     """what a checkpoint saves of the learner state: its first replica where the learner devices
     hold copies of one state; a script whose devices hold different states gathers them (on every
@@ -79,6 +85,13 @@ class Run:
     def log(self, scalars: dict, global_step: int):
         for key, value in scalars.items():
             self.writer.add_scalar(key, value, global_step)
+
+    def record_evaluation(self, global_step: int, mean_return: float):
+        """Keeps an evaluation for summary.json, in the run folder too: a resumed run's summary
+        lists the evaluations made before its checkpoint."""
+        self.evaluations.append([global_step, mean_return])
+        if self.is_main:
+            run_files.write_json(os.path.join(self.dir, EVALUATIONS_FILE), self.evaluations)
 
     def checkpoint(self, state, update: int):
         state = self.host_copy(state)
@@ -225,6 +238,9 @@ class Run:
                 sps=int(global_step / wall_time_s),
                 wall_time_s=wall_time_s,
             )
+            if self.evaluations:
+                summary["eval_return"] = self.evaluations[-1][1]
+                summary["eval_returns"] = self.evaluations
             run_files.write_json(os.path.join(self.dir, "summary.json"), summary)
         self.writer.close()
         if args.track and self.is_main:
@@ -267,6 +283,12 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
             resume="allow" if args.resume else None,
         )
     purge_step = resumed_update * sizes.steps_per_update + 1 if resumed_update else None
+    evaluations = []
+    evaluations_path = os.path.join(run_dir, EVALUATIONS_FILE)
+    if resumed_update and os.path.exists(evaluations_path):
+        # Like TensorBoard's: what the preempted run evaluated after its checkpoint is made again.
+        with open(evaluations_path) as f:
+            evaluations = [e for e in json.load(f) if e[0] < purge_step]
     # Flushed every few seconds (tensorboardX's default is 2 minutes): a search's pruner reads the
     # events while the run goes on.
     writer = SummaryWriter(run_dir, write_to_disk=is_main, purge_step=purge_step, flush_secs=5)
@@ -288,6 +310,7 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
         writer=writer,
         counters=counters,
         stop_agreed=stop_agreed,
+        evaluations=evaluations,
     )
 
 

@@ -46,20 +46,12 @@ def write_json(path: str, obj):
 
 
 def add_to_summary(run_dir: str, fields: dict):
-    """Adds a script's own results (its evaluations, its learner's counts) to the summary.json that
-    `Run.finish` wrote."""
+    """Adds a script's own results (its learner's counts) to the summary.json that `Run.finish`
+    wrote."""
     path = os.path.join(run_dir, "summary.json")
     with open(path) as f:
         summary = json.load(f)
     write_json(path, summary | fields)
-
-
-def add_evaluations_to_summary(run_dir: str, evaluations: list):
-    """summary.json gets the last evaluation's mean return and every evaluation's (step, mean)."""
-    add_to_summary(
-        run_dir,
-        {"eval_return": evaluations[-1][1], "eval_returns": [list(e) for e in evaluations]},
-    )
 
 
 def git_sha(path: str):

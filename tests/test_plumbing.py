@@ -2,6 +2,7 @@
 
 import dataclasses
 import hashlib
+import json
 import os
 import queue
 import signal
@@ -19,7 +20,7 @@ from flax.training.train_state import TrainState
 from tensorboardX import SummaryWriter
 
 from cleanba_utils import checkpoints, parsing, run_files, signals, threads
-from cleanba_utils.run import Episodes, Run
+from cleanba_utils.run import Episodes, Run, open_run
 
 
 @dataclasses.dataclass
@@ -255,6 +256,43 @@ class RunSizes:
 class RunArgs:
     checkpoint_every: int = 2
     distributed: bool = False
+
+
+@dataclasses.dataclass
+class NamedRunArgs:
+    run_name: str = "evaluated"
+    env_id: str = "CartPole-v1"
+    exp_name: str = "script"
+    seed: int = 1
+    track: bool = False
+    resume: bool = False
+    distributed: bool = False
+    save_model: bool = False
+    eval_episodes: int = 0
+
+
+def test_a_resumed_runs_summary_keeps_the_evaluations_made_before_its_checkpoint(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    devices = jax.local_devices()[:1]
+    first = open_run(
+        NamedRunArgs(), RunSizes(), "script.py", dict(update=0, wall_time_s=0.0), devices
+    )
+    for step in [16, 32, 40]:
+        first.record_evaluation(step, float(step))
+    first.writer.close()
+    # Preempted after the checkpoint of update 4 (step 32): the evaluation of step 40 followed it,
+    # and the resumed run makes it again.
+    resumed = open_run(
+        NamedRunArgs(resume=True), RunSizes(), "script.py", dict(update=4, wall_time_s=1.0), devices
+    )
+    assert resumed.evaluations == [[16, 16.0], [32, 32.0]]
+    resumed.record_evaluation(40, 41.0)
+    resumed.finish({"w": np.zeros(2, np.float32)}, learner_policy_version=5, evaluate=None)
+    summary = json.loads((tmp_path / "runs" / "evaluated" / "summary.json").read_text())
+    assert summary["eval_returns"] == [[16, 16.0], [32, 32.0], [40, 41.0]]
+    assert summary["eval_return"] == 41.0
 
 
 def test_after_update_checkpoints_on_schedule_and_at_the_end_and_stops_on_a_signal(tmp_path):
