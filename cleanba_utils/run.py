@@ -214,7 +214,7 @@ class Run:
     def finish(self, params, learner_policy_version: int, evaluate):
         """After the last update: the model file, the evaluation episodes (`evaluate(params, args,
         num_episodes, seed)` is the script's own), summary.json and the fingerprint as the last line
-        of stdout."""
+        of stdout; stop signals are ignored from then on."""
         args = self.args
         wall_time_s = self.wall_time()
         global_step = learner_policy_version * self.sizes.steps_per_update
@@ -248,6 +248,7 @@ class Run:
 
             wandb.finish()
         print(f"params_fingerprint={fingerprint}", flush=True)
+        signals.ignore_stop_signals()
 
 
 def open_run(args, sizes, script_path: str, counters: dict, global_learner_devices: list) -> Run:

@@ -21,6 +21,14 @@ def catch_stop_signals() -> list[int]:
     return received
 
 
+def ignore_stop_signals():
+    """After a run's last output: a stop signal has nothing left to save, and the finished run exits
+    0. (Python's shutdown restores the default action of the handlers it installed, and a SIGTERM
+    that arrived then, from a launcher that stops a pruned trial, ended a finished run with -15.)"""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def stop_agreement(global_learner_devices: list, num_local_learner_devices: int, distributed: bool):
     """A function of `received` that is True when any process of the run received a stop signal.
     Every process must stop after the same update, or the others would wait for it in the next

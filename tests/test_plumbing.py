@@ -271,7 +271,7 @@ class NamedRunArgs:
     eval_episodes: int = 0
 
 
-def test_a_resumed_runs_summary_keeps_the_evaluations_made_before_its_checkpoint(
+def test_a_resumed_runs_summary_keeps_earlier_evaluations_and_a_finished_run_ignores_stops(
     tmp_path, monkeypatch
 ):
     monkeypatch.chdir(tmp_path)
@@ -289,7 +289,15 @@ def test_a_resumed_runs_summary_keeps_the_evaluations_made_before_its_checkpoint
     )
     assert resumed.evaluations == [[16, 16.0], [32, 32.0]]
     resumed.record_evaluation(40, 41.0)
-    resumed.finish({"w": np.zeros(2, np.float32)}, learner_policy_version=5, evaluate=None)
+    handlers = {signum: signal.getsignal(signum) for signum in signals.STOP_SIGNALS}
+    try:
+        resumed.finish({"w": np.zeros(2, np.float32)}, learner_policy_version=5, evaluate=None)
+        # A finished run ignores stop signals: Python's shutdown would restore their default
+        # action, and a launcher's late SIGTERM would end the finished run with -15.
+        assert all(signal.getsignal(signum) == signal.SIG_IGN for signum in handlers)
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
     summary = json.loads((tmp_path / "runs" / "evaluated" / "summary.json").read_text())
     assert summary["eval_returns"] == [[16, 16.0], [32, 32.0], [40, 41.0]]
     assert summary["eval_return"] == 41.0
