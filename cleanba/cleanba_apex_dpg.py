@@ -111,7 +111,10 @@ class Args:
     """the discount factor"""
     n_step: int = 3
     """the number of rewards in a transition's return before it bootstraps (Ape-X DQN's 3: the
-    paper's DPG keeps DQN's hyperparameters where appendix D names none)"""
+    paper's DPG keeps DQN's hyperparameters where appendix D names none). The return is not
+    corrected for the exploration noise; at DDPG's replay ratio and settings on HalfCheetah-v4,
+    1-step returns (DDPG's) evaluated at 5,317 after 256k steps and 3-step ones at 2,662 (seed 1;
+    benchmark/results/learning_apex_dpg_cpu.md)"""
     noise_std: float = 0.3
     """the standard deviation of the Gaussian noise added to every action, in units of half the
     action range (the paper's 0.3; these tasks' actions range over [-1, 1]); the noisy action is
