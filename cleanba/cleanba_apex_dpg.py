@@ -93,9 +93,11 @@ class Args:
 
     env_id: str = "HalfCheetah-v4"
     """the id of the envpool environment (continuous actions: MuJoCo or dm_control, e.g. the
-    paper's HumanoidStand-v1, HumanoidWalk-v1, HumanoidRun-v1, ManipulatorBringBall-v1)"""
+    paper's HumanoidStand-v1, HumanoidWalk-v1, HumanoidRun-v1, ManipulatorBringBall-v1; the
+    default is the gym task the other continuous-control scripts start from)"""
     total_timesteps: int = 10_000_000
-    """total environment steps of the run"""
+    """total environment steps of the run (the paper gives wall time, not steps; 10M take about 10
+    minutes on 2 CPU cores at these defaults)"""
     learning_rate: float = 1e-4
     """the learning rate of Adam, for the actor and the critic alike (the paper's)"""
     local_num_envs: int = 32
@@ -106,7 +108,9 @@ class Args:
     """worker threads of each envpool instance (default: CPUs / actor threads); results do not
     depend on it"""
     num_steps: int = 40
-    """the number of steps each environment runs per rollout (one update of the learner)"""
+    """the number of steps each environment runs per rollout (one update of the learner); with 64
+    environments and 16 batches of 256 per update, 1.6 samples per inserted transition, the
+    paper's 86 batches of 256 per 14k transitions"""
     gamma: float = 0.99
     """the discount factor"""
     n_step: int = 3
@@ -178,7 +182,7 @@ class Args:
     computes; --no-pipeline waits for them (the same run, slower)"""
     checkpoint_replay: bool = True
     """save the replay with every checkpoint, so that --resume continues with it (at 1M HalfCheetah
-    transitions, about 170 MB a checkpoint); --no-checkpoint-replay: a resumed run refills an empty
+    transitions, about 190 MB a checkpoint); --no-checkpoint-replay: a resumed run refills an empty
     replay to --learning-starts before it learns again"""
 
     actor_device_ids: tuple[int, ...] = (0,)
@@ -420,10 +424,8 @@ class Transitions(NamedTuple):
     """What a rollout adds to the replay, env-major (envs, steps): the n-step transitions of the L
     steps that start n steps earlier (the last n of the previous rollout, all but the last n of this
     one) with their initial priorities; `valid` is False where a step starts no transition (a reset
-    step, or the padding before the first rollout). `env_ids` are the environments' global indices.
-    """
+    step, or the padding before the first rollout)."""
 
-    env_ids: np.ndarray
     obs: np.ndarray
     actions: np.ndarray
     returns: np.ndarray
@@ -530,9 +532,7 @@ def actor(args, sizes, run, networks, first_update, env_offset, device, param_qu
             next_is_reset = done
 
         played = Played(*[np.stack(field, axis=1) for field in zip(*steps)])
-        data, tail = rollout_data(
-            played=played, tail=tail, env_ids=env_ids, gamma=args.gamma, n=args.n_step
-        )
+        data, tail = rollout_data(played=played, tail=tail, gamma=args.gamma, n=args.n_step)
         timing = dict(
             param_queue_get_time=param_queue_get_time,
             rollout_time=time.time() - rollout_start,
@@ -542,7 +542,7 @@ def actor(args, sizes, run, networks, first_update, env_offset, device, param_qu
         queue_put(rollout_queue, Rollout(update, policy_version, data, timing), run.stop)
 
 
-def rollout_data(played: Played, tail: Played | None, env_ids, gamma: float, n: int):
+def rollout_data(played: Played, tail: Played | None, gamma: float, n: int):
     """The rollout's `Transitions` and the new tail (its last n steps). The first rollout's tail is
     padding: reset steps."""
     num_envs, length = played.rewards.shape
@@ -567,7 +567,6 @@ def rollout_data(played: Played, tail: Played | None, env_ids, gamma: float, n: 
     q_bootstrap = np.take_along_axis(window.q_policy, bootstrap, axis=1)
     td = returns + discounts * q_bootstrap - window.q_taken[:, :length]
     data = Transitions(
-        env_ids=env_ids,
         obs=window.obs[:, :length],
         actions=window.actions[:, :length],
         returns=returns,
@@ -614,12 +613,15 @@ class Stored(NamedTuple):
 
 
 def replay_bytes(args: Args) -> int:
-    """The stored transitions (float32 fields, an int64 insertion count) and the two sum trees (2
-    float64 nodes per leaf, leaves a power of two)."""
+    """The stored transitions (float32 fields, an int64 insertion count) and the sum trees (2
+    float64 nodes per leaf, leaves a power of two): the sampling tree, and the eviction tree of
+    --eviction prioritized. Twice with --checkpoint-replay: a checkpoint serializes a copy."""
     spaces = spaces_of(args.env_id)
     transition = 4 * (2 * spaces.obs_dim + len(spaces.action_low) + 2) + 8
     tree_bytes = 2 * 8 * (1 << max(0, args.buffer_size - 1).bit_length())
-    return args.buffer_size * transition + 2 * tree_bytes
+    num_trees = 2 if args.eviction == "prioritized" else 1
+    replay = args.buffer_size * transition + num_trees * tree_bytes
+    return 2 * replay if args.checkpoint_replay else replay
 
 
 def make_replay(args: Args, spaces: Spaces) -> PrioritizedReplay:

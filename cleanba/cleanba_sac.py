@@ -551,10 +551,10 @@ def actor(
             global_step = policy_step * sizes.num_envs
             action = np.asarray(
                 act(
-                    params,
-                    jax.device_put(next_obs, device),
-                    draws,
-                    step,
+                    params=params,
+                    obs=jax.device_put(next_obs, device),
+                    draws=draws,
+                    step=step,
                     random_actions=global_step < args.learning_starts,
                 )
             )
@@ -837,7 +837,7 @@ def make_update(args: Args, learner_devices: list, networks: Networks):
         deltas, opt_state = optimizer.update(jax.lax.pmean(grads, "devices"), opt_state, params)
         return optax.apply_updates(params, deltas), opt_state
 
-    def policy_step(state: SACState, batch: Batch, key, iteration):
+    def actor_and_temperature_step(state: SACState, batch: Batch, key, iteration):
         """One actor step, then one temperature step on log-probabilities of the new actor."""
         (loss, _), grads = jax.value_and_grad(actor_loss, has_aux=True)(
             state.actor_params,
@@ -896,7 +896,9 @@ def make_update(args: Args, learner_devices: list, networks: Networks):
 
         def policy_steps(state):
             state, metrics = jax.lax.scan(
-                lambda s, i: policy_step(s, batch, key, i), state, jnp.arange(args.policy_frequency)
+                lambda s, i: actor_and_temperature_step(s, batch, key, i),
+                state,
+                jnp.arange(args.policy_frequency),
             )
             return state, jax.tree.map(lambda m: m[-1], metrics)
 
@@ -919,15 +921,15 @@ def make_update(args: Args, learner_devices: list, networks: Networks):
             qf1_values=qf_values[0],
             qf2_values=qf_values[1],
             alpha=jnp.exp(state.log_alpha),
-            policy_step=is_policy_step.astype(jnp.float32),
+            policy_updated=is_policy_step.astype(jnp.float32),
             **policy_metrics,
         )
         return state, metrics
 
     def update_on_device(state: SACState, batches: Batch):
         state, metrics = jax.lax.scan(gradient_step, state, batches)
-        policy_steps = jnp.maximum(metrics["policy_step"].sum(), 1.0)
-        policy_mean = lambda m: (m * metrics["policy_step"]).sum() / policy_steps
+        policy_steps = jnp.maximum(metrics["policy_updated"].sum(), 1.0)
+        policy_mean = lambda m: (m * metrics["policy_updated"]).sum() / policy_steps
         return state, dict(
             qf1_loss=metrics["qf1_loss"].mean(),
             qf2_loss=metrics["qf2_loss"].mean(),
@@ -1280,14 +1282,17 @@ def train(args: Args):
             if update < sizes.num_updates:
                 last_sent = first_replica(state.actor_params)
                 send(last_sent, learner_policy_version)
-    learning_rate = session_rate.since(gradient_steps, restart=False) if session_rate else 0.0
+    session_updates_per_second = (
+        session_rate.since(gradient_steps, restart=False) if session_rate else 0.0
+    )
     # The last update's evaluation is the one `Run.finish` makes: same parameters, same seed.
     final_evaluation = evaluate if eval_returns is None else lambda *_: eval_returns
     run.finish(model_params(state), learner_policy_version, final_evaluation)
     if run.is_main:
         # The session's gradient updates per second from its first one (evaluations included).
         add_to_summary(
-            run.dir, dict(gradient_updates=gradient_steps, updates_per_second=learning_rate)
+            run.dir,
+            dict(gradient_updates=gradient_steps, updates_per_second=session_updates_per_second),
         )
 
 

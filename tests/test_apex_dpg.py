@@ -345,9 +345,7 @@ def test_rollout_transitions_match_a_step_by_step_reference_across_rollouts():
                 ]
             ]
         )
-        data, tail = dpg.rollout_data(
-            played=played, tail=tail, env_ids=np.arange(num_envs), gamma=gamma, n=n
-        )
+        data, tail = dpg.rollout_data(played=played, tail=tail, gamma=gamma, n=n)
         assert data.obs.shape == (num_envs, length, 3)
         for env, stream in enumerate(streams):
             for position in range(length):
@@ -400,7 +398,6 @@ def transitions(values, valid, priorities) -> dpg.Transitions:
     """One environment's transitions whose fields all hold `values` (to trace them)."""
     values = np.asarray(values, np.float32)[None]
     return dpg.Transitions(
-        env_ids=np.zeros(1, np.int32),
         obs=np.repeat(values[..., None], 3, axis=2),
         actions=np.repeat(values[..., None], 2, axis=2),
         returns=values,
