@@ -780,7 +780,16 @@ class PendingPriorities(NamedTuple):
     td: Any
 
 
-NO_PENDING = dict(slots=np.zeros(0, np.int64), inserted=0, td=np.zeros(0, np.float32))
+NO_PENDING = PendingPriorities(slots=np.zeros(0, np.int64), inserted=0, td=np.zeros(0, np.float32))
+
+
+class Saved(NamedTuple):
+    """A checkpoint: the learner's state (its first replica), the replay's snapshot and the last
+    call's pending priorities (host arrays; `NO_PENDING` when there are none)."""
+
+    state: LearnerState
+    replay: dict
+    pending: PendingPriorities
 
 
 def init_state(args: Args, sizes: Sizes, replay: PrioritizedReplay):
@@ -810,21 +819,17 @@ def init_state(args: Args, sizes: Sizes, replay: PrioritizedReplay):
         target_params={"actor": actor_params, "critic": critic_params},
     )
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
-    template = dict(state=state, replay=replay.snapshot(), pending=NO_PENDING)
+    template = Saved(state=state, replay=replay.snapshot(), pending=NO_PENDING)
     checkpoint = resume_from(run_dir_of(args), template, identity) if args.resume else None
     if checkpoint is None:
         return networks, state, dict(update=0, wall_time_s=0.0, **identity), None
     saved, counters = checkpoint
-    replay.restore(saved["replay"])
+    replay.restore(saved.replay)
     pending = None
-    if len(saved["pending"]["slots"]):
-        pending = PendingPriorities(
-            slots=saved["pending"]["slots"],
-            inserted=int(saved["pending"]["inserted"]),
-            td=saved["pending"]["td"],
-        )
+    if len(saved.pending.slots):
+        pending = saved.pending._replace(inserted=int(saved.pending.inserted))
     counters = dict(update=counters["update"], wall_time_s=counters["wall_time_s"], **identity)
-    return networks, saved["state"], counters, pending
+    return networks, saved.state, counters, pending
 
 
 def make_update(args: Args, learner_devices):
@@ -1073,22 +1078,28 @@ def learn(args, replay, jobs: BackgroundJobs, state, update_fn, tally: Tally, pe
     return state, metrics, stats, pending
 
 
-def host_checkpoint(args, empty_replay: dict, checkpoint) -> dict:
-    """What a checkpoint saves of `checkpoint` (the learner state, the replay, the pending
-    priorities): the first replica of the state and, with --checkpoint-replay, the replay and the
-    last call's TD errors, which --resume writes as the uninterrupted run would have; without, an
-    empty replay (`empty_replay`, the snapshot of the replay before its first insert)."""
-    state, replay, pending = checkpoint
+class Checkpointable(NamedTuple):
+    """What `Run.after_update` gets: the replicated learner state, the replay and the last call's
+    pending priorities (None when written), copied to the host (`saved_of`) only when a checkpoint
+    is written."""
+
+    state: LearnerState
+    replay: PrioritizedReplay
+    pending: PendingPriorities | None
+
+
+def saved_of(args, empty_replay: dict, checkpointable: Checkpointable) -> Saved:
+    """The first replica of the state and, with --checkpoint-replay, the replay and the last call's
+    TD errors, which --resume writes as the uninterrupted run would have; without, an empty replay
+    (`empty_replay`, the snapshot of the replay before its first insert)."""
+    state = first_replica(checkpointable.state)
     if not args.checkpoint_replay:
-        return dict(state=first_replica(state), replay=empty_replay, pending=NO_PENDING)
+        return Saved(state=state, replay=empty_replay, pending=NO_PENDING)
+    pending = checkpointable.pending
     saved_pending = NO_PENDING
     if pending is not None:
-        saved_pending = dict(
-            slots=pending.slots,
-            inserted=pending.inserted,
-            td=np.asarray(jax.device_get(first_replica(pending.td))),
-        )
-    return dict(state=first_replica(state), replay=replay.snapshot(), pending=saved_pending)
+        saved_pending = pending._replace(td=np.asarray(jax.device_get(first_replica(pending.td))))
+    return Saved(state=state, replay=checkpointable.replay.snapshot(), pending=saved_pending)
 
 
 def evaluation(args, run, global_step: int, params) -> list[float]:
@@ -1165,7 +1176,7 @@ def train(args: Args):
         counters=counters,
         global_learner_devices=global_learner_devices,
     )
-    run.host_copy = functools.partial(host_checkpoint, args, empty_replay)
+    run.host_copy = functools.partial(saved_of, args, empty_replay)
     tally = Tally(learner_updates=int(state.critic.step), replay_size=replay.num_sampleable())
     state = replicate(state, learner_devices)
     if pending is not None:
@@ -1252,7 +1263,9 @@ def train(args: Args):
                 global_step = update * sizes.steps_per_update
                 eval_returns = evaluation(args, run, global_step=global_step, params=host_params())
                 run.record_evaluation(global_step, float(np.mean(eval_returns)))
-            end.exit_code = run.after_update((state, replay, pending), update)
+            end.exit_code = run.after_update(
+                Checkpointable(state=state, replay=replay, pending=pending), update
+            )
             if end.exit_code:
                 break
             if update < sizes.num_updates:
