@@ -923,6 +923,8 @@ class LoopStats(NamedTuple):
     rollout_queue_get_time: float
     insert_time: float
     learn_time: float
+    """seconds of the update once its rollouts arrived: the insertion (insert_time), the optimizer
+    steps and the priority writes"""
     actor_policy_version: int
     learner_policy_version: int
 

@@ -1068,8 +1068,8 @@ class LoopStats(NamedTuple):
     insert_time: float
     sample_time: float
     learn_time: float
-    """seconds from the update's start until its parameters are ready (with --concurrency, the
-    next update's insertion and sampling overlap it)"""
+    """seconds from the update's start until its parameters are ready, a checkpoint's write
+    included (with --concurrency, the next update's wait, insertion and sampling overlap it)"""
     actor_policy_version: int
     learner_policy_version: int
 
