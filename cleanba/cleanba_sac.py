@@ -644,9 +644,9 @@ def make_replay(args: Args, obs_size: int, action_size: int) -> PrioritizedRepla
     return PrioritizedReplay(example, args.buffer_size, uniform=True)
 
 
-def replay_insert(replay: PrioritizedReplay, data: Transitions) -> int:
+def replay_insert(replay: PrioritizedReplay, data: Transitions):
     """Inserts the valid transitions of a rollout of every environment (env-major, in global env
-    order: the same order whatever the layout); reset steps are left out. Returns their number."""
+    order: the same order whatever the layout); reset steps are left out."""
     valid = data.valid
     replay.insert(
         Batch(
@@ -657,7 +657,6 @@ def replay_insert(replay: PrioritizedReplay, data: Transitions) -> int:
             terminations=data.terminations[valid],
         )
     )
-    return int(valid.sum())
 
 
 def sample_batches(args: Args, replay: PrioritizedReplay, first: int, count: int) -> "Batch":
@@ -712,12 +711,11 @@ def critic_loss(critic_params, critic_apply, batch: Batch, target):
 
 
 def actor_loss(actor_params, networks: Networks, critic_params, batch: Batch, noise, alpha):
-    """mean(alpha log pi(a | s) - min_i Q_i(s, a)), a ~ pi(s) reparameterized by `noise`; also the
-    log-probabilities."""
+    """mean(alpha log pi(a | s) - min_i Q_i(s, a)), a ~ pi(s) reparameterized by `noise`."""
     mean, log_std = networks.actor.apply(actor_params, batch.obs)
     actions, log_prob = squashed_gaussian(mean, log_std, noise, networks.bounds)
     q_values = networks.critic.apply(critic_params, batch.obs, actions)
-    return (alpha * log_prob - jnp.min(q_values, axis=0)).mean(), log_prob
+    return (alpha * log_prob - jnp.min(q_values, axis=0)).mean()
 
 
 def temperature_loss(log_alpha, log_prob, target_entropy: float):
@@ -839,7 +837,7 @@ def make_update(args: Args, learner_devices: list, networks: Networks):
 
     def actor_and_temperature_step(state: SACState, batch: Batch, key, iteration):
         """One actor step, then one temperature step on log-probabilities of the new actor."""
-        (loss, _), grads = jax.value_and_grad(actor_loss, has_aux=True)(
+        loss, grads = jax.value_and_grad(actor_loss)(
             state.actor_params,
             networks=networks,
             critic_params=state.critic_params,

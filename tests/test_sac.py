@@ -131,7 +131,7 @@ def test_losses_match_a_numpy_reference():
         bounds=sac.Bounds(scale=scale, bias=bias),
     )
     noise = rng.normal(size=(size, 2)).astype(np.float32)
-    loss, log_prob = sac.actor_loss(
+    loss = sac.actor_loss(
         actor_weights,
         networks=networks,
         critic_params=critic_weights,
@@ -143,7 +143,6 @@ def test_losses_match_a_numpy_reference():
     log_std = np.tanh(batch.obs @ actor_weights[:, 2:]) - 1.0
     actions, expected_log_prob = numpy_squash(mean, log_std, noise, scale, bias)
     q_pi = critic_weights @ actions.T
-    np.testing.assert_allclose(log_prob, expected_log_prob, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(
         loss, (alpha * expected_log_prob - q_pi.min(axis=0)).mean(), rtol=1e-4, atol=1e-5
     )
@@ -183,8 +182,7 @@ def test_replay_batches_depend_on_the_seed_the_index_and_the_data_only():
     whole = sac.make_replay(args, 3, 2)
     split = sac.make_replay(args, 3, 2)
     for data in rollouts:
-        stored = sac.replay_insert(whole, data)
-        assert stored == data.valid.sum()
+        sac.replay_insert(whole, data)
         halves = [
             sac.Transitions(*[field[rows] for field in data]) for rows in (slice(2), slice(2, 4))
         ]
