@@ -380,8 +380,9 @@ def report(runs: dict, options):
             f"{r['updates_per_second']} | {r['wall_time_s'] / 60:.1f} | **{r['status']}** |"
         )
     groups = [
-        "| task | finished seeds | eval return, mean ± std | training return, mean ± std | CleanRL "
-        "JAX DDPG 1M | CleanRL JAX TD3 1M | target (DDPG's mean) met | to TD3's mean |",
+        "| task | finished seeds | training return, mean ± std | eval return, mean ± std | CleanRL "
+        "JAX DDPG 1M | CleanRL JAX TD3 1M | target met (training return ≥ DDPG's mean) | "
+        "training return to TD3's mean |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for env_id in CLEANRL_DDPG:
@@ -395,11 +396,11 @@ def report(runs: dict, options):
         ddpg_mean, ddpg_std = CLEANRL_DDPG[env_id]
         td3_mean, td3_std = CLEANRL_TD3[env_id]
         spread = lambda values: f"{np.mean(values):.0f} ± {np.std(values):.0f}" if values else "n/a"
-        if evaluations:
-            ours = np.mean(evaluations)
+        if training:
+            ours = np.mean(training)
             groups.append(
-                f"| {env_id} | {len(evaluations)} | {spread(evaluations)} | "
-                f"{spread(training)} | {ddpg_mean} ± {ddpg_std} | "
+                f"| {env_id} | {len(training)} | {spread(training)} | "
+                f"{spread(evaluations)} | {ddpg_mean} ± {ddpg_std} | "
                 f"{td3_mean} ± {td3_std} | {'yes' if ours >= ddpg_mean else 'no'} | "
                 f"{ours - td3_mean:+.0f} ({(ours - td3_mean) / td3_std:+.1f} TD3 std) |"
             )
@@ -442,8 +443,9 @@ def report(runs: dict, options):
         f"{options.paper_minutes:g} minutes. Training return: the mean of the last "
         f"{LAST_EPISODES} training episodes, played with the exploration noise; eval return: the "
         "last evaluation, 10 episodes of the noiseless policy. CleanRL's figures are their final "
-        "training returns (noise 0.1), mean ± std over seeds; the target compares our "
-        "`ddpg_settings` evaluation return with DDPG's mean. A partial run has not finished (it "
+        "training returns (noise 0.1), mean ± std over seeds; the target compares like with like: "
+        "our `ddpg_settings` training return (noise 0.1 too) with DDPG's mean. A partial run has "
+        "not finished (it "
         "continues when the benchmark runs again).\n\n"
         + ("\n".join(table) if results else "No learning run has been made yet.")
         + "\n\n"
