@@ -123,6 +123,11 @@ class Args:
     """the standard deviation of the Gaussian noise added to every action, in units of half the
     action range (the paper's 0.3; these tasks' actions range over [-1, 1]); the noisy action is
     clipped to the bounds"""
+    random_steps: int = 0
+    """environment steps of uniformly random actions (over all actors) before the policy acts (the
+    paper's 0: its actors always act with the noisy policy; CleanRL's DDPG and TD3 play their
+    learning_starts, 25,000). The replay of a policy near its initial output (the middle of the
+    action range) plus noise covers few actions, and the critic extrapolates to the rest"""
     noise_alpha: float = 0.0
     """a per-environment noise schedule like Ape-X DQN's epsilons: environment g of N explores with
     noise_std ** (1 + noise_alpha g / (N - 1)), fixed for the run (0, the paper's DPG: all
@@ -245,7 +250,7 @@ def validate(args: Args):
         " actor_grad_clip max_grad_norm log_frequency"
     )
     non_negative = "learning_starts noise_alpha priority_exponent eval_episodes eval_every"
-    non_negative += " checkpoint_every"
+    non_negative += " checkpoint_every random_steps"
     parsing.check_signs(args, positive.split(), non_negative.split())
     parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
     parsing.check_in(args, "noise_std", 0, 1)
@@ -451,17 +456,21 @@ def noise_stds_of(env_ids, num_envs: int, std: float, alpha: float) -> np.ndarra
     return std ** (1.0 + alpha * np.asarray(env_ids, np.float64) / max(num_envs - 1, 1))
 
 
-def explore(policy_actions, stds, bounds: tuple, key, step, env_ids):
+def explore(policy_actions, stds, bounds: tuple, key, step, env_ids, random_actions):
     """The policy's actions plus Gaussian noise of standard deviation std_g x half the action range,
-    clipped to the `bounds` (low, high); the draws are keyed by (step, global env index), so they do
-    not depend on the layout."""
+    clipped to the `bounds` (low, high), or with `random_actions` uniform draws within them; the
+    draws are keyed by (step, global env index), so they do not depend on the layout."""
     low = jnp.asarray(bounds[0])
     high = jnp.asarray(bounds[1])
     step_key = jax.random.fold_in(key, step)
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_key, env_ids)
-    noise = jax.vmap(lambda k: jax.random.normal(k, policy_actions.shape[1:]))(keys)
+    shape = policy_actions.shape[1:]
+    noise = jax.vmap(lambda k: jax.random.normal(k, shape))(keys)
     noisy = policy_actions + stds[:, None] * (high - low) / 2 * noise
-    return jnp.clip(noisy, low, high)
+    uniform = jax.vmap(
+        lambda k: jax.random.uniform(jax.random.fold_in(k, 1), shape, minval=low, maxval=high)
+    )(keys)
+    return jnp.where(random_actions, uniform, jnp.clip(noisy, low, high))
 
 
 def actor(args, sizes, run, networks, first_update, env_offset, device, param_queue, rollout_queue):
@@ -486,6 +495,7 @@ def actor(args, sizes, run, networks, first_update, env_offset, device, param_qu
             key=noise_key,
             step=step,
             env_ids=env_ids_on_device,
+            random_actions=step * sizes.num_envs < args.random_steps,
         )
         q_taken = networks.critic.apply(params["critic"], obs, action)
         q_policy = networks.critic.apply(params["critic"], obs, policy_action)

@@ -28,6 +28,7 @@ from helpers import (
 from scipy import stats
 
 from cleanba import cleanba_apex_dpg as dpg
+from cleanba_utils import checkpoints
 from cleanba_utils.run_files import replicate
 
 SPACES = dpg.Spaces(obs_dim=3, action_low=(-1.0, -2.0), action_high=(1.0, 0.0))
@@ -371,8 +372,14 @@ def test_exploration_noise_scales_with_the_bounds_is_clipped_and_keyed_by_global
     bounds = ((-2.0, -2.0), (2.0, 0.0))
     key = jax.random.PRNGKey(0)
     explore = jax.jit(
-        lambda actions, stds, step, env_ids: dpg.explore(
-            actions, stds=stds, bounds=bounds, key=key, step=step, env_ids=env_ids
+        lambda actions, stds, step, env_ids, random_actions=False: dpg.explore(
+            actions,
+            stds=stds,
+            bounds=bounds,
+            key=key,
+            step=step,
+            env_ids=env_ids,
+            random_actions=random_actions,
         )
     )
     # Dimension 0 (half range 2) from its middle: the noise's std is 0.3 x 2. Dimension 1 (half
@@ -387,6 +394,13 @@ def test_exploration_noise_scales_with_the_bounds_is_clipped_and_keyed_by_global
     halves = [explore(policy[:3], stds[k : k + 3], 9, ids[k : k + 3]) for k in (0, 3)]
     np.testing.assert_array_equal(explore(policy, stds, 9, ids), np.concatenate(halves))
     np.testing.assert_array_equal(explore(policy, jnp.zeros(6), 9, ids), policy)
+    # --random-steps: uniform over the bounds, whatever the policy and noise, keyed the same way.
+    uniform = np.concatenate([explore(policy, stds, step, ids, True) for step in range(400)])
+    assert uniform.min(axis=0).tolist() >= [-2.0, -2.0] and uniform.max(axis=0).tolist() <= [2, 0]
+    np.testing.assert_allclose(uniform.mean(axis=0), [0.0, -1.0], atol=0.06)
+    np.testing.assert_allclose(uniform.std(axis=0), [4 / 12**0.5, 2 / 12**0.5], rtol=0.04)
+    halves = [explore(policy[:3], stds[k : k + 3], 9, ids[k : k + 3], True) for k in (0, 3)]
+    np.testing.assert_array_equal(explore(policy, stds, 9, ids, True), np.concatenate(halves))
 
 
 def small_replay(capacity: int, eviction: str = "prioritized"):
@@ -505,6 +519,8 @@ TINY = [
     512,
     "--learning-starts",
     64,
+    "--random-steps",
+    48,
     "--buffer-size",
     256,
     "--batch-size",
@@ -671,6 +687,37 @@ def test_the_run_logs_its_diagnostics_and_keeps_the_policy_lag(runs):
     assert updates[-1] == 4 * sum(size >= 64 for size in sizes)
 
 
+def test_the_first_random_steps_play_uniform_actions(runs):
+    # TINY's --random-steps 48 over 4 environments: each environment's first 12 steps, the second
+    # rollout's switch included. The uniform draws do not depend on the policy, so each can be
+    # recomputed and looked for in the replay saved after update 8 (nothing evicted yet).
+    path = sorted((runs[0] / "one" / "checkpoints").glob("*.ckpt"))[0]
+    assert path.stem == "update_000000008"
+    payload = path.read_bytes()[checkpoints.CHECKSUM_BYTES :]
+    saved = flax.serialization.msgpack_restore(payload)["state"]
+    replayed = saved["replay"]["items"]["actions"]
+    args = dpg.parse_args([*map(str, TINY)])
+    draws = {}
+    for step in range(16):
+        uniform = dpg.explore(
+            jnp.zeros((4, 3)),
+            stds=jnp.zeros(4),
+            bounds=(-np.ones(3), np.ones(3)),
+            key=jax.random.fold_in(jax.random.PRNGKey(args.seed), 1),
+            step=step,
+            env_ids=jnp.arange(4),
+            random_actions=True,
+        )
+        for env in range(4):
+            draws[step, env] = np.asarray(uniform[env])
+    found = [
+        key for key, draw in draws.items() if np.any(np.all(np.isclose(replayed, draw), axis=1))
+    ]
+    assert found and all(step < 12 for step, _ in found), found
+    # All 48 random steps but the reset steps, which never enter the replay.
+    assert len(found) >= 40, len(found)
+
+
 def test_the_model_file_plays_as_the_run_evaluated_it(runs):
     run_dir = runs[0] / "serial_eval"
     args = dpg.parse_args([*map(str, TINY)])
@@ -761,6 +808,7 @@ BAD_INPUTS = [
     (["--learner-device-ids", "7"], "--learner-device-ids"),
     (["--resume"], "--resume"),
     (["--eval-every", "-1"], "--eval-every"),
+    (["--random-steps", "-1"], "--random-steps"),
 ]
 
 
