@@ -4,12 +4,14 @@
    replay ratio, one batch of 256 per environment step (8 environments x 8 steps per update, 64
    optimizer steps per update), 1M steps of HalfCheetah-v4 and Hopper-v4, seeds 1 and 2 (`--seeds
    1 2 3` adds a third), with DDPG's settings where the two differ: relu networks of 256 and 256,
-   learning rate 3e-4, noise σ 0.1, learning from step 25,000, and DDPG's 1-step returns
-   (`ddpg_settings`). Ape-X's own parts stay: prioritized replay, target copies every 100 batches,
-   the dq/da clip. Two HalfCheetah ablations at that ratio, seed 1: the paper's 3-step returns
-   (`ddpg_settings_3step`), which fell far behind 1-step ones there (2,662 against 5,317 at 256k
-   steps), and the paper's other settings (`paper_settings`: tanh networks of 400-300 and 300-200,
-   1e-4, σ 0.3, 3-step returns).
+   learning rate 3e-4, noise σ 0.1, 25,000 steps of uniform random actions and learning from then
+   on, a slow target (copies every 400 batches), no dq/da clip, and DDPG's 1-step returns
+   (`ddpg_settings`). Ape-X's prioritized replay stays. Three ablations at that ratio: Ape-X's
+   target copies every 100 batches, its dq/da clip and no random phase, at the seeds of the check
+   (`ddpg_settings_apex_parts`), whose Hopper critic overestimated by far in seed 2; the same with
+   the paper's 3-step returns on HalfCheetah, seed 1 (`ddpg_settings_3step`), which fell far behind
+   1-step ones there (2,662 against 5,317 at 256k steps); and the paper's other settings
+   (`paper_settings`: tanh networks of 400-300 and 300-200, 1e-4, σ 0.3, 3-step returns).
 2. The paper's setting (the script's defaults: 2 x 32 environments, 16 batches of 256 per 2,560
    steps) on HumanoidStand-v1 (`--paper-env ManipulatorBringBall-v1` for the other task) for
    `--paper-minutes` of wall time: the returns against wall time, and transitions and batches per
@@ -75,8 +77,22 @@ CADENCE = [
 DDPG_SETTINGS = ["--first-activation", "relu", "--critic-hiddens", "256", "256"]
 DDPG_SETTINGS += ["--actor-hiddens", "256", "256", "--learning-rate", "3e-4", "--noise-std", "0.1"]
 DDPG_SETTINGS += ["--learning-starts", "25000"]
+# DDPG's in place of three of Ape-X's parts: 25,000 steps of uniform random actions; a slow target
+# (DDPG's Polyak averaging, τ 0.005 every 2 updates, trails the critic by about 400 updates; copies
+# every 400 trail by 200 on average, the paper's every 100 by 50); no dq/da clip (a bound of 1e6,
+# which the runs never reached: losses/actor_grad_clipped stayed 0).
+DDPG_OVER_APEX_PARTS = ["--random-steps", "25000", "--target-update-period", "400"]
+DDPG_OVER_APEX_PARTS += ["--actor-grad-clip", "1000000"]
 MODES = {
-    "ddpg_settings": [*DDPG_RATIO, *DDPG_SETTINGS, "--n-step", "1", *CADENCE],
+    "ddpg_settings": [
+        *DDPG_RATIO,
+        *DDPG_SETTINGS,
+        *DDPG_OVER_APEX_PARTS,
+        "--n-step",
+        "1",
+        *CADENCE,
+    ],
+    "ddpg_settings_apex_parts": [*DDPG_RATIO, *DDPG_SETTINGS, "--n-step", "1", *CADENCE],
     "ddpg_settings_3step": [*DDPG_RATIO, *DDPG_SETTINGS, *CADENCE],
     "paper_settings": [*DDPG_RATIO, *CADENCE],
     "paper": [
@@ -134,6 +150,10 @@ def plan(seeds: list[int], paper_env: str) -> dict:
         for env_id in ["HalfCheetah-v4", "Hopper-v4"]:
             name = f"{env_id.split('-')[0].lower()}_ddpg_settings_{seed}"
             runs[name] = (env_id, "ddpg_settings", seed)
+    for seed in seeds:
+        for env_id in ["HalfCheetah-v4", "Hopper-v4"]:
+            name = f"{env_id.split('-')[0].lower()}_ddpg_settings_apex_parts_{seed}"
+            runs[name] = (env_id, "ddpg_settings_apex_parts", seed)
     runs["halfcheetah_ddpg_settings_3step_1"] = ("HalfCheetah-v4", "ddpg_settings_3step", 1)
     runs["halfcheetah_paper_settings_1"] = ("HalfCheetah-v4", "paper_settings", 1)
     runs[f"{paper_env.split('-')[0].lower()}_paper_1"] = (paper_env, "paper", 1)
@@ -434,10 +454,12 @@ def report(runs: dict, options):
         "`ddpg_settings`, the implementation check: one batch of 256 per environment step (8 "
         "environments x 8 steps, 64 optimizer steps per update), 1M steps, DDPG's settings where "
         "they differ from the paper's (relu networks of 256 and 256, learning rate 3e-4, noise σ "
-        "0.1, learning from step 25,000, 1-step returns), Ape-X's own parts kept (prioritized "
-        "replay, target copies every 100 batches, dq/da clipped to ±1). `ddpg_settings_3step`: the "
-        "same with the paper's 3-step returns. `paper_settings`: the same ratio with the paper's "
-        "other hyperparameters (tanh after the first layers of 400-300 and 300-200 units, 1e-4, σ "
+        "0.1, 25,000 steps of uniform random actions and learning from then on, target copies "
+        "every 400 batches, no dq/da clip, 1-step returns), with Ape-X's prioritized replay. "
+        "`ddpg_settings_apex_parts`: the same with Ape-X's target copies every 100 batches, "
+        "dq/da clipped to ±1 and no random phase. `ddpg_settings_3step`: that with the paper's "
+        "3-step returns. `paper_settings`: the same ratio with the paper's other "
+        "hyperparameters (tanh after the first layers of 400-300 and 300-200 units, 1e-4, σ "
         "0.3, learning from step 50,000, 3-step returns). `paper`: the script's defaults "
         "(the paper's: 64 environments, 1.6 samples per inserted transition), stopped after "
         f"{options.paper_minutes:g} minutes. Training return: the mean of the last "
