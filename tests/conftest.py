@@ -12,3 +12,25 @@ os.environ.setdefault(
     os.path.join(tempfile.gettempdir(), f"cleanba-tests-jax-cache-{os.getuid()}"),
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+# The costliest files first (their tests' seconds in one run on 2 CPU cores, 2026-11-24), the others
+# after them in their usual order: xdist's workers take whole files in collection order
+# (--no-loadscope-reorder), so the last files to start are short ones. xdist's own order, most tests
+# first, started the costliest, test_scale_out.py (9 tests), last, and the suite's last minutes ran
+# it on one core alone.
+COSTLIEST_FIRST = [
+    "test_scale_out.py",  # 434
+    "test_apex_dqn.py",  # 352
+    "test_learning.py",  # 314
+    "test_ppo.py",  # 198
+    "test_experiments.py",  # 195
+    "test_layouts.py",  # 187
+    "test_gala_a2c.py",  # 116
+    "test_apex_dpg.py",  # 113
+    "test_sac.py",  # 104
+]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: index for index, name in enumerate(COSTLIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
