@@ -17,7 +17,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # after them in their usual order: xdist's workers take whole files in collection order
 # (--no-loadscope-reorder), so the last files to start are short ones. xdist's own order, most tests
 # first, started the costliest, test_scale_out.py (9 tests), third from last: the suite took 15 min
-# 40 s in that order and 14 min 58 s in this one (clean clones, empty compilation cache).
+# 40 s in that order and 14 min 58 s and 15 min 32 s in this one (clean clones, empty compilation
+# cache).
 COSTLIEST_FIRST = [
     "test_scale_out.py",  # 434
     "test_apex_dqn.py",  # 352
