@@ -48,10 +48,20 @@ import numpy as np
 import optax
 import rlax
 from flax.training.train_state import TrainState
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
+from cleanba_utils.env_records import (
+    EnvRecord,
+    concatenated,
+    copy_of,
+    empty_record,
+    fast_forward,
+    part,
+    record_step,
+)
 from cleanba_utils.envs import envpool_num_threads, flat_observation, is_continuous
 from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.parsing import fail
@@ -388,13 +398,15 @@ class Trajectories(NamedTuple):
 class Rollout(NamedTuple):
     """What an actor thread puts on its rollout queue: the learner update it is for, the version of
     the policy that played it and the normalizer statistics it played with, its trajectories with
-    one slice of environments per learner device, and the seconds the actor spent waiting for
-    parameters, playing, stepping and inferring."""
+    one slice of environments per learner device, its environments' record after it (what a
+    checkpoint needs to bring them back), and the seconds the actor spent waiting for parameters,
+    playing, stepping and inferring."""
 
     update: int
     policy_version: int
     normalizer: Normalizer
     data: Trajectories
+    record: EnvRecord
     timing: dict
 
 
@@ -416,12 +428,19 @@ def empty_trajectories(
     )
 
 
-def actor(args, sizes, run, network, first_update, env_offset, devices, param_queue, rollout_queue):
+def actor(
+    args, sizes, run, network, first_update, env_offset, devices, param_queue, rollout_queue, record
+):
     """One actor thread: environments with global indices env_offset .. env_offset +
-    local_num_envs - 1. `devices` are its own device and the local learner devices.
+    local_num_envs - 1. `devices` are its own device and the local learner devices; `record` (on a
+    resumed run) is their `EnvRecord` at the checkpoint.
 
     The policy's actions are stored unclipped (their log-probabilities are the Gaussian's); the
-    environments receive them clipped to the action bounds."""
+    environments receive them clipped to the action bounds.
+
+    The rollout of update u is played by the policy of version u - 1, or u - 2 with --concurrency
+    (version 0 for the first two): the actor takes a policy from its queue before every rollout
+    but the second of a fresh concurrent run."""
     actor_device, learner_devices = devices
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     action_low = envs.action_space.low
@@ -448,14 +467,26 @@ def actor(args, sizes, run, network, first_update, env_offset, devices, param_qu
         return network.apply(policy.params, normalize_observations(policy.normalizer.obs, obs))[2]
 
     episodes = run.episodes(args.local_num_envs)
-    next_obs = flat_observation(envs.reset()[0])
+    # Each environment's discounted return, restarted with each episode.
+    discounted_return = np.zeros(args.local_num_envs)
+
+    def replayed_step(env_ids, reward, terminated, truncated):
+        episodes.replayed_step(env_ids, reward, terminated, truncated)
+        discounted_return[env_ids] = discounted_return[env_ids] * args.gamma + reward
+        discounted_return[env_ids[terminated | truncated]] = 0.0
+
     # envpool resets an environment on the step after its episode ended: that step ignores the
     # action, returns the first observation of the next episode, and is masked out of learning.
-    next_is_reset = np.zeros(args.local_num_envs, dtype=bool)
-    discounted_return = np.zeros(args.local_num_envs)
+    if record is None:
+        record = empty_record(args.local_num_envs, args.env_id)
+        next_obs = flat_observation(envs.reset()[0])
+        next_is_reset = np.zeros(args.local_num_envs, dtype=bool)
+    else:
+        record = copy_of(record)
+        next_obs, next_is_reset = fast_forward(envs, record, on_step=replayed_step)
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
-        if not (args.concurrency and update == first_update + 1):
+        if update == first_update or not (args.concurrency and update == 2):
             policy_version, policy = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
 
@@ -477,11 +508,10 @@ def actor(args, sizes, run, network, first_update, env_offset, devices, param_qu
             )
             inference_time += time.time() - tic
             tic = time.time()
-            obs, reward, terminated, truncated, _ = envs.step(
-                np.clip(action, action_low, action_high)
-            )
+            env_action = np.clip(action, action_low, action_high)
+            obs, reward, terminated, truncated, _ = envs.step(env_action)
             env_step_time += time.time() - tic
-            # Each environment's discounted return, restarted with each episode.
+            record_step(record, env_action, next_is_reset)
             discounted_return = discounted_return * args.gamma + reward
             data.obs[:, step] = next_obs
             data.actions[:, step] = action
@@ -513,6 +543,7 @@ def actor(args, sizes, run, network, first_update, env_offset, devices, param_qu
             policy_version=policy_version,
             normalizer=jax.device_get(policy.normalizer),
             data=jax.device_put(by_device, learner_sharding),
+            record=copy_of(record),
             timing=timing,
         )
         queue_put(rollout_queue, rollout, run.stop)
@@ -616,9 +647,19 @@ class LearnerState(TrainState):
     normalizer: Normalizer
 
 
+class Saved(NamedTuple):
+    """A checkpoint: the learner's state (its first replica), the policy the actors play their next
+    rollout with under --concurrency (the version before the learner's), and every environment's
+    `EnvRecord` in global env order."""
+
+    learner: LearnerState
+    acting_policy: Policy
+    env_record: EnvRecord
+
+
 def init_state(args: Args, sizes: Sizes):
-    """The network, and the learner state with its counters: fresh from the seed, or with --resume
-    from the newest checkpoint of the run (counters["update"] > 0 then)."""
+    """The network, the learner state with its counters, and with --resume the newest checkpoint's
+    `Saved` (else None; counters["update"] > 0 when resumed)."""
     probe_env = make_env(args, args.seed, 1)
     obs_dim = flat_observation(probe_env.reset()[0]).shape[1]
     network = Network(args.hiddens, probe_env.action_space.shape[0])
@@ -638,16 +679,23 @@ def init_state(args: Args, sizes: Sizes):
         tx=optimizer,
         normalizer=initial_normalizer(obs_dim),
     )
+    template = Saved(
+        learner=state,
+        acting_policy=Policy(params=params, normalizer=state.normalizer),
+        env_record=empty_record(sizes.num_envs, args.env_id),
+    )
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
-    checkpoint = resume_from(run_dir_of(args), state, identity) if args.resume else None
-    state, counters = checkpoint or (state, dict(update=0, wall_time_s=0.0))
+    checkpoint = resume_from(run_dir_of(args), template, identity) if args.resume else None
+    saved, counters = checkpoint or (None, dict(update=0, wall_time_s=0.0))
+    if saved is not None:
+        state = saved.learner
     counters = dict(
         update=counters["update"],
         wall_time_s=counters["wall_time_s"],
         sizes=identity["sizes"],
         seed=identity["seed"],
     )
-    return network, state, counters
+    return network, state, counters, saved
 
 
 def take_steps(x, steps):
@@ -751,9 +799,12 @@ def learning_rate_at(args: Args, sizes: Sizes, update: int) -> float:
 # === Learner loop ===
 
 
-def start_actors(args, sizes, run, network, first_update, actor_devices, learner_devices):
+def start_actors(
+    args, sizes, run, network, first_update, actor_devices, learner_devices, env_record
+):
     """One param queue, one rollout queue and one thread per actor thread of every local actor
-    device, in global env order."""
+    device, in global env order; with `env_record` (a resumed run) each thread gets its
+    environments' part."""
     param_queues = []
     rollout_queues = []
     threads = []
@@ -761,6 +812,8 @@ def start_actors(args, sizes, run, network, first_update, actor_devices, learner
         for thread_id in range(args.num_actor_threads):
             device_number = jax.process_index() * len(actor_devices) + device_index
             thread_index = device_number * args.num_actor_threads + thread_id
+            env_offset = thread_index * args.local_num_envs
+            own_envs = slice(env_offset, env_offset + args.local_num_envs)
             param_queues.append(queue.Queue(maxsize=1))
             rollout_queues.append(queue.Queue(maxsize=1))
             thread = start_thread(
@@ -773,10 +826,11 @@ def start_actors(args, sizes, run, network, first_update, actor_devices, learner
                 run=run,
                 network=network,
                 first_update=first_update,
-                env_offset=thread_index * args.local_num_envs,
+                env_offset=env_offset,
                 devices=(actor_device, learner_devices),
                 param_queue=param_queues[-1],
                 rollout_queue=rollout_queues[-1],
+                record=None if env_record is None else part(env_record, own_envs),
             )
             threads.append(thread)
     return param_queues, rollout_queues, threads
@@ -785,6 +839,32 @@ def start_actors(args, sizes, run, network, first_update, actor_devices, learner
 def host_policy(state: LearnerState) -> Policy:
     """The policy the actors play with next: this process's first replica of the learner's."""
     return first_replica(Policy(params=state.params, normalizer=state.normalizer))
+
+
+def gathered_record(args, rollouts) -> EnvRecord:
+    """Every process's environment records after the rollouts, in global env order."""
+    record = concatenated([r.record for r in rollouts])
+    if args.distributed:
+        gathered = multihost_utils.process_allgather(record)
+        record = jax.tree.map(lambda v: np.asarray(v).reshape(-1, *v.shape[2:]), gathered)
+    return record
+
+
+class Checkpointable(NamedTuple):
+    """What `Run.after_update` gets: the replicated learner state and the rest of a checkpoint,
+    copied to the host (`saved_of`) only when a checkpoint is written."""
+
+    state: LearnerState
+    acting_policy: Policy
+    env_record: EnvRecord
+
+
+def saved_of(checkpointable: Checkpointable) -> Saved:
+    return Saved(
+        learner=first_replica(checkpointable.state),
+        acting_policy=checkpointable.acting_policy,
+        env_record=checkpointable.env_record,
+    )
 
 
 def evaluate_during_training(args, run, state, global_step: int):
@@ -800,7 +880,7 @@ def train(args: Args):
     actor_devices = [jax.local_devices()[i] for i in args.actor_device_ids]
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
-    network, state, counters = init_state(args, sizes)
+    network, state, counters, saved = init_state(args, sizes)
     run = open_run(
         args=args,
         sizes=sizes,
@@ -808,6 +888,7 @@ def train(args: Args):
         counters=counters,
         global_learner_devices=global_learner_devices,
     )
+    run.host_copy = saved_of
     state = replicate(state, learner_devices)
     update_fn = make_update(args, global_learner_devices)
     learner_policy_version = counters["update"]
@@ -820,25 +901,34 @@ def train(args: Args):
         first_update=first_update,
         actor_devices=actor_devices,
         learner_devices=learner_devices,
+        env_record=None if saved is None else saved.env_record,
+    )
+    send = lambda policy, version: send_params(
+        policy,
+        policy_version=version,
+        actor_devices=actor_devices,
+        param_queues=param_queues,
+        stop=run.stop,
     )
     with run.learner_loop(threads) as end:
-        send_params(
-            host_policy(state),
-            policy_version=learner_policy_version,
-            actor_devices=actor_devices,
-            param_queues=param_queues,
-            stop=run.stop,
-        )
+        # The policy last sent: under --concurrency the actors' next rollout is played with it, so
+        # a resumed run sends the checkpoint's first.
+        if saved is not None and args.concurrency:
+            send(saved.acting_policy, learner_policy_version - 1)
+        last_sent = host_policy(state)
+        send(last_sent, learner_policy_version)
         for update in range(first_update, sizes.num_updates + 1):
             wait_start = time.time()
             rollouts = [queue_get(q, run.stop) for q in rollout_queues]
             rollout_queue_get_time = time.time() - wait_start
+            # The policy history goes on across a resume (the checkpoint holds the version the
+            # actors play with next), so the lag is checked as in an uninterrupted run.
             check_policy_lag(
                 rollouts,
                 update=update,
                 learner_policy_version=learner_policy_version,
                 concurrency=args.concurrency,
-                first_update=first_update,
+                first_update=1,
             )
             learn_start = time.time()
             # The rollouts of an update were all played by one policy version, so with the same
@@ -846,6 +936,11 @@ def train(args: Args):
             played_normalizer = replicate(rollouts[0].normalizer, learner_devices)
             state, metrics = update_fn(
                 state, tuple(r.data for r in rollouts), played_normalizer, np.int32(update)
+            )
+            checkpointable = Checkpointable(
+                state=state,
+                acting_policy=last_sent,
+                env_record=gathered_record(args, rollouts),
             )
             jax.block_until_ready(state)
             learner_policy_version += 1
@@ -863,17 +958,12 @@ def train(args: Args):
             )
             if args.eval_every and update % args.eval_every == 0 and run.is_main:
                 evaluate_during_training(args, run, state, update * sizes.steps_per_update)
-            end.exit_code = run.after_update(state, update)
+            end.exit_code = run.after_update(checkpointable, update)
             if end.exit_code:
                 break
             if update < sizes.num_updates:
-                send_params(
-                    host_policy(state),
-                    policy_version=learner_policy_version,
-                    actor_devices=actor_devices,
-                    param_queues=param_queues,
-                    stop=run.stop,
-                )
+                last_sent = host_policy(state)
+                send(last_sent, learner_policy_version)
     saved_policy = flax.serialization.to_state_dict(jax.device_get(host_policy(state)))
     run.finish(saved_policy, learner_policy_version, evaluate)
 

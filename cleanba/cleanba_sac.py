@@ -37,10 +37,19 @@ from jax.experimental import multihost_utils
 
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
+from cleanba_utils.env_records import (
+    EnvRecord,
+    concatenated,
+    copy_of,
+    empty_record,
+    fast_forward,
+    part,
+    record_step,
+)
 from cleanba_utils.envs import envpool_num_threads, flat_observation, is_continuous
 from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.parsing import fail
-from cleanba_utils.replay import PrioritizedReplay
+from cleanba_utils.replay import Mark, PrioritizedReplay
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_files import (
     add_to_summary,
@@ -387,17 +396,6 @@ class Transitions(NamedTuple):
     valid: np.ndarray
 
 
-class EnvRecord(NamedTuple):
-    """What brings an actor's environments back to their state after a rollout (envpool's
-    simulations are deterministic given the seed and the actions): per environment, the resets
-    since the first (each draws the next initial state), and the actions of its current episode."""
-
-    resets: np.ndarray
-    episode_actions: np.ndarray
-    """(envs, max episode steps, action dims); the first `episode_lengths` steps are played"""
-    episode_lengths: np.ndarray
-
-
 class Rollout(NamedTuple):
     """What an actor thread puts on its rollout queue: the learner update it is for, the version of
     the parameters that played it, its transitions, its environments' record after it, and the
@@ -408,53 +406,6 @@ class Rollout(NamedTuple):
     data: Transitions
     record: EnvRecord
     timing: dict
-
-
-def empty_record(num_envs: int, env_id: str) -> EnvRecord:
-    spec = envpool.make_spec(env_id)
-    return EnvRecord(
-        resets=np.zeros(num_envs, np.int64),
-        episode_actions=np.zeros(
-            (num_envs, spec.config.max_episode_steps, spec.action_space.shape[0]), np.float32
-        ),
-        episode_lengths=np.zeros(num_envs, np.int64),
-    )
-
-
-def record_step(record: EnvRecord, actions, is_reset):
-    """Adds one step to `record` (in place): a reset step starts a new episode (its action is
-    ignored), any other step adds its action to its episode."""
-    record.resets[:] += is_reset
-    record.episode_lengths[is_reset] = 0
-    playing = np.flatnonzero(~is_reset)
-    record.episode_actions[playing, record.episode_lengths[playing]] = actions[playing]
-    record.episode_lengths[playing] += 1
-
-
-def fast_forward(envs, record: EnvRecord, episodes):
-    """Brings freshly made `envs` to the state of `record`: each environment is reset as often as it
-    was, then replays its current episode's actions (alone: envpool steps a subset of its
-    environments). The episodes' running returns and lengths continue. Returns the observation and
-    which environments' next step is a reset step."""
-    obs = flat_observation(envs.reset()[0])
-    for env, resets in enumerate(record.resets):
-        for _ in range(resets):
-            obs[env] = flat_observation(envs.reset(np.array([env]))[0])[0]
-    next_is_reset = np.zeros(len(obs), bool)
-    for step in range(record.episode_lengths.max(initial=0)):
-        ids = np.flatnonzero(record.episode_lengths > step)
-        step_obs, reward, terminated, truncated, info = envs.step(
-            record.episode_actions[ids, step], ids
-        )
-        stepped = info["env_id"]
-        obs[stepped] = flat_observation(step_obs)
-        episodes.returns[stepped] += reward
-        episodes.lengths[stepped] += 1
-        next_is_reset[stepped] = terminated | truncated
-    # An episode that ended on the record's last step was logged before the checkpoint.
-    episodes.returns[next_is_reset] = 0.0
-    episodes.lengths[next_is_reset] = 0
-    return obs, next_is_reset
 
 
 class Draws(NamedTuple):
@@ -527,8 +478,8 @@ def actor(
         next_obs = flat_observation(envs.reset()[0])
         next_is_reset = np.zeros(args.local_num_envs, bool)
     else:
-        record = EnvRecord(*[np.array(field) for field in record])
-        next_obs, next_is_reset = fast_forward(envs, record, episodes)
+        record = copy_of(record)
+        next_obs, next_is_reset = fast_forward(envs, record, on_step=episodes.replayed_step)
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
         if update == first_update or not (args.concurrency and update == 2):
@@ -592,7 +543,7 @@ def actor(
             update=update,
             policy_version=policy_version,
             data=data,
-            record=EnvRecord(*[field.copy() for field in record]),
+            record=copy_of(record),
             timing=timing,
         )
         queue_put(rollout_queue, rollout, run.stop)
@@ -971,7 +922,7 @@ def start_actors(args, sizes, run, networks, first_update, actor_devices, env_re
             device=actor_devices[index // args.num_actor_threads],
             param_queue=param_queues[-1],
             rollout_queue=rollout_queues[-1],
-            record=None if env_record is None else EnvRecord(*[f[own_envs] for f in env_record]),
+            record=None if env_record is None else part(env_record, own_envs),
         )
         threads.append(thread)
     return param_queues, rollout_queues, threads
@@ -1002,7 +953,7 @@ def gather(args, rollouts):
     """Every process's transitions and environment records, env-major in global env order (each
     process holds the whole replay)."""
     data = Transitions(*[np.concatenate(fields) for fields in zip(*[r.data for r in rollouts])])
-    record = EnvRecord(*[np.concatenate(fields) for fields in zip(*[r.record for r in rollouts])])
+    record = concatenated([r.record for r in rollouts])
     if args.distributed:
         gathered = multihost_utils.process_allgather((data, record))
         data, record = jax.tree.map(lambda v: np.asarray(v).reshape(-1, *v.shape[2:]), gathered)
@@ -1150,12 +1101,14 @@ def model_params(state: SACState) -> dict:
 
 class Checkpointable(NamedTuple):
     """What `Run.after_update` gets: the replicated learner state and the rest of a checkpoint,
-    copied to the host (`saved_of`) only when a checkpoint is written."""
+    copied to the host (`saved_of`) only when a checkpoint is written; the replay as it was at the
+    update's end (`replay_mark`: the next rollouts may be in it by then)."""
 
     state: SACState
     acting_params: Any
     env_record: EnvRecord
     replay: PrioritizedReplay
+    replay_mark: Mark
 
 
 def saved_of(checkpointable: Checkpointable) -> Saved:
@@ -1163,7 +1116,7 @@ def saved_of(checkpointable: Checkpointable) -> Saved:
         learner=first_replica(checkpointable.state),
         acting_params=checkpointable.acting_params,
         env_record=checkpointable.env_record,
-        replay=checkpointable.replay.snapshot(),
+        replay=checkpointable.replay.snapshot_at(checkpointable.replay_mark),
     )
 
 
@@ -1183,6 +1136,7 @@ def train(args: Args):
         global_learner_devices=global_learner_devices,
     )
     run.host_copy = saved_of
+    run.frozen_by.append(replay.lock)
     gradient_steps = int(state.step)
     env_record = None if saved is None else saved.env_record
     state = replicate(state, learner_devices)
@@ -1242,6 +1196,7 @@ def train(args: Args):
                 acting_params=last_sent,
                 env_record=current.env_record,
                 replay=replay,
+                replay_mark=replay.mark(),
             )
             end.exit_code = run.after_update(checkpointable, update)
             # With --concurrency the next rollouts were played with parameters the actors have:

@@ -26,9 +26,13 @@ def flag(name: str) -> str:
 
 
 def parse_args(args_type, argv=None):
-    """tyro's parser, with its multi-line error box reduced to its one line of substance."""
+    """tyro's parser, with its multi-line error box reduced to its one line of substance. From here
+    on a stop signal ends the process quietly (`signals`), until the run acts on it itself."""
     import tyro
 
+    from cleanba_utils import signals
+
+    signals.catch_stop_signals()
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):

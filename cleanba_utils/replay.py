@@ -8,7 +8,11 @@ fields (a NamedTuple or a dict of NumPy arrays, each field of any shape and dtyp
   importance-sampling weights, or uniform sampling (`uniform=True`, weights 1), of one batch or of
   many at once;
 - priority updates of sampled items, which skip the items overwritten since they were sampled;
-- a snapshot of everything it holds, for checkpoints, and the restore of one.
+- a snapshot of everything it holds, for checkpoints, and the restore of one;
+- marks: `mark()` starts keeping what each later change overwrites, so that `snapshot_at(mark)`
+  gives the store as it was at the mark, after it has changed (a learner stopped in the middle of
+  an update saves the checkpoint of the update before, whose rollouts it has already inserted).
+  Every change holds `lock`: a thread that holds it sees the store stand still.
 
 Every random choice comes from the `np.random.Generator` the caller passes, so a seeded generator
 gives the same samples and evictions on every run. The priorities live in `sum_tree` (float64, so
@@ -55,6 +59,25 @@ def map_fields(function, record):
     return type(record)(*[function(value) for value in record])
 
 
+class Overwritten(NamedTuple):
+    """What one change of the store overwrote: its slots, and their items, sampling and eviction
+    weights and insertion counts before it."""
+
+    slots: np.ndarray
+    items: Any
+    weights: np.ndarray
+    eviction_weights: np.ndarray | None
+    written_at: np.ndarray
+
+
+class Mark(NamedTuple):
+    """The store's size and insertion count at a mark, and how many changes came before it."""
+
+    size: int
+    inserted: int
+    changes_before: int
+
+
 class Sample(NamedTuple):
     """A sampled batch: the slots, the items' fields, their sampling probabilities, their
     importance-sampling weights ((1 / probability) ** beta over the batch's maximum, all 1 when
@@ -94,6 +117,13 @@ class PrioritizedReplay:
         """the number of items inserted before each slot's item"""
         self.size = 0
         self.inserted = 0
+        self.lock = threading.RLock()
+        self.changes: list[Overwritten] = []
+        """what the changes since the oldest kept mark overwrote, oldest first"""
+        self.changes_dropped = 0
+        """changes no longer kept, before `changes[0]`"""
+        self.marks: list[Mark] = []
+        self.evicted_weights: list[np.ndarray] = []
 
     def sampling_weights(self, priorities) -> np.ndarray:
         """priority ** priority_exponent, 0 for priority 0 (also with exponent 0); when uniform, 1
@@ -117,6 +147,7 @@ class PrioritizedReplay:
         chosen = []
         while evicted:
             drawn = np.unique(sum_tree.sample_stratified(self.eviction_tree, evicted, rng))
+            self.evicted_weights.append(sum_tree.weights(self.eviction_tree, drawn))
             sum_tree.set_weights(self.eviction_tree, drawn, np.zeros(len(drawn)))
             chosen.append(drawn)
             evicted -= len(drawn)
@@ -127,6 +158,10 @@ class PrioritizedReplay:
         `priorities` (one per item, default 1) may be 0 (stored, never sampled); `rng` is needed
         by prioritized eviction once the store is full. A batch larger than the capacity keeps its
         last items."""
+        with self.lock:
+            return self.insert_locked(items, priorities, rng)
+
+    def insert_locked(self, items, priorities, rng):
         count = len(next(iter(items.values() if isinstance(items, dict) else items)))
         priorities = np.ones(count) if priorities is None else np.asarray(priorities, np.float64)
         if count > self.capacity:
@@ -134,7 +169,20 @@ class PrioritizedReplay:
             priorities = priorities[-self.capacity :]
             self.inserted += count - self.capacity
             count = self.capacity
+        eviction_weights_before = None
+        # Prioritized eviction zeroes the eviction weights of the items it draws (kept here).
+        self.evicted_weights = []
+        if self.marks and self.eviction_tree is not None:
+            eviction_weights_before = sum_tree.weights(
+                self.eviction_tree, np.arange(self.size, min(self.size + count, self.capacity))
+            )
         slots = self.free_slots(count, rng)
+        if self.marks:
+            if eviction_weights_before is not None:
+                eviction_weights_before = np.concatenate(
+                    [eviction_weights_before, *self.evicted_weights]
+                )
+            self.keep_overwritten(slots, eviction_weights_before)
         for stored, field in zip(self.fields(self.items), self.fields(items)):
             stored[slots] = field
         sum_tree.set_weights(self.tree, slots, self.sampling_weights(priorities))
@@ -193,10 +241,16 @@ class PrioritizedReplay:
         """New priorities of the items of `slots`, sampled when `sampled_at` items had been
         inserted; the slots rewritten since keep their new items' priorities. A slot listed twice
         must get one priority twice."""
-        slots = np.asarray(slots)
-        kept = self.written_at[slots] < sampled_at
-        slots = slots[kept]
-        priorities = np.asarray(priorities, np.float64)[kept]
+        with self.lock:
+            slots = np.asarray(slots)
+            kept = self.written_at[slots] < sampled_at
+            slots = slots[kept]
+            priorities = np.asarray(priorities, np.float64)[kept]
+            if self.marks:
+                self.keep_overwritten(slots)
+            self.set_priorities(slots, priorities)
+
+    def set_priorities(self, slots, priorities):
         sum_tree.set_weights(self.tree, slots, self.sampling_weights(priorities))
         if self.eviction_tree is not None:
             eviction_weights = (
@@ -235,6 +289,66 @@ class PrioritizedReplay:
             written_at=self.written_at[: self.size],
             inserted=int(self.inserted),
         )
+
+    def keep_overwritten(self, slots, eviction_weights=None):
+        """Keeps what a change of `slots` overwrites (`eviction_weights`: their eviction weights
+        before the change, where the change has already set some)."""
+        if self.eviction_tree is not None and eviction_weights is None:
+            eviction_weights = sum_tree.weights(self.eviction_tree, slots)
+        self.changes.append(
+            Overwritten(
+                slots=slots,
+                items=map_fields(lambda field: field[slots], self.items),
+                weights=sum_tree.weights(self.tree, slots),
+                eviction_weights=eviction_weights,
+                written_at=self.written_at[slots],
+            )
+        )
+
+    def mark(self, keep: int = 2) -> Mark:
+        """A mark of the store as it is now, for `snapshot_at`; the `keep` newest marks stay
+        usable (the changes since the oldest of them are kept)."""
+        with self.lock:
+            self.marks = [
+                *self.marks[-(keep - 1) :],
+                Mark(self.size, self.inserted, self.changes_dropped + len(self.changes)),
+            ]
+            drop = self.marks[0].changes_before - self.changes_dropped
+            del self.changes[:drop]
+            self.changes_dropped += drop
+            return self.marks[-1]
+
+    def snapshot_at(self, mark: Mark) -> dict:
+        """The `snapshot` of the store as it was at `mark`, one of the kept marks: views of the
+        store's arrays when nothing changed since, else a copy with the overwritten values put back.
+        """
+        with self.lock:
+            if mark not in self.marks:
+                raise ValueError("snapshot_at: the mark is no longer kept")
+            later = self.changes[mark.changes_before - self.changes_dropped :]
+            if not later:
+                return self.snapshot()
+            snapshot = self.snapshot()
+            snapshot = dict(
+                items=map_fields(lambda field: field[: mark.size].copy(), snapshot["items"]),
+                weights=snapshot["weights"][: mark.size].copy(),
+                eviction_weights=snapshot["eviction_weights"][: mark.size].copy(),
+                written_at=snapshot["written_at"][: mark.size].copy(),
+                inserted=mark.inserted,
+            )
+            for change in reversed(later):
+                # Slots filled after the mark were empty at it (empty slots fill in order).
+                held = change.slots < mark.size
+                slots = change.slots[held]
+                for stored, before in zip(
+                    self.fields(snapshot["items"]), self.fields(change.items)
+                ):
+                    stored[slots] = before[held]
+                snapshot["weights"][slots] = change.weights[held]
+                if change.eviction_weights is not None:
+                    snapshot["eviction_weights"][slots] = change.eviction_weights[held]
+                snapshot["written_at"][slots] = change.written_at[held]
+            return snapshot
 
     def restore(self, snapshot: dict):
         """Sets an empty store of the same capacity and record type to a `snapshot`, after which it

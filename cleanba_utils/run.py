@@ -1,11 +1,13 @@
 """One training run's plumbing, shared by every script: its folder and logs, the stop of all
-threads, preemption signals, checkpoints, episode statistics and the end of the run. The script
-keeps its algorithm, its actors and its learner loop; `Run` holds what the loop needs besides."""
+threads, stop signals (Ctrl-C, preemption), checkpoints, episode statistics and the end of the run.
+The script keeps its algorithm, its actors and its learner loop; `Run` holds what the loop needs
+besides."""
 
 import contextlib
 import dataclasses
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -58,7 +60,9 @@ class Run:
     """set when the run ends or any thread fails: every queue wait gives up"""
     failures: list = dataclasses.field(default_factory=list)
     """tracebacks of the threads that failed"""
-    received_signals: list = dataclasses.field(default_factory=signals.catch_stop_signals)
+    received_signals: list | None = None
+    """the stop signals received, in order (`signals.catch_stop_signals`, which acts on them with
+    `stop_now`)"""
     recent_returns: deque = dataclasses.field(default_factory=lambda: deque(maxlen=100))
     """the returns of the last 100 finished episodes, for the console"""
     start_time: float = dataclasses.field(default_factory=time.time)
@@ -68,6 +72,27 @@ class Run:
     """what a checkpoint saves of the learner state: its first replica where the learner devices
     hold copies of one state; a script whose devices hold different states gathers them (on every
     process: a collective)"""
+    host_copy_is_collective: bool = False
+    """True where `host_copy` is a collective of the processes, which a stop in the middle of an
+    update cannot make: a distributed run then keeps its newest checkpoint"""
+    frozen_by: list = dataclasses.field(default_factory=list)
+    """locks of what the learner changes on the host (the replay): a stop in the middle of an
+    update holds them, so the state stands still while it is saved"""
+    completed: deque = dataclasses.field(default_factory=lambda: deque(maxlen=2))
+    """(update, what `after_update` got) of the last two updates: a stop in the middle of an update
+    saves the newest whose arrays are computed"""
+    checkpoint_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    newest_checkpoint: int = 0
+    """the update of the newest checkpoint in the run folder (0: none)"""
+    training_done: bool = False
+    """set after the last update: a stop signal then lets the run finish"""
+    leaving: bool = False
+    """set when the learner loop has stopped and the process is ending"""
+
+    def __post_init__(self):
+        if self.received_signals is None:
+            self.received_signals = signals.catch_stop_signals(self.stop_now)
+        self.newest_checkpoint = self.counters.get("update", 0)
 
     @property
     def is_main(self) -> bool:
@@ -94,40 +119,102 @@ class Run:
             run_files.write_json(os.path.join(self.dir, EVALUATIONS_FILE), self.evaluations)
 
     def checkpoint(self, state, update: int):
+        """Call with `checkpoint_lock` held."""
         state = self.host_copy(state)
         if self.is_main:
             counters = {**self.counters, "update": update, "wall_time_s": self.wall_time()}
             save_checkpoint(self.dir, state, counters, host_copy=lambda host_state: host_state)
+        self.newest_checkpoint = update
 
     def after_update(self, state, update: int) -> int:
-        """Checkpoints as --checkpoint-every asks; on a stop signal received by any process,
-        checkpoints and returns the exit code (128 + the signal), else 0. A signal during the last
-        update lets the run end."""
+        """Called with what a checkpoint of `update` saves (through `host_copy`) as soon as the
+        update is dispatched (its arrays may still be computing). Checkpoints as --checkpoint-every
+        asks; on a stop signal received by any process, checkpoints and returns the exit code (128
+        + the signal), else 0. A signal during the last update lets the run end."""
         last = update == self.sizes.num_updates
-        if self.stop_agreed(self.received_signals) and not last:
-            self.checkpoint(state, update)
+        stop = self.stop_agreed(self.received_signals) and not last
+        due = stop or (
+            self.args.checkpoint_every and (update % self.args.checkpoint_every == 0 or last)
+        )
+        if due:
+            # Outside the lock: a stop meanwhile saves the update before.
+            wait_until_computed(state)
+        with self.checkpoint_lock:
+            self.completed.append((update, state))
+            self.training_done = last
+            if due:
+                self.checkpoint(state, update)
+        if stop:
             print(
                 f"stopped by a signal after update {update}; checkpoint saved, "
                 "continue with --resume",
                 file=sys.stderr,
             )
             return signals.exit_code_of(self.received_signals)
-        if self.args.checkpoint_every and (update % self.args.checkpoint_every == 0 or last):
-            self.checkpoint(state, update)
         return 0
+
+    def stop_now(self, signum: int):
+        """What a stop signal does, in a thread of its own (`signals`), whatever the learner is
+        doing. Ctrl-C: the logs are flushed and the process exits 130, the newest checkpoint kept.
+        SIGTERM / SIGUSR1: the learner loop checkpoints after its current update and leaves; if it
+        has not within STOP_GRACE_SECONDS, the update in flight is abandoned and the last completed
+        one is saved here, then the process exits 128 + the signal. Either way a resumed run
+        continues as the uninterrupted one would have."""
+        exit_code = 128 + signum
+        if signum == signal.SIGINT:
+            self.checkpoint_lock.acquire(timeout=signals.STOP_GRACE_SECONDS)
+            self.quit(exit_code, f"interrupted: stopped; {self.kept_checkpoint()}")
+        waited = 0.0
+        while not self.leaving and waited < signals.STOP_GRACE_SECONDS:
+            time.sleep(0.05)
+            waited += 0.05
+        if self.leaving:
+            # The loop has saved and is ending the process; it should not take long.
+            time.sleep(signals.STOP_GRACE_SECONDS)
+            self.quit(exit_code, None)
+        if not self.checkpoint_lock.acquire(timeout=signals.STOP_GRACE_SECONDS):
+            self.quit(exit_code, f"stopped by a signal; {self.kept_checkpoint()}")
+        if self.training_done:
+            self.checkpoint_lock.release()
+            return
+        for lock in self.frozen_by:
+            lock.acquire()
+        computed = [(u, state) for u, state in self.completed if is_computed(state)]
+        if not computed or (self.host_copy_is_collective and self.args.distributed):
+            self.quit(exit_code, f"stopped by a signal; {self.kept_checkpoint()}")
+        update, state = computed[-1]
+        if update > self.newest_checkpoint:
+            self.checkpoint(state, update)
+        self.quit(
+            exit_code,
+            f"stopped by a signal during update {update + 1}, which is abandoned; checkpoint of "
+            f"update {update} saved, continue with --resume",
+        )
+
+    def kept_checkpoint(self) -> str:
+        if self.newest_checkpoint:
+            return f"the newest checkpoint (update {self.newest_checkpoint}) is kept"
+        return "no checkpoint was saved"
+
+    def quit(self, exit_code: int, message: str | None):
+        """Ends the process at once, its logs flushed: not waiting for a computation in flight,
+        which Python's exit would (XLA's teardown)."""
+        if message:
+            print(message, file=sys.stderr)
+        self.writer.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
 
     @contextlib.contextmanager
     def learner_loop(self, threads: list):
         """Wraps the learner's loop, which sets the yielded `LoopEnd.exit_code` when it stops early
-        (a stop signal). Ctrl-C is exit 130, a queue wait given up because another thread failed is
-        exit 1, and an exception of the loop is recorded as a failure; on leaving, `exit_if_stopped`
-        stops the threads and ends the process unless the loop ran to its end."""
+        (a stop signal; Ctrl-C is `stop_now`'s). A queue wait given up because another thread
+        failed is exit 1, and an exception of the loop is recorded as a failure; on leaving,
+        `exit_if_stopped` stops the threads and ends the process unless the loop ran to its end."""
         end = LoopEnd()
         try:
             yield end
-        except KeyboardInterrupt:
-            print("interrupted: stopping threads and flushing logs", file=sys.stderr)
-            end.exit_code = 130
         except Stopped:
             end.exit_code = 1
         except Exception:
@@ -196,11 +283,13 @@ class Run:
         )
 
     def exit_if_stopped(self, exit_code: int, threads: list):
-        """Stops and joins the threads; ends the process with the failures (exit 1) or `exit_code`
-        if not 0."""
+        """Stops and joins the threads (for a few seconds at most: an actor may be in the middle of
+        a rollout); ends the process with the failures (exit 1) or `exit_code` if not 0."""
+        self.leaving = exit_code != 0 or bool(self.failures)
         self.stop.set()
+        deadline = time.time() + 5
         for thread in threads:
-            thread.join(timeout=10)
+            thread.join(timeout=max(0.0, deadline - time.time()))
         if any("RESOURCE_EXHAUSTED" in failure for failure in self.failures):
             self.writer.close()
             parsing.fail(out_of_memory(self.args))
@@ -315,6 +404,17 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
     )
 
 
+def is_computed(tree) -> bool:
+    """Whether every JAX array of `tree` has been computed (its other leaves are host values)."""
+    return all(leaf.is_ready() for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array))
+
+
+def wait_until_computed(tree):
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array):
+            leaf.block_until_ready()
+
+
 def run_dir_of(args) -> str | None:
     """The folder of a named run (where --resume looks for checkpoints)."""
     return os.path.join("runs", args.run_name) if args.run_name else None
@@ -337,6 +437,15 @@ class Episodes:
     recent_returns: deque
     returns: np.ndarray
     lengths: np.ndarray
+
+    def replayed_step(self, env_ids, reward, terminated, truncated):
+        """A step that `env_records.fast_forward` replays: counted, not logged (its episode is
+        logged when it ends; one that ended on the checkpoint's last step was logged before)."""
+        self.returns[env_ids] += reward
+        self.lengths[env_ids] += 1
+        ended = env_ids[terminated | truncated]
+        self.returns[ended] = 0.0
+        self.lengths[ended] = 0
 
     def step(self, reward, done, is_reset, global_step: int) -> list[float]:
         """`reward` unclipped; a reset step (envpool's step after an episode's end) belongs to no

@@ -1,38 +1,108 @@
-"""Preemption: SIGTERM and SIGUSR1 (SLURM's signals) are noted when they arrive and acted on after
-the current update, by every process of a distributed run at the same update. Ctrl-C (SIGINT) stops
-at once."""
+"""Stops: Ctrl-C (SIGINT) and SLURM's preemption signals (SIGTERM, SIGUSR1), acted on within
+seconds whatever the learner is doing.
 
+Python runs a signal's handler between two bytecodes of the main thread only, and a learner's main
+thread can wait minutes for one XLA computation. So the signal's byte on a wakeup pipe (written by
+Python's C-level handler at once) wakes a watcher thread, which hands the stop to `on_stop` in a
+thread of its own and goes on watching:
+- SIGTERM / SIGUSR1: the learner loop saves a checkpoint after its current update, every process of
+  a distributed run after the same one (they vote); `on_stop` saves the last completed update's
+  itself if the loop has not done so within STOP_GRACE_SECONDS (see `Run.stop_now`).
+- Ctrl-C: `on_stop` exits at once (130), keeping the newest checkpoint. Under `uv run` one Ctrl-C
+  arrives twice (the terminal's SIGINT to the process group, then uv's forward): SIGINTs within
+  SAME_CTRL_C_SECONDS of the first are that one stop; a later Ctrl-C quits at once."""
+
+import os
 import signal
-
-import jax
-import numpy as np
+import sys
+import threading
+import time
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+WATCHED_SIGNALS = (signal.SIGINT, *STOP_SIGNALS)
+STOP_GRACE_SECONDS = 10.0
+"""how long the learner loop has to reach the end of its update after SIGTERM / SIGUSR1: SLURM
+kills 30 s after its signal (KillWait), and a checkpoint with a replay takes seconds to write"""
+SAME_CTRL_C_SECONDS = 1.0
 
 
-def catch_stop_signals() -> list[int]:
-    """Installs the handlers; the returned list receives the numbers of the signals that arrived."""
-    # A process started in the background by a shell script, or by a test runner's worker, inherits
-    # an ignored SIGINT, and Python then leaves Ctrl-C ignored: `kill -INT` would not stop the run.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    received: list[int] = []
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, lambda signum, frame: received.append(signum))
-    return received
+class Watcher:
+    """The received stop signals, in order, and what to do on the first. One per process: a
+    process that runs several trainings (a test driver) watches with the newest's `on_stop`."""
+
+    def __init__(self):
+        self.received: list[int] = []
+        self.on_stop = None
+        self.first_ctrl_c = None
+        self.read_end, self.write_end = os.pipe()
+        os.set_blocking(self.write_end, False)
+        threading.Thread(target=self.watch, name="stop-signals", daemon=True).start()
+
+    def watch(self):
+        while True:
+            for signum in os.read(self.read_end, 64):
+                self.note(signum)
+
+    def note(self, signum: int):
+        if signum == signal.SIGINT:
+            if self.first_ctrl_c is not None:
+                if time.monotonic() - self.first_ctrl_c > SAME_CTRL_C_SECONDS:
+                    print("interrupted again: quitting", file=sys.stderr, flush=True)
+                    os._exit(130)
+                return
+            self.first_ctrl_c = time.monotonic()
+        elif self.received:
+            return
+        self.received.append(signum)
+        threading.Thread(target=self.on_stop, args=(signum,), name="stopper", daemon=True).start()
+
+
+def exit_at_once(signum: int):
+    """The stop before a run has started and after it has finished: nothing to save."""
+    sys.stdout.flush()
+    print("interrupted" if signum == signal.SIGINT else "stopped by a signal", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
+WATCHER: Watcher | None = None
+
+
+def catch_stop_signals(on_stop=exit_at_once) -> list[int]:
+    """Installs the handlers (from the main thread); the returned list receives the numbers of the
+    signals that arrived, and `on_stop(signum)` runs in a thread of its own on the first."""
+    global WATCHER
+    if WATCHER is None:
+        WATCHER = Watcher()
+    WATCHER.received = []
+    WATCHER.first_ctrl_c = None
+    WATCHER.on_stop = on_stop
+    # A process started in the background by a shell script, or by a test runner's worker,
+    # inherits an ignored SIGINT: a handler of our own makes Ctrl-C and `kill -INT` stop the run.
+    for signum in WATCHED_SIGNALS:
+        signal.signal(signum, lambda signum, frame: None)
+    signal.set_wakeup_fd(WATCHER.write_end, warn_on_full_buffer=False)
+    return WATCHER.received
 
 
 def ignore_stop_signals():
     """After a run's last output: a stop signal has nothing left to save, and the finished run exits
     0. (Python's shutdown restores the default action of the handlers it installed, and a SIGTERM
-    that arrived then, from a launcher that stops a pruned trial, ended a finished run with -15.)"""
+    that arrived then, from a launcher that stops a pruned trial, ended a finished run with -15.)
+    Ctrl-C exits at once."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+    if WATCHER is not None:
+        WATCHER.on_stop = exit_at_once
 
 
 def stop_agreement(global_learner_devices: list, num_local_learner_devices: int, distributed: bool):
     """A function of `received` that is True when any process of the run received a stop signal.
     Every process must stop after the same update, or the others would wait for it in the next
     collective, so in a distributed run the learner devices of all processes vote with a psum."""
+    import jax
+    import numpy as np
+
     if not distributed:
         return lambda received: bool(received)
     any_process = jax.pmap(

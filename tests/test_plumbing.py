@@ -7,6 +7,8 @@ import os
 import queue
 import signal
 import struct
+import subprocess
+import sys
 import threading
 import time
 from typing import Literal
@@ -21,6 +23,7 @@ from tensorboardX import SummaryWriter
 
 from cleanba_utils import checkpoints, parsing, run_files, signals, threads
 from cleanba_utils.run import Episodes, Run, open_run
+from helpers import REPO
 
 
 @dataclasses.dataclass
@@ -197,19 +200,22 @@ def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, capsys):
 # signals
 
 
-def test_stop_signals_are_noted_not_acted_on():
-    previous = {
-        signum: signal.getsignal(signum) for signum in (signal.SIGINT, *signals.STOP_SIGNALS)
-    }
+def test_stop_signals_are_noted_and_handed_to_a_thread_at_once():
+    previous = {signum: signal.getsignal(signum) for signum in signals.WATCHED_SIGNALS}
+    stops = []
+    stopped = threading.Event()
     try:
         signal.signal(
             signal.SIGINT, signal.SIG_IGN
         )  # as a process started in the background inherits it
-        received = signals.catch_stop_signals()
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        received = signals.catch_stop_signals(lambda signum: [stops.append(signum), stopped.set()])
+        assert signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGUSR1)
-        time.sleep(0.1)
-        assert received == [signal.SIGUSR1]
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stopped.wait(5)
+        time.sleep(0.2)
+        # The first stop signal is acted on; a later one is not noted.
+        assert received == [signal.SIGUSR1] and stops == [signal.SIGUSR1]
         assert signals.stop_agreement([], 1, distributed=False)(received)
         assert not signals.stop_agreement([], 1, distributed=False)([])
         assert (
@@ -217,8 +223,45 @@ def test_stop_signals_are_noted_not_acted_on():
             and signals.exit_code_of([]) == 143
         )
     finally:
+        signals.WATCHER.on_stop = signals.exit_at_once
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+# The main thread waits in C (a pipe read) for 60 s, as a learner waits for a computation: only the
+# watcher thread sees the signals. One Ctrl-C under `uv run` is two SIGINTs 0.2 s apart.
+CTRL_C_PROGRAM = """
+import os, sys, threading
+from cleanba_utils import signals
+
+signals.catch_stop_signals(lambda signum: print("stop", signum, flush=True))
+print("ready", flush=True)
+read_end, _ = os.pipe()
+threading.Timer(60, lambda: os._exit(0)).start()
+os.read(read_end, 1)
+"""
+
+
+def test_one_ctrl_c_is_one_stop_and_a_second_one_quits_at_once():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_PROGRAM],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    assert proc.stdout.readline() == f"stop {int(signal.SIGINT)}\n"
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGTERM)  # after a Ctrl-C: not noted
+    proc.send_signal(signal.SIGINT)
+    start = time.time()
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and time.time() - start < 5
+    assert stdout == "" and stderr == "interrupted again: quitting\n"
 
 
 # run

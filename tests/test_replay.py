@@ -39,6 +39,53 @@ def reference_probabilities(priorities, alpha):
     return weights / weights.sum()
 
 
+def copied(snapshot: dict) -> dict:
+    return {
+        key: (Item(*[field.copy() for field in value]) if key == "items" else np.copy(value))
+        for key, value in snapshot.items()
+    }
+
+
+def assert_same_snapshot(snapshot: dict, reference: dict):
+    assert snapshot.keys() == reference.keys()
+    for key in reference:
+        if key == "items":
+            for field, expected in zip(snapshot[key], reference[key]):
+                np.testing.assert_array_equal(field, expected)
+        else:
+            np.testing.assert_array_equal(snapshot[key], reference[key])
+
+
+@pytest.mark.parametrize("eviction_exponent", [None, -0.4])
+def test_a_snapshot_at_a_mark_is_the_store_as_it_was_then(eviction_exponent):
+    # The reference: copies of the whole snapshot taken at each mark. Between and after the marks,
+    # insertions that fill and then evict (FIFO or prioritized) and priority updates.
+    rng = np.random.default_rng(1)
+    replay = store(20, eviction_exponent=eviction_exponent)
+    replay.insert(items_of(np.arange(12)), rng.uniform(0.1, 2, 12), rng)
+    first = replay.mark()
+    at_first = copied(replay.snapshot())
+    replay.insert(items_of(np.arange(12, 27)), rng.uniform(0.1, 2, 15), rng)
+    sample = replay.sample(8, rng, beta=0.4)
+    replay.update_priorities(sample.slots, rng.uniform(0.1, 2, 8), sample.inserted)
+    second = replay.mark()
+    at_second = copied(replay.snapshot())
+    assert_same_snapshot(replay.snapshot_at(second), at_second)
+    for _ in range(3):
+        replay.insert(items_of(np.arange(27, 36)), rng.uniform(0.1, 2, 9), rng)
+        sample = replay.sample(8, rng, beta=0.4)
+        replay.update_priorities(sample.slots, rng.uniform(0.1, 2, 8), sample.inserted)
+    now = copied(replay.snapshot())
+    assert_same_snapshot(replay.snapshot_at(first), at_first)
+    assert_same_snapshot(replay.snapshot_at(second), at_second)
+    # The store itself is unchanged by them, and only the two newest marks are kept.
+    assert_same_snapshot(replay.snapshot(), now)
+    replay.mark()
+    with pytest.raises(ValueError, match="no longer kept"):
+        replay.snapshot_at(first)
+    assert_same_snapshot(replay.snapshot_at(second), at_second)
+
+
 def test_samples_in_proportion_to_priority_to_the_alpha_with_reference_weights():
     rng = np.random.default_rng(0)
     priorities = rng.uniform(0.05, 3.0, size=30)

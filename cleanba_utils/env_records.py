@@ -1,0 +1,88 @@
+"""What brings an actor's environments back to where a checkpoint left them. envpool's MuJoCo and
+dm_control simulations are deterministic given their seed and the actions, so per environment it
+suffices to know how often it was reset since it was made (each reset draws the next initial state)
+and the actions of its current episode: a resumed actor makes its environments with the same
+seeds, resets each as often, and replays its current episode (`fast_forward`).
+
+Not for Atari: with sticky actions an emulator draws a random number at every step, so only the
+whole history of actions since the environment was made brings it back (measured: the README's
+"Resuming a run" says what a resumed Atari run is)."""
+
+from typing import NamedTuple
+
+import envpool
+import numpy as np
+
+from cleanba_utils.envs import flat_observation
+
+
+class EnvRecord(NamedTuple):
+    """Per environment: the resets since the first, and the actions of its current episode."""
+
+    resets: np.ndarray
+    episode_actions: np.ndarray
+    """(envs, max episode steps, action dims); the first `episode_lengths` steps are played (the
+    actions the environment received)"""
+    episode_lengths: np.ndarray
+
+
+def empty_record(num_envs: int, env_id: str) -> EnvRecord:
+    spec = envpool.make_spec(env_id)
+    return EnvRecord(
+        resets=np.zeros(num_envs, np.int64),
+        episode_actions=np.zeros(
+            (num_envs, spec.config.max_episode_steps, spec.action_space.shape[0]), np.float32
+        ),
+        episode_lengths=np.zeros(num_envs, np.int64),
+    )
+
+
+def record_step(record: EnvRecord, actions, is_reset):
+    """Adds one step to `record` (in place): a reset step (envpool's step after an episode's end,
+    which ignores the action) starts a new episode, any other step adds its action to its
+    episode."""
+    record.resets[:] += is_reset
+    record.episode_lengths[is_reset] = 0
+    playing = np.flatnonzero(~is_reset)
+    record.episode_actions[playing, record.episode_lengths[playing]] = actions[playing]
+    record.episode_lengths[playing] += 1
+
+
+def copy_of(record: EnvRecord) -> EnvRecord:
+    """A copy that later steps leave alone (what a rollout hands the learner)."""
+    return EnvRecord(*[np.array(field) for field in record])
+
+
+def concatenated(records: list) -> EnvRecord:
+    """Records of consecutive environments as one, in the given order."""
+    return EnvRecord(*[np.concatenate(fields) for fields in zip(*records)])
+
+
+def part(record: EnvRecord, envs: slice) -> EnvRecord:
+    """The record of some of the environments (a copy)."""
+    return EnvRecord(*[np.array(field[envs]) for field in record])
+
+
+def fast_forward(envs, record: EnvRecord, on_step=None):
+    """Brings freshly made `envs` (made with the seeds of those that `record` describes) to the
+    state of `record`: each environment is reset as often as it was, then replays its current
+    episode's actions (alone: envpool steps a subset of its environments). `on_step(env_ids,
+    reward, terminated, truncated)` sees each replayed step, for the actor's running sums (episode
+    returns, discounted returns). Returns the current observation and which environments' next
+    step is a reset step (an episode that ended on the record's last step)."""
+    obs = flat_observation(envs.reset()[0])
+    for env, resets in enumerate(record.resets):
+        for _ in range(resets):
+            obs[env] = flat_observation(envs.reset(np.array([env]))[0])[0]
+    next_is_reset = np.zeros(len(obs), bool)
+    for step in range(record.episode_lengths.max(initial=0)):
+        ids = np.flatnonzero(record.episode_lengths > step)
+        step_obs, reward, terminated, truncated, info = envs.step(
+            record.episode_actions[ids, step], ids
+        )
+        stepped = info["env_id"]
+        obs[stepped] = flat_observation(step_obs)
+        next_is_reset[stepped] = terminated | truncated
+        if on_step is not None:
+            on_step(stepped, reward, terminated, truncated)
+    return obs, next_is_reset
