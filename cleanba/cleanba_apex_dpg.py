@@ -50,10 +50,19 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
+from cleanba_utils.env_records import (
+    EnvRecord,
+    concatenated,
+    copy_of,
+    empty_record,
+    fast_forward,
+    part,
+    record_step,
+)
 from cleanba_utils.envs import envpool_num_threads, flat_observation, is_continuous
 from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.parsing import fail
-from cleanba_utils.replay import BackgroundJobs, PrioritizedReplay
+from cleanba_utils.replay import BackgroundJobs, Mark, PrioritizedReplay
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_files import first_replica, replicate
 from cleanba_utils.threads import queue_get, queue_put, start_thread
@@ -442,13 +451,31 @@ class Transitions(NamedTuple):
 
 class Rollout(NamedTuple):
     """What an actor thread puts on its rollout queue: the learner update it is for, the version of
-    the parameters that played it, its transitions, and the seconds the actor spent waiting for
-    parameters, playing, stepping and inferring."""
+    the parameters that played it, its transitions, what a checkpoint needs to continue its
+    environments (their record and the tail after the rollout), and the seconds the actor spent
+    waiting for parameters, playing, stepping and inferring."""
 
     update: int
     policy_version: int
     data: Transitions
+    record: EnvRecord
+    tail: Played
     timing: dict
+
+
+def padding_tail(num_envs: int, n: int, spaces: "Spaces") -> Played:
+    """The tail before the first rollout: n reset steps, which start no transition."""
+    per_step = lambda dtype, *shape: np.zeros((num_envs, n, *shape), dtype)
+    return Played(
+        obs=per_step(np.float32, spaces.obs_dim),
+        actions=per_step(np.float32, len(spaces.action_low)),
+        q_taken=per_step(np.float32),
+        q_policy=per_step(np.float32),
+        rewards=per_step(np.float32),
+        terminations=per_step(bool),
+        truncations=per_step(bool),
+        is_reset=np.ones((num_envs, n), bool),
+    )
 
 
 def noise_stds_of(env_ids, num_envs: int, std: float, alpha: float) -> np.ndarray:
@@ -473,9 +500,24 @@ def explore(policy_actions, stds, bounds: tuple, key, step, env_ids, random_acti
     return jnp.where(random_actions, uniform, jnp.clip(noisy, low, high))
 
 
-def actor(args, sizes, run, networks, first_update, env_offset, device, param_queue, rollout_queue):
+def actor(
+    args,
+    sizes,
+    run,
+    networks,
+    first_update,
+    env_offset,
+    device,
+    param_queue,
+    rollout_queue,
+    resumed,
+):
     """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs
-    - 1."""
+    - 1. `resumed` (on a resumed run) is their `EnvRecord` and tail at the checkpoint.
+
+    The rollout of update u is played by the parameters of version u - 1, or u - 2 with
+    --concurrency (version 0 for the first two): the actor takes parameters from its queue before
+    every rollout but the second of a fresh concurrent run."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
     stds = jax.device_put(
@@ -502,12 +544,18 @@ def actor(args, sizes, run, networks, first_update, env_offset, device, param_qu
         return action, q_taken, q_policy
 
     episodes = run.episodes(args.local_num_envs)
-    next_obs = flat_observation(envs.reset()[0])
-    tail = None
-    next_is_reset = np.zeros(args.local_num_envs, bool)
+    if resumed is None:
+        record = empty_record(args.local_num_envs, args.env_id)
+        tail = padding_tail(args.local_num_envs, args.n_step, spaces_of(args.env_id))
+        next_obs = flat_observation(envs.reset()[0])
+        next_is_reset = np.zeros(args.local_num_envs, bool)
+    else:
+        record, tail = resumed
+        record = copy_of(record)
+        next_obs, next_is_reset = fast_forward(envs, record, on_step=episodes.replayed_step)
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
-        if not (args.concurrency and update == first_update + 1):
+        if update == first_update or not (args.concurrency and update == 2):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
 
@@ -525,6 +573,7 @@ def actor(args, sizes, run, networks, first_update, env_offset, device, param_qu
             tic = time.time()
             obs, reward, terminated, truncated, _ = envs.step(action)
             env_step_time += time.time() - tic
+            record_step(record, action, next_is_reset)
             played_step = Played(
                 obs=next_obs,
                 actions=action,
@@ -549,16 +598,21 @@ def actor(args, sizes, run, networks, first_update, env_offset, device, param_qu
             inference_time=inference_time,
             env_step_time=env_step_time,
         )
-        queue_put(rollout_queue, Rollout(update, policy_version, data, timing), run.stop)
+        rollout = Rollout(
+            update=update,
+            policy_version=policy_version,
+            data=data,
+            record=copy_of(record),
+            tail=tail,
+            timing=timing,
+        )
+        queue_put(rollout_queue, rollout, run.stop)
 
 
-def rollout_data(played: Played, tail: Played | None, gamma: float, n: int):
-    """The rollout's `Transitions` and the new tail (its last n steps). The first rollout's tail is
-    padding: reset steps."""
-    num_envs, length = played.rewards.shape
-    if tail is None:
-        tail = Played(*[np.zeros((num_envs, n, *field.shape[2:]), field.dtype) for field in played])
-        tail.is_reset[:] = True
+def rollout_data(played: Played, tail: Played, gamma: float, n: int):
+    """The rollout's `Transitions` and the new tail (its last n steps; before the first rollout,
+    `padding_tail`)."""
+    length = played.rewards.shape[1]
     window = Played(*[np.concatenate([old, new], axis=1) for old, new in zip(tail, played)])
     returns, discounts, offsets, valid = n_step_transitions(
         rewards=window.rewards,
@@ -794,12 +848,17 @@ NO_PENDING = PendingPriorities(slots=np.zeros(0, np.int64), inserted=0, td=np.ze
 
 
 class Saved(NamedTuple):
-    """A checkpoint: the learner's state (its first replica), the replay's snapshot and the last
-    call's pending priorities (host arrays; `NO_PENDING` when there are none)."""
+    """A checkpoint: the learner's state (its first replica), the replay's snapshot, the last
+    call's pending priorities (host arrays; `NO_PENDING` when there are none), the actor
+    parameters of the version before (the actors' next rollout is played with them under
+    --concurrency), and in global env order every environment's `EnvRecord` and tail."""
 
     state: LearnerState
     replay: dict
     pending: PendingPriorities
+    acting_params: Any
+    env_record: EnvRecord
+    tail: Played
 
 
 def init_state(args: Args, sizes: Sizes, replay: PrioritizedReplay):
@@ -829,17 +888,23 @@ def init_state(args: Args, sizes: Sizes, replay: PrioritizedReplay):
         target_params={"actor": actor_params, "critic": critic_params},
     )
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
-    template = Saved(state=state, replay=replay.snapshot(), pending=NO_PENDING)
+    template = Saved(
+        state=state,
+        replay=replay.snapshot(),
+        pending=NO_PENDING,
+        acting_params=state.params(),
+        env_record=empty_record(sizes.num_envs, args.env_id),
+        tail=padding_tail(sizes.num_envs, args.n_step, spaces),
+    )
     checkpoint = resume_from(run_dir_of(args), template, identity) if args.resume else None
     if checkpoint is None:
         return networks, state, dict(update=0, wall_time_s=0.0, **identity), None
     saved, counters = checkpoint
     replay.restore(saved.replay)
-    pending = None
     if len(saved.pending.slots):
-        pending = saved.pending._replace(inserted=int(saved.pending.inserted))
+        saved = saved._replace(pending=saved.pending._replace(inserted=int(saved.pending.inserted)))
     counters = dict(update=counters["update"], wall_time_s=counters["wall_time_s"], **identity)
-    return networks, saved.state, counters, pending
+    return networks, saved.state, counters, saved
 
 
 def make_update(args: Args, learner_devices):
@@ -939,14 +1004,22 @@ class LoopStats(NamedTuple):
     learner_policy_version: int
 
 
-def start_actors(args, sizes, run, networks, first_update, actor_devices):
+def start_actors(args, sizes, run, networks, first_update, actor_devices, saved):
     """One param queue, one rollout queue and one thread per actor thread of every local actor
-    device."""
+    device; with `saved` (a resumed run) each thread gets its environments' record and tail."""
     param_queues = []
     rollout_queues = []
     threads = []
     first_thread = jax.process_index() * len(actor_devices) * args.num_actor_threads
     for index in range(len(actor_devices) * args.num_actor_threads):
+        env_offset = (first_thread + index) * args.local_num_envs
+        own_envs = slice(env_offset, env_offset + args.local_num_envs)
+        resumed = None
+        if saved is not None:
+            resumed = (
+                part(saved.env_record, own_envs),
+                Played(*[np.array(field[own_envs]) for field in saved.tail]),
+            )
         param_queues.append(queue.Queue(maxsize=1))
         rollout_queues.append(queue.Queue(maxsize=1))
         thread = start_thread(
@@ -959,23 +1032,28 @@ def start_actors(args, sizes, run, networks, first_update, actor_devices):
             run=run,
             networks=networks,
             first_update=first_update,
-            env_offset=(first_thread + index) * args.local_num_envs,
+            env_offset=env_offset,
             device=actor_devices[index // args.num_actor_threads],
             param_queue=param_queues[-1],
             rollout_queue=rollout_queues[-1],
+            resumed=resumed,
         )
         threads.append(thread)
     return param_queues, rollout_queues, threads
 
 
-def gather_rollouts(args, rollouts) -> Transitions:
-    """Every process's rollouts, env-major in global env order (each process holds the whole
-    replay)."""
+def gather_rollouts(args, rollouts) -> tuple[Transitions, EnvRecord, Played]:
+    """Every process's transitions, environment records and tails, env-major in global env order
+    (each process holds the whole replay, and a checkpoint every environment)."""
     data = Transitions(*[np.concatenate(fields) for fields in zip(*[r.data for r in rollouts])])
+    record = concatenated([r.record for r in rollouts])
+    tail = Played(*[np.concatenate(fields) for fields in zip(*[r.tail for r in rollouts])])
     if args.distributed:
-        gathered = multihost_utils.process_allgather(data)
-        data = Transitions(*[np.asarray(v).reshape(-1, *v.shape[2:]) for v in gathered])
-    return data
+        gathered = multihost_utils.process_allgather((data, record, tail))
+        data, record, tail = jax.tree.map(
+            lambda v: np.asarray(v).reshape(-1, *v.shape[2:]), gathered
+        )
+    return data, record, tail
 
 
 def insert_and_count(args, replay: PrioritizedReplay, data: Transitions, update: int):
@@ -1091,27 +1169,37 @@ def learn(args, replay, jobs: BackgroundJobs, state, update_fn, tally: Tally, pe
 
 
 class Checkpointable(NamedTuple):
-    """What `Run.after_update` gets: the replicated learner state, the replay and the last call's
-    pending priorities (None when written), copied to the host (`saved_of`) only when a checkpoint
-    is written."""
+    """What `Run.after_update` gets: the replicated learner state, the replay as it was at the
+    update's end (`replay_mark`), the last call's pending priorities (None when written), and what
+    the actors continue from; copied to the host (`saved_of`) only when a checkpoint is written."""
 
     state: LearnerState
     replay: PrioritizedReplay
+    replay_mark: Mark
     pending: PendingPriorities | None
+    acting_params: Any
+    env_record: EnvRecord
+    tail: Played
 
 
 def saved_of(args, empty_replay: dict, checkpointable: Checkpointable) -> Saved:
     """The first replica of the state and, with --checkpoint-replay, the replay and the last call's
     TD errors, which --resume writes as the uninterrupted run would have; without, an empty replay
     (`empty_replay`, the snapshot of the replay before its first insert)."""
+    actors = dict(
+        acting_params=checkpointable.acting_params,
+        env_record=checkpointable.env_record,
+        tail=checkpointable.tail,
+    )
     state = first_replica(checkpointable.state)
     if not args.checkpoint_replay:
-        return Saved(state=state, replay=empty_replay, pending=NO_PENDING)
+        return Saved(state=state, replay=empty_replay, pending=NO_PENDING, **actors)
     pending = checkpointable.pending
     saved_pending = NO_PENDING
     if pending is not None:
         saved_pending = pending._replace(td=np.asarray(jax.device_get(first_replica(pending.td))))
-    return Saved(state=state, replay=checkpointable.replay.snapshot(), pending=saved_pending)
+    replay = checkpointable.replay.snapshot_at(checkpointable.replay_mark)
+    return Saved(state=state, replay=replay, pending=saved_pending, **actors)
 
 
 def evaluation(args, run, global_step: int, params) -> list[float]:
@@ -1180,7 +1268,8 @@ def train(args: Args):
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
     replay = make_replay(args, spaces_of(args.env_id))
     empty_replay = replay.snapshot()
-    networks, state, counters, pending = init_state(args, sizes, replay)
+    networks, state, counters, saved = init_state(args, sizes, replay)
+    pending = None if saved is None or not len(saved.pending.slots) else saved.pending
     run = open_run(
         args=args,
         sizes=sizes,
@@ -1189,6 +1278,7 @@ def train(args: Args):
         global_learner_devices=global_learner_devices,
     )
     run.host_copy = functools.partial(saved_of, args, empty_replay)
+    run.frozen_by.append(replay.lock)
     tally = Tally(learner_updates=int(state.critic.step), replay_size=replay.num_sampleable())
     state = replicate(state, learner_devices)
     if pending is not None:
@@ -1206,33 +1296,42 @@ def train(args: Args):
         networks=networks,
         first_update=first_update,
         actor_devices=actor_devices,
+        saved=saved,
     )
     jobs = BackgroundJobs("replay", run.stop, run.failures)
     metrics = None
     learn_stats = None
     eval_returns = None
     host_params = lambda: jax.device_get(first_replica(state.params()))
+    send = lambda params, version: send_params(
+        params,
+        policy_version=version,
+        actor_devices=actor_devices,
+        param_queues=param_queues,
+        stop=run.stop,
+    )
     with run.learner_loop([*threads, jobs.thread]) as end:
-        send_params(
-            first_replica(state.params()),
-            policy_version=learner_policy_version,
-            actor_devices=actor_devices,
-            param_queues=param_queues,
-            stop=run.stop,
-        )
+        # The parameters last sent: under --concurrency the actors' next rollout is played with
+        # them, so a resumed run sends the checkpoint's first.
+        if saved is not None and args.concurrency and first_update <= sizes.num_updates:
+            send(saved.acting_params, learner_policy_version - 1)
+        last_sent = first_replica(state.params())
+        send(last_sent, learner_policy_version)
         for update in range(first_update, sizes.num_updates + 1):
             wait_start = time.time()
             rollouts = [queue_get(q, run.stop) for q in rollout_queues]
             rollout_queue_get_time = time.time() - wait_start
+            # The policy history goes on across a resume (the checkpoint holds the version the
+            # actors play with next), so the lag is checked as in an uninterrupted run.
             check_policy_lag(
                 rollouts,
                 update=update,
                 learner_policy_version=learner_policy_version,
                 concurrency=args.concurrency,
-                first_update=first_update,
+                first_update=1,
             )
             learn_start = time.time()
-            data = gather_rollouts(args, rollouts)
+            data, env_record, tail = gather_rollouts(args, rollouts)
             insert = jobs.submit(
                 functools.partial(insert_and_count, args, replay=replay, data=data, update=update)
             )
@@ -1275,19 +1374,21 @@ def train(args: Args):
                 global_step = update * sizes.steps_per_update
                 eval_returns = evaluation(args, run, global_step=global_step, params=host_params())
                 run.record_evaluation(global_step, float(np.mean(eval_returns)))
-            end.exit_code = run.after_update(
-                Checkpointable(state=state, replay=replay, pending=pending), update
+            checkpointable = Checkpointable(
+                state=state,
+                replay=replay,
+                replay_mark=replay.mark(),
+                pending=pending,
+                acting_params=last_sent,
+                env_record=env_record,
+                tail=tail,
             )
+            end.exit_code = run.after_update(checkpointable, update)
             if end.exit_code:
                 break
             if update < sizes.num_updates:
-                send_params(
-                    first_replica(state.params()),
-                    policy_version=learner_policy_version,
-                    actor_devices=actor_devices,
-                    param_queues=param_queues,
-                    stop=run.stop,
-                )
+                last_sent = first_replica(state.params())
+                send(last_sent, learner_policy_version)
     # The last update's evaluation is the one `Run.finish` makes: same parameters, same seed.
     final_evaluation = evaluate if eval_returns is None else lambda *_: eval_returns
     run.finish(host_params(), learner_policy_version, final_evaluation)

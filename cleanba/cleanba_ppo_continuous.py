@@ -913,7 +913,7 @@ def train(args: Args):
     with run.learner_loop(threads) as end:
         # The policy last sent: under --concurrency the actors' next rollout is played with it, so
         # a resumed run sends the checkpoint's first.
-        if saved is not None and args.concurrency:
+        if saved is not None and args.concurrency and first_update <= sizes.num_updates:
             send(saved.acting_policy, learner_policy_version - 1)
         last_sent = host_policy(state)
         send(last_sent, learner_policy_version)

@@ -1176,7 +1176,7 @@ def train(args: Args):
     with run.learner_loop(threads) as end:
         # The actor parameters last sent: under --concurrency the actors' next rollout is played
         # with them, so a resumed run sends the checkpoint's first.
-        if saved is not None and args.concurrency:
+        if saved is not None and args.concurrency and first_update <= sizes.num_updates:
             send(saved.acting_params, learner_policy_version - 1)
         last_sent = first_replica(state.actor_params)
         send(last_sent, learner_policy_version)

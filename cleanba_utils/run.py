@@ -87,7 +87,9 @@ class Run:
     training_done: bool = False
     """set after the last update: a stop signal then lets the run finish"""
     leaving: bool = False
-    """set when the learner loop has stopped and the process is ending"""
+    """set when the learner loop has stopped early and the process is ending"""
+    left: bool = False
+    """set when the stopped loop has flushed its logs, just before Python's exit"""
 
     def __post_init__(self):
         if self.received_signals is None:
@@ -165,13 +167,15 @@ class Run:
             self.checkpoint_lock.acquire(timeout=signals.STOP_GRACE_SECONDS)
             self.quit(exit_code, f"interrupted: stopped; {self.kept_checkpoint()}")
         waited = 0.0
-        while not self.leaving and waited < signals.STOP_GRACE_SECONDS:
+        while not self.left and waited < 2 * signals.STOP_GRACE_SECONDS:
             time.sleep(0.05)
             waited += 0.05
+            if waited >= signals.STOP_GRACE_SECONDS and not self.leaving:
+                break
+        if self.left:
+            return  # Python's exit (or, in a process that trains again, the next run) goes on
         if self.leaving:
-            # The loop has saved and is ending the process; it should not take long.
-            time.sleep(signals.STOP_GRACE_SECONDS)
-            self.quit(exit_code, None)
+            self.quit(exit_code, None)  # the loop has saved, but its exit hangs
         if not self.checkpoint_lock.acquire(timeout=signals.STOP_GRACE_SECONDS):
             self.quit(exit_code, f"stopped by a signal; {self.kept_checkpoint()}")
         if self.training_done:
@@ -292,12 +296,14 @@ class Run:
             thread.join(timeout=max(0.0, deadline - time.time()))
         if any("RESOURCE_EXHAUSTED" in failure for failure in self.failures):
             self.writer.close()
+            self.left = True
             parsing.fail(out_of_memory(self.args))
         if self.failures:
             print("".join(self.failures), file=sys.stderr, end="")
             exit_code = 1
         if exit_code:
             self.writer.close()
+            self.left = True
             sys.exit(exit_code)
 
     def finish(self, params, learner_policy_version: int, evaluate):

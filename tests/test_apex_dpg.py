@@ -328,7 +328,9 @@ def test_rollout_transitions_match_a_step_by_step_reference_across_rollouts():
     n, length, num_envs, gamma = 3, 5, 3, 0.9
     streams = [envpool_stream(rng, 60) for _ in range(num_envs)]
     assert all(s["terminations"].any() and s["truncations"].any() for s in streams)
-    tail = None
+    tail = dpg.padding_tail(
+        num_envs, n, dpg.Spaces(obs_dim=3, action_low=(0.0,) * 3, action_high=(1.0,) * 3)
+    )
     checked = 0
     for start in range(0, 60, length):
         played = dpg.Played(
@@ -549,6 +551,9 @@ from pathlib import Path
 
 import cleanba.cleanba_apex_dpg as script
 
+sys.path.insert(0, sys.argv[2])
+from preempt import preempted_then_resumed  # noqa: E402
+
 for command in json.loads(sys.argv[1]):
     run_dir = Path("runs") / command["name"]
     if command.get("resume_from"):
@@ -557,7 +562,12 @@ for command in json.loads(sys.argv[1]):
         for checkpoint in (run_dir / "checkpoints").glob("*.ckpt"):
             if int(checkpoint.stem.split("_")[1]) > update:
                 checkpoint.unlink()
-    script.main([*command["argv"], "--run-name", command["name"]])
+    argv = [*command["argv"], "--run-name", command["name"]]
+    if command.get("preempted_after"):
+        exit_code = preempted_then_resumed(script, argv, command["preempted_after"])
+        Path(f"{command['name']}.preempted.json").write_text(json.dumps(exit_code))
+    else:
+        script.main(argv)
 """
 
 EVAL = ["--no-pipeline", "--eval-episodes", 1, "--eval-every", 5]
@@ -571,6 +581,7 @@ PROCESSES = [
         dict(name="resumed_at_end", argv=[*TINY, "--resume"], resume_from=["one", 16]),
         dict(name="resumed", argv=[*TINY, "--resume"], resume_from=["one", 8]),
         dict(name="readme", argv=[]),
+        dict(name="sync", argv=[*TINY, "--no-concurrency"]),
     ],
     [
         dict(name="one_again", argv=TINY),
@@ -582,6 +593,8 @@ PROCESSES = [
             argv=[*TINY, "--resume", "--no-checkpoint-replay"],
             resume_from=["no_replay", 8],
         ),
+        dict(name="preempted", argv=TINY, preempted_after=5),
+        dict(name="sync_preempted", argv=[*TINY, "--no-concurrency"], preempted_after=11),
     ],
 ]
 
@@ -611,7 +624,7 @@ def runs(tmp_path_factory):
             resolved.append(dict(command, argv=[*map(str, argv)]))
         processes.append(
             subprocess.Popen(
-                [sys.executable, "-c", DRIVER, json.dumps(resolved)],
+                [sys.executable, "-c", DRIVER, json.dumps(resolved), str(REPO / "tests")],
                 cwd=cwd,
                 env=env,
                 stdout=subprocess.PIPE,
@@ -741,6 +754,21 @@ def test_resume_continues_with_the_checkpointed_replay(runs):
     assert resumed[9 * 32] == one[9 * 32] == one[8 * 32] + 4
     assert empty[9 * 32] == one[8 * 32]
     assert resumed[16 * 32] == one[16 * 32]
+
+
+@pytest.mark.parametrize(
+    "name,source,update", [("preempted", "one", 5), ("sync_preempted", "sync", 11)]
+)
+def test_a_preempted_and_resumed_run_repeats_the_uninterrupted_one(runs, name, source, update):
+    # SIGTERM during update k: the checkpoint of update k holds the learner, the replay, the last
+    # call's pending priorities, the parameters the actors play their next rollout with, and per
+    # environment what it did since its last reset and its tail (the steps whose n-step returns
+    # wait for the next rollout): the resumed run gives the same parameters, bit for bit.
+    run_dirs, stdout = runs
+    assert json.loads((run_dirs.parent / f"{name}.preempted.json").read_text()) == 143
+    assert f"resuming {name} from update {update}" in stdout
+    fingerprint = summary(run_dirs / source)["params_fingerprint"]
+    assert summary(run_dirs / name)["params_fingerprint"] == fingerprint
 
 
 def test_the_readme_command_runs_with_its_defaults_for_fewer_steps(runs):

@@ -13,17 +13,19 @@ import threading
 import time
 from typing import Literal
 
+import envpool
 import flax.serialization
 import jax
 import numpy as np
 import optax
 import pytest
 from flax.training.train_state import TrainState
+from helpers import REPO
 from tensorboardX import SummaryWriter
 
-from cleanba_utils import checkpoints, parsing, run_files, signals, threads
+from cleanba_utils import checkpoints, env_records, parsing, run_files, signals, threads
+from cleanba_utils.envs import MACHADO_ATARI, flat_observation
 from cleanba_utils.run import Episodes, Run, open_run
-from helpers import REPO
 
 
 @dataclasses.dataclass
@@ -262,6 +264,64 @@ def test_one_ctrl_c_is_one_stop_and_a_second_one_quits_at_once():
     stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130 and time.time() - start < 5
     assert stdout == "" and stderr == "interrupted again: quitting\n"
+
+
+# environment records
+
+
+def replayed_envs(env_id: str, record: env_records.EnvRecord, **config):
+    envs = envpool.make(env_id, env_type="gymnasium", num_envs=2, seed=7, **config)
+    return envs, env_records.fast_forward(envs, record)[0]
+
+
+def played_envs(env_id: str, actions, **config):
+    """Two environments that play `actions` (steps, envs, ...), and their record."""
+    envs = envpool.make(env_id, env_type="gymnasium", num_envs=2, seed=7, **config)
+    spec = envpool.make_spec(env_id, **config)
+    record = env_records.EnvRecord(
+        resets=np.zeros(2, np.int64),
+        episode_actions=np.zeros((2, spec.config.max_episode_steps, *actions.shape[2:])),
+        episode_lengths=np.zeros(2, np.int64),
+    )
+    envs.reset()
+    next_is_reset = np.zeros(2, bool)
+    for action in actions:
+        obs, _, terminated, truncated, _ = envs.step(action)
+        env_records.record_step(record, action, next_is_reset)
+        next_is_reset = terminated | truncated
+    assert record.resets.min() >= 1  # episodes ended: the record's resets are exercised
+    return envs, flat_observation(obs), record
+
+
+def test_a_mujoco_environment_comes_back_from_its_resets_and_its_episodes_actions():
+    actions = np.random.default_rng(0).uniform(-1, 1, (300, 2, 3))  # Hopper: episodes of ~20 steps
+    envs, obs, record = played_envs("Hopper-v4", actions)
+    replayed, replayed_obs = replayed_envs("Hopper-v4", record)
+    np.testing.assert_array_equal(replayed_obs, obs)
+    more = np.random.default_rng(1).uniform(-1, 1, (20, 2, 3))
+    for action in more:
+        np.testing.assert_array_equal(replayed.step(action)[0], envs.step(action)[0])
+
+
+def test_an_atari_environment_with_sticky_actions_does_not():
+    # The measurement behind the README's "Resuming a run": with sticky actions the emulator draws
+    # a random number at every step, so only the whole history comes back; without them the
+    # resets and the current episode's actions suffice.
+    actions = np.random.default_rng(0).integers(0, 18, (700, 2))  # Breakout: episodes of ~200
+    _, sticky_obs, sticky_record = played_envs("Breakout-v5", actions, **MACHADO_ATARI)
+    assert not np.array_equal(
+        replayed_envs("Breakout-v5", sticky_record, **MACHADO_ATARI)[1], sticky_obs
+    )
+    whole_history = envpool.make(
+        "Breakout-v5", env_type="gymnasium", num_envs=2, seed=7, **MACHADO_ATARI
+    )
+    whole_history.reset()
+    for action in actions:
+        obs = whole_history.step(action)[0]
+    np.testing.assert_array_equal(obs, sticky_obs)
+    not_sticky = dict(MACHADO_ATARI, repeat_action_probability=0.0)
+    _, obs, record = played_envs("Breakout-v5", actions, **not_sticky)
+    np.testing.assert_array_equal(replayed_envs("Breakout-v5", record, **not_sticky)[1], obs)
 
 
 # run

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import (
+    REPO,
     assert_policy_lag,
     assert_refused,
     flatten,
@@ -117,6 +118,9 @@ import numpy as np
 
 import cleanba.cleanba_ppo_continuous as script
 
+sys.path.insert(0, sys.argv[2])
+from preempt import preempted_then_resumed  # noqa: E402
+
 make_env, queue_put = script.make_env, script.queue_put
 sent, stored = [], []
 
@@ -128,10 +132,11 @@ class RecordingEnv:
     def __getattr__(self, name):
         return getattr(self.env, name)
 
-    def step(self, action):
-        if threading.current_thread().name.startswith("actor"):
+    def step(self, action, *env_ids):
+        # A resumed actor's fast-forward steps some environments alone (env_ids): not recorded.
+        if threading.current_thread().name.startswith("actor") and not env_ids:
             sent.append(np.array(action))
-        return self.env.step(action)
+        return self.env.step(action, *env_ids)
 
 
 def recording_queue_put(q, item, stop):
@@ -152,14 +157,23 @@ for command in json.loads(sys.argv[1]):
                 checkpoint.unlink()
     sent.clear()
     stored.clear()
-    script.main([*command["argv"], "--run-name", command["name"]])
+    argv = [*command["argv"], "--run-name", command["name"]]
+    if command.get("preempted_after"):
+        exit_code = preempted_then_resumed(script, argv, command["preempted_after"])
+        Path(f"{command['name']}.preempted.json").write_text(json.dumps(exit_code))
+    else:
+        script.main(argv)
     if sent:
         np.savez(run_dir / "actions.npz", sent=np.stack(sent), stored=np.stack(stored))
 """
 
 CONCURRENT = ["--local-num-envs", 4, "--concurrency", "--checkpoint-every", 2]
+# Hopper's episodes end within a few dozen steps: a resumed run's environments are reset and their
+# discounted returns restarted as the uninterrupted run's were.
+HOPPER = ["--env-id", "Hopper-v4", "--local-num-envs", 4, "--concurrency"]
 # Two processes: the same command in both (determinism across processes), the layouts, the
-# resumptions of run "one" from its last checkpoint and from the one before, and a sync run.
+# resumption of run "one" from its last checkpoint, runs preempted by SIGTERM and resumed, and a
+# sync run.
 PROCESSES = [
     [
         dict(name="one", argv=CONCURRENT),
@@ -167,12 +181,15 @@ PROCESSES = [
             name="two_threads", argv=[*CONCURRENT, "--local-num-envs", 2, "--num-actor-threads", 2]
         ),
         dict(name="resumed_at_end", argv=[*CONCURRENT, "--resume"], resume_from=["one", 3]),
-        dict(name="resumed", argv=[*CONCURRENT, "--resume"], resume_from=["one", 2]),
+        dict(name="resumed", argv=["--local-num-envs", 4, "--concurrency"], preempted_after=2),
+        dict(name="hopper", argv=HOPPER),
     ],
     [
         dict(name="one_again", argv=CONCURRENT),
         dict(name="two_learners", argv=[*CONCURRENT, "--learner-device-ids", 0, 1]),
         dict(name="sync", argv=["--local-num-envs", 4, "--eval-episodes", 1]),
+        dict(name="sync_preempted", argv=["--local-num-envs", 4], preempted_after=1),
+        dict(name="hopper_preempted", argv=HOPPER, preempted_after=2),
     ],
 ]
 
@@ -187,7 +204,7 @@ def runs(tmp_path_factory):
         commands = [dict(c, argv=[*map(str, TINY), *map(str, c["argv"])]) for c in commands]
         processes.append(
             subprocess.Popen(
-                [sys.executable, "-c", DRIVER, json.dumps(commands)],
+                [sys.executable, "-c", DRIVER, json.dumps(commands), str(REPO / "tests")],
                 cwd=cwd,
                 env=env,
                 stdout=subprocess.PIPE,
@@ -265,6 +282,21 @@ def test_resume_continues_the_statistics(runs):
     # statistics, not from fresh ones.
     for stats in load_params(run_dirs / "resumed" / MODEL)["normalizer"].values():
         np.testing.assert_allclose(stats["count"], INITIAL_COUNT + STEPS, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "name,source,update",
+    [("resumed", "one", 2), ("sync_preempted", "sync", 1), ("hopper_preempted", "hopper", 2)],
+)
+def test_a_preempted_and_resumed_run_repeats_the_uninterrupted_one(runs, name, source, update):
+    # SIGTERM during update k: the checkpoint of update k holds the learner with its statistics,
+    # the policy the actors play their next rollout with, and what each environment did since its
+    # last reset (its discounted return is replayed with it): the resumed run gives the same
+    # parameters and statistics, bit for bit.
+    run_dirs, stdout = runs
+    assert json.loads((run_dirs.parent / f"{name}.preempted.json").read_text()) == 143
+    assert f"resuming {name} from update {update}" in stdout
+    assert fingerprint(run_dirs / name) == fingerprint(run_dirs / source)
 
 
 # Each refused with exit 2 and one line naming the option (or the script to use instead).

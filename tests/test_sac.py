@@ -322,6 +322,9 @@ import envpool
 import numpy as np
 
 import cleanba.cleanba_sac as script
+
+sys.path.insert(0, sys.argv[2])
+from preempt import preempted_then_resumed  # noqa: E402
 from cleanba_utils.envs import flat_observation
 
 make_env, make_replay = script.make_env, script.make_replay
@@ -394,7 +397,12 @@ for command in json.loads(sys.argv[1]):
     script.make_replay = recording_make_replay
     recorded["steps"].clear()
     recorded["replay"].clear()
-    script.main([*command["argv"], "--run-name", command["name"]])
+    argv = [*command["argv"], "--run-name", command["name"]]
+    if command.get("preempted_after"):
+        exit_code = preempted_then_resumed(script, argv, command["preempted_after"])
+        Path(f"{command['name']}.preempted.json").write_text(json.dumps(exit_code))
+    else:
+        script.main(argv)
     if MAX_EPISODE_STEPS:
         steps = recorded["steps"]
         replay = recorded["replay"][-1]
@@ -442,7 +450,7 @@ PROCESSES = [
         dict(
             name="two_threads", argv=[*CONCURRENT, "--local-num-envs", 2, "--num-actor-threads", 2]
         ),
-        dict(name="resumed", argv=[*CONCURRENT, "--resume"], resume_from=["one", 3]),
+        dict(name="preempted", argv=[], preempted_after=2),
         dict(name="evaluated", argv=[*CONCURRENT, "--eval-episodes", 2, "--eval-every", 2]),
     ],
     [
@@ -456,7 +464,7 @@ PROCESSES = [
             record=25,
         ),
         dict(name="sync", argv=SYNC),
-        dict(name="sync_resumed", argv=[*SYNC, "--resume"], resume_from=["sync", 3]),
+        dict(name="sync_preempted", argv=["--no-concurrency"], preempted_after=3),
         dict(name="one_again", argv=CONCURRENT),
     ],
 ]
@@ -476,7 +484,7 @@ def runs(tmp_path_factory):
         commands = [dict(c, argv=list(map(str, c["argv"]))) for c in commands]
         processes.append(
             subprocess.Popen(
-                [sys.executable, "-c", DRIVER, json.dumps(commands)],
+                [sys.executable, "-c", DRIVER, json.dumps(commands), str(REPO / "tests")],
                 cwd=cwd,
                 env=env,
                 stdout=subprocess.PIPE,
@@ -574,13 +582,16 @@ def test_layout_changes_parameters_by_rounding_only(runs, layout):
     assert max_abs_difference(reference, load_params(run_dirs / layout / MODEL)) < LAYOUT_ATOL
 
 
-@pytest.mark.parametrize("name,source", [("resumed", "one"), ("sync_resumed", "sync")])
-def test_a_resumed_run_repeats_the_uninterrupted_one(runs, name, source):
-    # The checkpoint of update 3 holds the learner, the replay, the policy the actors play the next
-    # rollout with, and what the environments did since their last reset: the last 3 updates see
-    # the same data and give the same parameters, bit for bit.
+@pytest.mark.parametrize(
+    "name,source,update", [("preempted", "one", 2), ("sync_preempted", "sync", 3)]
+)
+def test_a_preempted_and_resumed_run_repeats_the_uninterrupted_one(runs, name, source, update):
+    # SIGTERM during update k: the checkpoint of update k holds the learner, the replay, the policy
+    # the actors play the next rollout with, and what the environments did since their last reset:
+    # the remaining updates see the same data and give the same parameters, bit for bit.
     run_dirs, stdout = runs
-    assert f"resuming {name} from update 3" in stdout
+    assert json.loads((run_dirs.parent / f"{name}.preempted.json").read_text()) == 143
+    assert f"resuming {name} from update {update}" in stdout
     fingerprint = summary(run_dirs / source)["params_fingerprint"]
     assert summary(run_dirs / name)["params_fingerprint"] == fingerprint
 
