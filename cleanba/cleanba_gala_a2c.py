@@ -867,6 +867,7 @@ def train_sync(args: Args, sizes: Sizes, network, state, run, agent_devices, glo
 
     update_fn = make_update(args, global_devices)
     run.host_copy = gather
+    run.host_copy_is_collective = True
     first_update = run.counters["update"] + 1
     learner_policy_version = run.counters["update"]
     param_queues, rollout_queues, threads = start_actors(

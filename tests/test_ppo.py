@@ -268,19 +268,21 @@ def test_an_actor_that_skips_a_parameter_fetch_trips_the_lag_check(tmp_path):
     )
 
 
+# Started with SIGINT ignored (kept across exec), as a shell script's background job or a test
+# runner's worker starts it.
+IGNORING_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
 def test_ctrl_c_exits_cleanly_with_logs_flushed(tmp_path):
     args = [*TINY, "--local-num-envs", 4, "--total-timesteps", 100_000, "--run-name", "interrupted"]
-    # Started with SIGINT ignored (kept across exec), as a shell script's background job or a test
-    # runner's worker starts it.
-    ignoring_sigint = (
-        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
-        "os.execv(sys.argv[1], sys.argv[1:])"
-    )
     proc = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            ignoring_sigint,
+            IGNORING_SIGINT,
             sys.executable,
             str(REPO / "cleanba" / "cleanba_ppo.py"),
             *map(str, args),
@@ -296,6 +298,51 @@ def test_ctrl_c_exits_cleanly_with_logs_flushed(tmp_path):
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in stderr and "Traceback" not in stderr
     assert scalars(tmp_path / "runs" / "interrupted", "stats/learner_policy_version")
+
+
+# One update of 400 epochs x 2 minibatches of the tiny network: about 2.5 minutes on 2 CPU cores
+# (200 epochs: 70 s), 16,000 optimizer steps in the Python loop that XLA's CPU backend needs.
+LONG_UPDATE = [*TINY, "--update-epochs", 400, "--local-num-envs", 8, "--total-timesteps", 256]
+
+
+@pytest.mark.parametrize(
+    "signals_sent,exit_code,message",
+    [
+        # A terminal's Ctrl-C under `uv run`: the terminal's SIGINT, then uv's, 0.2 s apart.
+        ([signal.SIGINT, signal.SIGINT], 130, "interrupted: stopped; no checkpoint was saved"),
+        ([signal.SIGUSR1], 138, "stopped by a signal; no checkpoint was saved"),
+    ],
+)
+def test_a_stop_in_the_middle_of_a_long_update_takes_seconds(
+    tmp_path, signals_sent, exit_code, message
+):
+    # The learner's main thread is in the update's loop or waits for XLA: the watcher thread stops
+    # the run, abandoning the update (no update has completed, so there is nothing to save).
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            IGNORING_SIGINT,
+            sys.executable,
+            str(REPO / "cleanba" / "cleanba_ppo.py"),
+            *map(str, [*LONG_UPDATE, "--run-name", "long"]),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    spec = tmp_path / "runs" / "long" / "spec.json"
+    while not spec.exists() and proc.poll() is None:
+        time.sleep(0.1)
+    time.sleep(5)  # the actors' first rollout, then the update
+    sent_at = time.time()
+    for signum in signals_sent:
+        proc.send_signal(signum)
+        time.sleep(0.2)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == exit_code and time.time() - sent_at < 30, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == message and "Traceback" not in stderr
 
 
 # Through a real process (2 CPU devices): exit code, one line, no traceback, nothing written,

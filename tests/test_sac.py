@@ -6,11 +6,13 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
 import types
 
+import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,12 +22,15 @@ from helpers import (
     REPO,
     assert_policy_lag,
     assert_refused,
+    flatten,
     load_params,
     max_abs_difference,
     run_failing,
+    run_script,
     scalar_tags,
     scalars,
     seconds_after_failure,
+    wait_for_line,
 )
 
 from cleanba import cleanba_sac as sac
@@ -659,3 +664,52 @@ def test_a_crashing_actor_ends_the_process(tmp_path):
     result = run_failing("cleanba_sac", "actor", args, tmp_path)
     assert result.returncode == 1 and "environment exploded" in result.stderr, result.stderr[-3000:]
     assert seconds_after_failure(result, time.time()) < PROMPT_EXIT_SECONDS
+
+
+# The second update makes 2,048 gradient updates of 1024-1024 networks (replay ratio 32): about 2
+# minutes on 2 CPU cores (16 per second); the first only inserts (learning starts after it).
+LONG_UPDATE = [
+    *["--env-id", "Hopper-v4", "--hiddens", 1024, 1024, "--local-num-envs", 1, "--num-steps", 64],
+    *["--learning-starts", 65, "--buffer-size", 1000, "--log-frequency", 1],
+]
+
+
+def saved_state(checkpoint) -> dict:
+    data = checkpoint.read_bytes()
+    return flatten(flax.serialization.msgpack_restore(data[64:])["state"])
+
+
+def test_sigterm_in_the_middle_of_a_long_update_saves_the_update_before_within_seconds(tmp_path):
+    # The update in flight is abandoned; the checkpoint of update 1 is the replay as it was after
+    # update 1, although rollouts 2 and 3 (played meanwhile, --concurrency) were in it: the same
+    # checkpoint, leaf for leaf, as a run whose update 2 is short saves after update 1.
+    args = [*LONG_UPDATE, "--replay-ratio", 32, "--total-timesteps", 192, "--run-name", "long"]
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "cleanba" / "cleanba_sac.py"), *map(str, args)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_line(proc, "update 1/")
+    sent_at = time.time()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and time.time() - sent_at < 30, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == (
+        "stopped by a signal during update 2, which is abandoned; checkpoint of update 1 saved, "
+        "continue with --resume"
+    )
+    reference = [
+        *LONG_UPDATE,
+        *["--replay-ratio", 0.5, "--total-timesteps", 128, "--checkpoint-every", 1],
+        *["--run-name", "reference"],
+    ]
+    result = run_script("cleanba_sac.py", reference, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    name = "checkpoints/update_000000001.ckpt"
+    saved = saved_state(tmp_path / "runs" / "long" / name)
+    expected = saved_state(tmp_path / "runs" / "reference" / name)
+    assert saved.keys() == expected.keys() and any("replay" in key for key in saved)
+    for key, value in expected.items():
+        np.testing.assert_array_equal(saved[key], value, err_msg=key)
