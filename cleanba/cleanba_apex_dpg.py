@@ -21,8 +21,9 @@ DQN's script keeps each Atari frame once), so the replay holds valid transitions
 reset steps (the step after an episode's end, whose action is ignored) start no transition and the n
 steps that wait for their rewards enter with the next rollout, instead of DQN's placeholders of
 priority 0; eviction is by priority (exponent -0.4, the paper's choice for DPG) or first in first
-out. A checkpoint saves the replay with the learner (--checkpoint-replay), so a resumed run
-continues with the data it had.
+out. A checkpoint saves the replay with the learner (--checkpoint-replay) and what the actors
+continue from (each environment's resets and current episode's actions, which bring it back, and
+its last n steps), so a resumed run repeats the uninterrupted one.
 
 The defaults are the paper's (appendix D, and Ape-X DQN's where it names none; each field says
 which): 64 environments (its 64 actors), 40 steps each per update and 16 batches of 256 per update,
@@ -219,7 +220,7 @@ class Args:
     """save a checkpoint every this many updates (0: only at the end and on SIGTERM / SIGUSR1)"""
     resume: bool = False
     """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is
-    none)"""
+    none); the resumed run repeats the uninterrupted one"""
 
 
 @dataclasses.dataclass(frozen=True)

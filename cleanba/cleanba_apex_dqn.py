@@ -151,8 +151,8 @@ class Args:
     checkpoint_every: int = 0
     """save a checkpoint every this many updates (0: only at the end and on SIGTERM / SIGUSR1)"""
     resume: bool = False
-    """continue from the newest readable checkpoint of `runs/{run_name}` (the replay restarts empty)
-    """
+    """continue from the newest readable checkpoint of `runs/{run_name}` (the replay restarts empty,
+    and the environments anew from the run's seeds: the README's "What a resumed run is")"""
 
 
 @dataclasses.dataclass(frozen=True)

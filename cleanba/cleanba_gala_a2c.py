@@ -149,7 +149,8 @@ class Args:
     SIGUSR1)"""
     resume: bool = False
     """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is
-    none)"""
+    none); the environments start anew from the run's seeds (Atari's sticky actions cannot be
+    replayed: the README's "What a resumed run is")"""
 
 
 DEFAULT_SIMILARITY_EVERY = 10

@@ -128,7 +128,8 @@ class Args:
     """save a checkpoint every this many updates (0: only at the end and on SIGTERM / SIGUSR1)"""
     resume: bool = False
     """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is
-    none)"""
+    none); the environments start anew from the run's seeds (Atari's sticky actions cannot be
+    replayed: the README's "What a resumed run is")"""
 
 
 @dataclasses.dataclass(frozen=True)

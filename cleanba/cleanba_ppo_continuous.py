@@ -160,7 +160,7 @@ class Args:
     """save a checkpoint every this many updates (0: only at the end and on SIGTERM / SIGUSR1)"""
     resume: bool = False
     """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is
-    none)"""
+    none); the resumed run repeats the uninterrupted one"""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Multi-process runs, a lost peer, preemption with checkpoint and resume: the machinery the
 scripts share."""
 
+import importlib
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from helpers import (
     IMPALA_LAYOUT_ATOL,
@@ -204,14 +206,62 @@ def copy_of(preempted_run, tmp_path):
     return script, copy, args
 
 
+# Resumes a run, saving the first observations of every environment instance the script makes (by
+# its seed and number of environments) to first_observations.npz.
+RECORDING_RESUME = """
+import importlib
+import sys
+
+import numpy as np
+
+script = importlib.import_module("cleanba." + sys.argv[1])
+make_env = script.make_env
+first = {}
+
+
+class Recording:
+    def __init__(self, envs, seed):
+        self.envs = envs
+        self.seed = seed
+
+    def __getattr__(self, name):
+        return getattr(self.envs, name)
+
+    def reset(self, *env_ids):
+        obs, info = self.envs.reset(*env_ids)
+        first.setdefault(f"{self.seed}_{len(obs)}", np.array(obs))
+        return obs, info
+
+
+script.make_env = lambda args, seed, num_envs: Recording(make_env(args, seed, num_envs), seed)
+script.main(sys.argv[2:])
+np.savez("first_observations.npz", **first)
+"""
+
+
 @pytest.mark.parametrize("preempted_run", SCRIPTS, indirect=True)
 def test_sigterm_saves_and_resume_finishes_the_run(preempted_run, tmp_path):
     script, cwd, args = copy_of(preempted_run, tmp_path)
     run_dir = cwd / "runs" / "run"
     stopped_at = int(checkpoint_files(run_dir)[-1].stem.split("_")[1])
     assert 3 <= stopped_at < 5 and len(checkpoint_files(run_dir)) == 2
-    result = run_script(script, [*args, "--resume"], cwd)
+    result = subprocess.run(
+        [sys.executable, "-c", RECORDING_RESUME, script[:-3], *map(str, [*args, "--resume"])],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
+    # What the README says a resumed Atari run is: the learner of the checkpoint, with environments
+    # made anew from the run's seeds, which start where the run's environments started.
+    module = importlib.import_module("cleanba." + script[:-3])
+    parsed = module.parse_args(list(map(str, args)))
+    first = np.load(cwd / "first_observations.npz")
+    assert f"{parsed.seed}_{parsed.local_num_envs}" in first  # the first actor thread's
+    for key, obs in first.items():
+        fresh, _ = module.make_env(parsed, int(key.split("_")[0]), len(obs)).reset()
+        np.testing.assert_array_equal(obs, fresh)
     assert f"resuming run from update {stopped_at}" in result.stdout
     assert (run_dir / f"spec_resume_{stopped_at}.json").exists()
     summary = json.loads((run_dir / "summary.json").read_text())
