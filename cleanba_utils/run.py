@@ -88,8 +88,6 @@ class Run:
     """set after the last update: a stop signal then lets the run finish"""
     leaving: bool = False
     """set when the learner loop has stopped early and the process is ending"""
-    left: bool = False
-    """set when the stopped loop has flushed its logs, just before Python's exit"""
 
     def __post_init__(self):
         if self.received_signals is None:
@@ -167,15 +165,19 @@ class Run:
             self.checkpoint_lock.acquire(timeout=signals.STOP_GRACE_SECONDS)
             self.quit(exit_code, f"interrupted: stopped; {self.kept_checkpoint()}")
         waited = 0.0
-        while not self.left and waited < 2 * signals.STOP_GRACE_SECONDS:
+        while not self.leaving and waited < signals.STOP_GRACE_SECONDS:
             time.sleep(0.05)
             waited += 0.05
-            if waited >= signals.STOP_GRACE_SECONDS and not self.leaving:
-                break
-        if self.left:
-            return  # Python's exit (or, in a process that trains again, the next run) goes on
         if self.leaving:
-            self.quit(exit_code, None)  # the loop has saved, but its exit hangs
+            # The loop has stopped, its checkpoint saved. Python's exit waits for a computation in
+            # flight (XLA's teardown): end the process if it is still there later, unless it went
+            # on to train another run (a test driver), which watches the signals itself.
+            while waited < 3 * signals.STOP_GRACE_SECONDS and signals.is_watching(self.stop_now):
+                time.sleep(0.05)
+                waited += 0.05
+            if signals.is_watching(self.stop_now):
+                self.quit(exit_code, None)
+            return
         if not self.checkpoint_lock.acquire(timeout=signals.STOP_GRACE_SECONDS):
             self.quit(exit_code, f"stopped by a signal; {self.kept_checkpoint()}")
         if self.training_done:
@@ -206,6 +208,10 @@ class Run:
         if message:
             print(message, file=sys.stderr)
         self.writer.close()
+        if self.args.track and self.is_main:
+            import wandb
+
+            wandb.finish(exit_code=exit_code)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(exit_code)
@@ -296,14 +302,12 @@ class Run:
             thread.join(timeout=max(0.0, deadline - time.time()))
         if any("RESOURCE_EXHAUSTED" in failure for failure in self.failures):
             self.writer.close()
-            self.left = True
             parsing.fail(out_of_memory(self.args))
         if self.failures:
             print("".join(self.failures), file=sys.stderr, end="")
             exit_code = 1
         if exit_code:
             self.writer.close()
-            self.left = True
             sys.exit(exit_code)
 
     def finish(self, params, learner_policy_version: int, evaluate):

@@ -85,6 +85,11 @@ def catch_stop_signals(on_stop=exit_at_once) -> list[int]:
     return WATCHER.received
 
 
+def is_watching(on_stop) -> bool:
+    """Whether `on_stop` is what the next stop signal runs (a process may train several runs)."""
+    return WATCHER is not None and WATCHER.on_stop == on_stop
+
+
 def ignore_stop_signals():
     """After a run's last output: a stop signal has nothing left to save, and the finished run exits
     0. (Python's shutdown restores the default action of the handlers it installed, and a SIGTERM
