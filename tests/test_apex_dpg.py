@@ -25,6 +25,7 @@ from helpers import (
     scalars,
     seconds_after_failure,
 )
+from preempt import assert_resumed_as_uninterrupted
 from scipy import stats
 
 from cleanba import cleanba_apex_dpg as dpg
@@ -552,7 +553,7 @@ from pathlib import Path
 import cleanba.cleanba_apex_dpg as script
 
 sys.path.insert(0, sys.argv[2])
-from preempt import preempted_then_resumed  # noqa: E402
+from preempt import run_command  # noqa: E402
 
 for command in json.loads(sys.argv[1]):
     run_dir = Path("runs") / command["name"]
@@ -562,12 +563,7 @@ for command in json.loads(sys.argv[1]):
         for checkpoint in (run_dir / "checkpoints").glob("*.ckpt"):
             if int(checkpoint.stem.split("_")[1]) > update:
                 checkpoint.unlink()
-    argv = [*command["argv"], "--run-name", command["name"]]
-    if command.get("preempted_after"):
-        exit_code = preempted_then_resumed(script, argv, command["preempted_after"])
-        Path(f"{command['name']}.preempted.json").write_text(json.dumps(exit_code))
-    else:
-        script.main(argv)
+    run_command(script, command)
 """
 
 EVAL = ["--no-pipeline", "--eval-episodes", 1, "--eval-every", 5]
@@ -764,11 +760,7 @@ def test_a_preempted_and_resumed_run_repeats_the_uninterrupted_one(runs, name, s
     # call's pending priorities, the parameters the actors play their next rollout with, and per
     # environment what it did since its last reset and its tail (the steps whose n-step returns
     # wait for the next rollout): the resumed run gives the same parameters, bit for bit.
-    run_dirs, stdout = runs
-    assert json.loads((run_dirs.parent / f"{name}.preempted.json").read_text()) == 143
-    assert f"resuming {name} from update {update}" in stdout
-    fingerprint = summary(run_dirs / source)["params_fingerprint"]
-    assert summary(run_dirs / name)["params_fingerprint"] == fingerprint
+    assert_resumed_as_uninterrupted(*runs, name=name, source=source, update=update)
 
 
 def test_the_readme_command_runs_with_its_defaults_for_fewer_steps(runs):

@@ -276,9 +276,8 @@ IGNORING_SIGINT = (
 )
 
 
-def test_ctrl_c_exits_cleanly_with_logs_flushed(tmp_path):
-    args = [*TINY, "--local-num-envs", 4, "--total-timesteps", 100_000, "--run-name", "interrupted"]
-    proc = subprocess.Popen(
+def started_ignoring_sigint(args: list, cwd) -> subprocess.Popen:
+    return subprocess.Popen(
         [
             sys.executable,
             "-c",
@@ -287,11 +286,16 @@ def test_ctrl_c_exits_cleanly_with_logs_flushed(tmp_path):
             str(REPO / "cleanba" / "cleanba_ppo.py"),
             *map(str, args),
         ],
-        cwd=tmp_path,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def test_ctrl_c_exits_cleanly_with_logs_flushed(tmp_path):
+    args = [*TINY, "--local-num-envs", 4, "--total-timesteps", 100_000, "--run-name", "interrupted"]
+    proc = started_ignoring_sigint(args, tmp_path)
     wait_for_line(proc, "update 1/")
     proc.send_signal(signal.SIGINT)
     # 1-2 s from the signal to the exit, alone or beside two busy processes.
@@ -318,20 +322,7 @@ def test_a_stop_in_the_middle_of_a_long_update_takes_seconds(
 ):
     # The learner's main thread is in the update's loop or waits for XLA: the watcher thread stops
     # the run, abandoning the update (no update has completed, so there is nothing to save).
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            IGNORING_SIGINT,
-            sys.executable,
-            str(REPO / "cleanba" / "cleanba_ppo.py"),
-            *map(str, [*LONG_UPDATE, "--run-name", "long"]),
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = started_ignoring_sigint([*LONG_UPDATE, "--run-name", "long"], tmp_path)
     spec = tmp_path / "runs" / "long" / "spec.json"
     while not spec.exists() and proc.poll() is None:
         time.sleep(0.1)

@@ -20,6 +20,7 @@ from helpers import (
     max_abs_difference,
     scalars,
 )
+from preempt import assert_resumed_as_uninterrupted
 
 from cleanba import cleanba_ppo_continuous as ppo
 
@@ -119,7 +120,7 @@ import numpy as np
 import cleanba.cleanba_ppo_continuous as script
 
 sys.path.insert(0, sys.argv[2])
-from preempt import preempted_then_resumed  # noqa: E402
+from preempt import run_command  # noqa: E402
 
 make_env, queue_put = script.make_env, script.queue_put
 sent, stored = [], []
@@ -157,12 +158,7 @@ for command in json.loads(sys.argv[1]):
                 checkpoint.unlink()
     sent.clear()
     stored.clear()
-    argv = [*command["argv"], "--run-name", command["name"]]
-    if command.get("preempted_after"):
-        exit_code = preempted_then_resumed(script, argv, command["preempted_after"])
-        Path(f"{command['name']}.preempted.json").write_text(json.dumps(exit_code))
-    else:
-        script.main(argv)
+    run_command(script, command)
     if sent:
         np.savez(run_dir / "actions.npz", sent=np.stack(sent), stored=np.stack(stored))
 """
@@ -293,10 +289,7 @@ def test_a_preempted_and_resumed_run_repeats_the_uninterrupted_one(runs, name, s
     # the policy the actors play their next rollout with, and what each environment did since its
     # last reset (its discounted return is replayed with it): the resumed run gives the same
     # parameters and statistics, bit for bit.
-    run_dirs, stdout = runs
-    assert json.loads((run_dirs.parent / f"{name}.preempted.json").read_text()) == 143
-    assert f"resuming {name} from update {update}" in stdout
-    assert fingerprint(run_dirs / name) == fingerprint(run_dirs / source)
+    assert_resumed_as_uninterrupted(*runs, name=name, source=source, update=update)
 
 
 # Each refused with exit 2 and one line naming the option (or the script to use instead).

@@ -32,6 +32,7 @@ from helpers import (
     seconds_after_failure,
     wait_for_line,
 )
+from preempt import assert_resumed_as_uninterrupted
 
 from cleanba import cleanba_sac as sac
 from cleanba_utils.run_files import replicate
@@ -329,7 +330,7 @@ import numpy as np
 import cleanba.cleanba_sac as script
 
 sys.path.insert(0, sys.argv[2])
-from preempt import preempted_then_resumed  # noqa: E402
+from preempt import run_command  # noqa: E402
 from cleanba_utils.envs import flat_observation
 
 make_env, make_replay = script.make_env, script.make_replay
@@ -402,12 +403,7 @@ for command in json.loads(sys.argv[1]):
     script.make_replay = recording_make_replay
     recorded["steps"].clear()
     recorded["replay"].clear()
-    argv = [*command["argv"], "--run-name", command["name"]]
-    if command.get("preempted_after"):
-        exit_code = preempted_then_resumed(script, argv, command["preempted_after"])
-        Path(f"{command['name']}.preempted.json").write_text(json.dumps(exit_code))
-    else:
-        script.main(argv)
+    run_command(script, command)
     if MAX_EPISODE_STEPS:
         steps = recorded["steps"]
         replay = recorded["replay"][-1]
@@ -594,11 +590,7 @@ def test_a_preempted_and_resumed_run_repeats_the_uninterrupted_one(runs, name, s
     # SIGTERM during update k: the checkpoint of update k holds the learner, the replay, the policy
     # the actors play the next rollout with, and what the environments did since their last reset:
     # the remaining updates see the same data and give the same parameters, bit for bit.
-    run_dirs, stdout = runs
-    assert json.loads((run_dirs.parent / f"{name}.preempted.json").read_text()) == 143
-    assert f"resuming {name} from update {update}" in stdout
-    fingerprint = summary(run_dirs / source)["params_fingerprint"]
-    assert summary(run_dirs / name)["params_fingerprint"] == fingerprint
+    assert_resumed_as_uninterrupted(*runs, name=name, source=source, update=update)
 
 
 def test_the_replay_holds_every_step_but_the_reset_steps(runs):
