@@ -287,7 +287,10 @@ def test_sbatch_script_is_saved_submitted_and_requeues(tmp_path, fake_train):
     result = launch(tmp_path, *slurm_args(f"{fake_train} --sleep"), env=env)
     assert result.returncode == 0, result.stderr
     script = tmp_path / "runs" / "_launcher" / "fake_train" / "fake_train.sbatch"
-    assert (bin_dir / "sbatch.args").read_text().split() == [str(script.relative_to(tmp_path))]
+    assert (bin_dir / "sbatch.args").read_text().split() == [
+        "--parsable",
+        str(script.relative_to(tmp_path)),
+    ]
 
     task_env = env | {"SLURM_ARRAY_TASK_ID": "2", "SLURM_JOB_ID": "42"}
     task = subprocess.Popen(

@@ -17,6 +17,12 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def non_negative_int(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return int(text)
+
+
 def one_line_errors(parser: argparse.ArgumentParser, prog: str):
     """argparse prints its whole usage block before an error; keep only the error."""
     parser.error = lambda message: fail(f"{message} (see `{parser.prog} --help`)", prog=prog)

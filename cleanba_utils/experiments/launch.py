@@ -145,9 +145,9 @@ def parse_command_line(argv):
     )
     add(
         "--slurm-gpus-per-task",
-        type=cli.positive_int,
+        type=cli.non_negative_int,
         metavar="N",
-        help="GPUs per process (default 1)",
+        help="GPUs per process (default 1; 0: request none, on a cluster of CPU nodes)",
     )
     add(
         "--slurm-ntasks",
@@ -165,6 +165,12 @@ def parse_command_line(argv):
     add("--slurm-job-name", metavar="NAME", help="SLURM job name (default: the experiment name)")
     add(
         "--slurm-partition", metavar="NAME", help="SLURM partition (default: the cluster's default)"
+    )
+    add(
+        "--slurm-wait",
+        action="store_true",
+        help="after submitting, wait until every task of the array has ended (requeued ones "
+        "included), then print the summary and exit 1 if any failed",
     )
     cli.one_line_errors(parser, "launch")
     # argparse takes a value that starts with "--" for an unknown option, so glue each --sweep to
@@ -326,14 +332,28 @@ def run_local(runs, workers, log_dir):
     return exit_codes
 
 
-def summary(exit_codes, log_dir):
+def summary(exit_codes, log_paths):
+    """The end of a launch: how many runs exited 0, and per failed run its exit code, the last line
+    of its log (a script's one-line error) and the log's path (`log_paths`: run name -> path)."""
     failed = {run_name: code for run_name, code in exit_codes.items() if code != 0}
     lines = [
         f"{len(exit_codes)} runs: {len(exit_codes) - len(failed)} exited 0, {len(failed)} failed"
     ]
     for run_name, code in failed.items():
-        lines.append(f"  exit {code}: {run_name} (log: {os.path.join(log_dir, run_name + '.log')})")
+        path = log_paths[run_name]
+        lines.append(f"  exit {code}: {run_name}: {last_line(path)} (log: {path})")
     return "\n".join(lines)
+
+
+def last_line(path: str) -> str:
+    """The run's last line in its log (not srun's report of the exit that follows it)."""
+    try:
+        with open(path, errors="replace") as log:
+            lines = [line.strip() for line in log if line.strip()]
+    except OSError:
+        return "(no log)"
+    lines = [line for line in lines if not line.startswith("srun: ")]
+    return lines[-1] if lines else "(empty log)"
 
 
 def grid_records(trials, exit_codes, metric):
@@ -496,7 +516,19 @@ def main():
             return
         if trials is not None:
             spec.write_trials(experiment_dir, grid_records(trials, {}, args.metric))
-        sys.exit(slurm.submit(script, log_dir, experiment))
+        job_id = slurm.submit(script, log_dir, experiment)
+        if not args.slurm_wait:
+            sys.exit(0)
+        run_names = [run_name for run_name, _ in runs]
+        exit_codes = slurm.wait_for_array(job_id, run_names, log_dir)
+        if trials is not None:
+            spec.write_trials(experiment_dir, grid_records(trials, exit_codes, args.metric))
+        log_paths = {
+            run_name: slurm.task_log(log_dir, args.slurm_job_name or experiment, job_id, task)
+            for task, run_name in enumerate(run_names)
+        }
+        print(summary(exit_codes, log_paths))
+        sys.exit(1 if any(exit_codes.values()) else 0)
     if args.dry_run:
         if trials is None:
             print(search_placeholders(args, command, seeds))
@@ -528,7 +560,8 @@ def main():
         sys.exit(130)
     finally:
         spec.write_trials(experiment_dir, grid_records(trials, exit_codes, args.metric))
-    print(summary(exit_codes, log_dir))
+    log_paths = {run_name: os.path.join(log_dir, f"{run_name}.log") for run_name in exit_codes}
+    print(summary(exit_codes, log_paths))
     sys.exit(1 if any(exit_codes.values()) else 0)
 
 

@@ -6,6 +6,10 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
+import time
+
+POLL_SECONDS = 2
 
 SLURM_DEFAULTS = {
     "slurm_gpus_per_task": 1,
@@ -36,7 +40,10 @@ def job_options(args):
             f"no SLURM template at {args.slurm_template_path!r}; give the path of "
             "cleanba.slurm_template"
         )
-    options = {name: getattr(args, name) or default for name, default in SLURM_DEFAULTS.items()}
+    options = {
+        name: default if getattr(args, name) is None else getattr(args, name)
+        for name, default in SLURM_DEFAULTS.items()
+    }
     if options["slurm_ntasks"] < options["slurm_nodes"]:
         raise ValueError(
             "--slurm-ntasks is smaller than --slurm-nodes; give each node at least one task"
@@ -60,7 +67,8 @@ def sbatch_script(template, runs, workers, log_dir, job_name, partition, options
         "array": f"0-{len(runs) - 1}%{workers}",
         "nodes": str(options["slurm_nodes"]),
         "ntasks": str(options["slurm_ntasks"]),
-        "gpus_per_task": str(options["slurm_gpus_per_task"]),
+        # No GPU request at all on a cluster of CPU nodes (its line is dropped).
+        "gpus_per_task": str(options["slurm_gpus_per_task"] or "") or None,
         "cpus_per_task": str(options["slurm_total_cpus"] // options["slurm_ntasks"]),
         "log_dir": os.path.abspath(log_dir),
         "commands": "\n".join(commands),
@@ -80,15 +88,58 @@ def sbatch_script(template, runs, workers, log_dir, job_name, partition, options
     return script
 
 
-def submit(script, log_dir, experiment):
-    """Save the sbatch script under the log dir and submit it when sbatch is available; returns an
-    exit code."""
+def submit(script, log_dir, experiment) -> str | None:
+    """Saves the sbatch script under the log dir and submits it when sbatch is available; returns
+    the job's id (None when only written). sbatch's refusal is its message and exit 1."""
     os.makedirs(log_dir, exist_ok=True)  # SLURM does not create the folder of --output
     path = os.path.join(log_dir, f"{experiment}.sbatch")
     with open(path, "w") as file:
         file.write(script)
     if shutil.which("sbatch") is None:
         print(f"wrote {path}; sbatch is not on PATH, submit it on the cluster with: sbatch {path}")
-        return 0
+        return None
     print(f"wrote {path}; submitting", flush=True)
-    return subprocess.run(["sbatch", path]).returncode
+    result = subprocess.run(["sbatch", "--parsable", path], capture_output=True, text=True)
+    if result.returncode:
+        print(f"launch: error: sbatch refused the job: {result.stderr.strip()}", file=sys.stderr)
+        sys.exit(1)
+    job_id = result.stdout.strip().split(";")[0] or None
+    print(f"submitted job array {job_id}", flush=True)
+    return job_id
+
+
+def task_log(log_dir: str, job_name: str, job_id: str, task: int) -> str:
+    """The log of an array task (the template's --output, %x_%A_%a.log)."""
+    return os.path.join(os.path.abspath(log_dir), f"{job_name}_{job_id}_{task}.log")
+
+
+def wait_for_array(job_id: str | None, run_names: list, log_dir: str) -> dict:
+    """Waits until no task of the array is queued or running (a requeued task counts as queued),
+    printing each task's end as it comes; returns {run name: exit code}, -1 for a task that ended
+    without writing one (killed, or cancelled before it ran)."""
+    if job_id is None:
+        sys.exit(0)
+    exit_codes = {}
+    while True:
+        queue = subprocess.run(
+            ["squeue", "--noheader", "--array", f"--jobs={job_id}", "--format=%i"],
+            capture_output=True,
+            text=True,
+        )
+        listed = queue.stdout.split() if queue.returncode == 0 else None
+        if "Invalid job id" in queue.stderr:
+            listed = []  # the controller has forgotten the finished job
+        for task, run_name in enumerate(run_names):
+            exit_file = os.path.join(os.path.abspath(log_dir), f"{job_id}_{task}.exit")
+            still_there = listed is None or f"{job_id}_{task}" in listed
+            if run_name in exit_codes or still_there or not os.path.exists(exit_file):
+                continue
+            with open(exit_file) as file:
+                exit_codes[run_name] = int(file.read().strip() or -1)
+            print(f"[{len(exit_codes)}/{len(run_names)}] exit {exit_codes[run_name]}: {run_name}")
+        if listed is not None and not any(f"{job_id}_" in task for task in listed):
+            break
+        time.sleep(POLL_SECONDS)
+    for run_name in run_names:
+        exit_codes.setdefault(run_name, -1)
+    return exit_codes

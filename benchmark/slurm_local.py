@@ -1,0 +1,532 @@
+"""The SLURM path, run for real on a one-node cluster of this machine (benchmark/slurm_local.sh):
+the launcher's job arrays, a multi-process run under srun, preemption and requeue, and a failing
+task, each compared with the same runs without SLURM.
+
+    sudo benchmark/slurm_local.sh start && python benchmark/slurm_local.py
+    python benchmark/slurm_local.py --work-dir DIR    # where the runs go (default: a new folder
+                                                      # under /tmp)
+
+Writes benchmark/results/slurm_local.md (what ran, the exact commands, the results), .csv (one row
+per run) and .png (the preempted runs' steps against wall time, the stops marked).
+"""
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import flax.serialization
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmark" / "results"
+TEMPLATE = str(REPO / "cleanba.slurm_template")
+# CleanRL's CartPole settings, shortened; SAC on Hopper with small networks (resumes bit for bit).
+PPO_CARTPOLE = (
+    f"python {REPO}/cleanba/cleanba_ppo.py --hiddens 64 64 --local-num-envs 4 "
+    "--num-actor-threads 1 --num-steps 128 --clip-coef 0.2 --clip-vloss --total-timesteps 20480"
+)
+SAC_HOPPER = f"python {REPO}/cleanba/cleanba_sac.py --hiddens 64 64 --learning-starts 1024"
+ARRAY_STEPS = 6400
+PREEMPTED_STEPS = 25600
+# The multi-process run: 2 processes x 4 environments, one CPU device each (actor and learner);
+# the 1-process run of the same global configuration: 8 environments, 2 learner devices.
+MULTI_PROCESS = [
+    *["--hiddens", "64", "64", "--num-actor-threads", "1", "--num-steps", "128"],
+    *["--total-timesteps", "8192", "--env-id", "CartPole-v1", "--save-model"],
+]
+
+
+def log(message: str):
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class Lab:
+    """The work folder (runs, launcher logs) and every command run there, for the report."""
+
+    def __init__(self, work_dir: Path):
+        self.dir = work_dir
+        self.commands = []
+        # The tasks start `python`: this environment's, first on the job's PATH (sbatch passes
+        # the submitting environment on).
+        bin_dir = os.path.dirname(sys.executable)
+        self.env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    def run(self, argv: list, timeout: float = 3600, env: dict | None = None):
+        argv = [str(a) for a in argv]
+        self.commands.append(shlex.join(argv))
+        return subprocess.run(
+            argv, cwd=self.dir, env=env or self.env, capture_output=True, text=True, timeout=timeout
+        )
+
+    def start(self, argv: list) -> subprocess.Popen:
+        argv = [str(a) for a in argv]
+        self.commands.append(shlex.join(argv))
+        return subprocess.Popen(
+            argv,
+            cwd=self.dir,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def summary(self, run_name: str) -> dict:
+        path = self.dir / "runs" / run_name / "summary.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def run_names(self, experiment: str) -> list:
+        path = self.dir / "runs" / "_experiments" / experiment / "experiment.json"
+        trials = json.loads(path.read_text())["trials"]
+        return [run["run_name"] for trial in trials for run in trial["runs"]]
+
+    def returns(self, run_name: str) -> list:
+        events = EventAccumulator(str(self.dir / "runs" / run_name), size_guidance={"scalars": 0})
+        events.Reload()
+        if "charts/episodic_return" not in events.Tags()["scalars"]:
+            return []
+        return [e.value for e in events.Scalars("charts/episodic_return")]
+
+
+def launcher(experiment: str, env_id: str, seeds: int, command: str, *extra, slurm: bool) -> list:
+    argv = [sys.executable, "-m", "cleanba_utils.experiments.launch", "--env-ids", env_id]
+    argv += ["--num-seeds", seeds, "--start-seed", 1, "--experiment", experiment, "--workers", 2]
+    argv += ["--command", command, *extra]
+    if slurm:
+        argv += ["--slurm-template-path", TEMPLATE, "--slurm-gpus-per-task", 0]
+        argv += ["--slurm-total-cpus", 1, "--slurm-wait"]
+    return argv
+
+
+def row(lab: Lab, check: str, mode: str, run_name: str, **more) -> dict:
+    summary = lab.summary(run_name)
+    spec_path = lab.dir / "runs" / run_name / "spec.json"
+    spec = json.loads(spec_path.read_text()) if spec_path.exists() else {}
+    returns = lab.returns(run_name)
+    return dict(
+        check=check,
+        script=spec.get("script", ""),
+        mode=mode,
+        env_id=spec.get("args", {}).get("env_id", ""),
+        seed=spec.get("args", {}).get("seed", ""),
+        steps=summary.get("global_step", ""),
+        final_return=round(float(np.mean(returns[-100:])), 2) if returns else "",
+        eval_return=summary.get("eval_return", ""),
+        sps=summary.get("sps", ""),
+        wall_time_s=round(summary["wall_time_s"], 1) if summary else "",
+        run_name=run_name,
+        fingerprint=summary.get("params_fingerprint", "")[:16],
+        **more,
+    )
+
+
+def job_arrays(lab: Lab) -> dict:
+    """PPO on CartPole x 3 seeds and SAC on Hopper x 2 as SLURM arrays, then the same runs with the
+    launcher's local workers: every task ends, the fingerprints agree, and `analyze` reads them."""
+    rows = []
+    outputs = []
+    for name, env_id, seeds, command in [
+        ("ppo_cartpole", "CartPole-v1", 3, PPO_CARTPOLE),
+        ("sac_hopper", "Hopper-v4", 2, f"{SAC_HOPPER} --total-timesteps {ARRAY_STEPS}"),
+    ]:
+        for mode in ("slurm", "local"):
+            started = time.time()
+            result = lab.run(
+                launcher(f"{mode}_{name}", env_id, seeds, command, slurm=mode == "slurm")
+            )
+            log(f"{mode}_{name}: exit {result.returncode} after {time.time() - started:.0f} s")
+            outputs.append((f"launch {mode}_{name} (exit {result.returncode})", result.stdout))
+        analyzed = lab.run(
+            [
+                sys.executable,
+                "-m",
+                "cleanba_utils.experiments.analyze",
+                f"runs/_experiments/slurm_{name}",
+            ]
+        )
+        outputs.append(
+            (
+                f"analyze slurm_{name} (exit {analyzed.returncode})",
+                analyzed.stdout + analyzed.stderr,
+            )
+        )
+        for slurm_run, local_run in zip(
+            lab.run_names(f"slurm_{name}"), lab.run_names(f"local_{name}")
+        ):
+            local = lab.summary(local_run).get("params_fingerprint")
+            slurm_row = row(lab, "job array", "slurm array", slurm_run)
+            equal = bool(local) and lab.summary(slurm_run).get("params_fingerprint") == local
+            rows.append(dict(slurm_row, same_as=local_run, equal=equal))
+            rows.append(row(lab, "job array", "local workers", local_run))
+    return dict(rows=rows, outputs=outputs)
+
+
+def load_model(path: Path) -> dict:
+    return flax.serialization.msgpack_restore(path.read_bytes())["params"]
+
+
+def leaves(tree) -> list:
+    if isinstance(tree, dict):
+        return [leaf for key in sorted(tree) for leaf in leaves(tree[key])]
+    return [np.asarray(tree, np.float64).ravel()]
+
+
+def multi_process(lab: Lab) -> dict:
+    """A 2-task SLURM job (srun, --distributed: jax.distributed reads SLURM's environment), one CPU
+    device per task, against the 1-process run of the same global configuration."""
+    two = [
+        *["srun", "--ntasks", 2, "--cpus-per-task", 1, "python", REPO / "cleanba/cleanba_ppo.py"],
+        *MULTI_PROCESS,
+        *["--local-num-envs", 4, "--distributed", "--run-name", "srun_two_processes"],
+    ]
+    started = time.time()
+    result = lab.run(two, env=dict(lab.env, XLA_FLAGS="--xla_force_host_platform_device_count=1"))
+    log(f"srun 2 tasks: exit {result.returncode} after {time.time() - started:.0f} s")
+    one = [
+        "python",
+        REPO / "cleanba/cleanba_ppo.py",
+        *MULTI_PROCESS,
+        *["--local-num-envs", 8, "--learner-device-ids", 0, 1, "--run-name", "one_process"],
+    ]
+    single = lab.run(one, env=dict(lab.env, XLA_FLAGS="--xla_force_host_platform_device_count=2"))
+    a = np.concatenate(
+        leaves(load_model(lab.dir / "runs/srun_two_processes/cleanba_ppo.cleanba_model"))
+    )
+    b = np.concatenate(leaves(load_model(lab.dir / "runs/one_process/cleanba_ppo.cleanba_model")))
+    fingerprints = [
+        line for line in result.stdout.splitlines() if line.startswith("params_fingerprint=")
+    ]
+    return dict(
+        exit_codes=(result.returncode, single.returncode),
+        both_tasks_fingerprint=sorted(set(fingerprints)),
+        max_abs_difference=float(np.abs(a - b).max()),
+        relative_difference=float(np.linalg.norm(a - b) / np.linalg.norm(b)),
+        num_params=int(a.size),
+        rows=[
+            row(lab, "srun multi-process", "srun --ntasks 2", "srun_two_processes"),
+            row(lab, "srun multi-process", "1 process, 2 devices", "one_process"),
+        ],
+        output=result.stdout[-2000:] + result.stderr[-2000:],
+    )
+
+
+def wait_for_text(path: Path, text: str, timeout: float = 900) -> float:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return time.time()
+        time.sleep(0.5)
+    raise RuntimeError(f"{path} did not show {text!r} within {timeout:.0f} s")
+
+
+def task_states(job_id: str) -> dict:
+    """{task id: its state, with the reason of a pending one}, for the queued and running tasks."""
+    out = subprocess.run(
+        ["squeue", "--noheader", "--array", f"--jobs={job_id}", "--format=%i %T %r"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    states = {}
+    for line in out.splitlines():
+        task, state, reason = [*line.split(maxsplit=2), "", ""][:3]
+        states[task] = f"{state} ({reason})" if state == "PENDING" else state
+    return states
+
+
+def with_step(line: str, steps_per_update: int) -> str:
+    """A log line that names an update ("... after update 45; ..."), with its environment step."""
+    update = int(line.split("update ")[1].split(";")[0].split()[0])
+    return f"{line} (step {update * steps_per_update})"
+
+
+def preemption(lab: Lab) -> dict:
+    """Two SAC runs as one array. Task 0 is requeued (`scontrol requeue`) while it trains; task 1
+    gets `scancel --signal=TERM`, then is requeued. Each saves a checkpoint on SIGTERM, starts
+    again and resumes; its fingerprint is compared with the same run uninterrupted."""
+    command = f"{SAC_HOPPER} --total-timesteps {PREEMPTED_STEPS} --checkpoint-every 25"
+    argv = launcher("preempted", "Hopper-v4", 2, command, slurm=True)
+    argv.remove("--slurm-wait")
+    result = lab.run(argv)
+    job_id = result.stdout.split("submitted job array ")[1].split()[0]
+    log_dir = lab.dir / "runs" / "_launcher" / "preempted"
+    logs = [log_dir / f"preempted_{job_id}_{task}.log" for task in (0, 1)]
+    events = []
+    hows = []
+    for task, (how, actions) in enumerate(
+        [
+            ("scontrol requeue", [["scontrol", "requeue", f"{job_id}_0"]]),
+            (
+                "scancel --signal=TERM, then scontrol requeue",
+                [
+                    ["scancel", "--signal=TERM", f"{job_id}_1"],
+                    ["scontrol", "requeue", f"{job_id}_1"],
+                ],
+            ),
+        ]
+    ):
+        hows.append(how)
+        wait_for_text(logs[task], "update 40/")
+        for number, action in enumerate(actions):
+            if number:  # the requeue once the task has ended
+                while f"{job_id}_{task}" in task_states(job_id):
+                    time.sleep(0.5)
+                events.append(
+                    (
+                        task,
+                        time.time(),
+                        "ended (exit file: "
+                        f"{(log_dir / f'{job_id}_{task}.exit').read_text().strip()})",
+                    )
+                )
+            lab.run(action)
+            events.append((task, time.time(), shlex.join(action)))
+            log(f"task {task}: {shlex.join(action)}")
+    # Until both end: when each requeued task waits, starts again and ends.
+    last = {}
+    while True:
+        states = task_states(job_id)
+        for task in (0, 1):
+            state = states.get(f"{job_id}_{task}", "ended")
+            if last.get(task) != state:
+                events.append((task, time.time(), f"squeue: {state}"))
+                last[task] = state
+        if not states:
+            break
+        time.sleep(0.5)
+    log("preempted array ended")
+    local = lab.run(launcher("uninterrupted", "Hopper-v4", 2, command, slurm=False))
+    rows = []
+    timelines = []
+    for task, (run_name, reference) in enumerate(
+        zip(lab.run_names("preempted"), lab.run_names("uninterrupted"))
+    ):
+        text = logs[task].read_text(errors="replace")
+        steps_per_update = json.loads((lab.dir / "runs" / run_name / "spec.json").read_text())[
+            "sizes"
+        ]["steps_per_update"]
+        stops = [
+            with_step(line, steps_per_update)
+            for line in text.splitlines()
+            if line.startswith("stopped by a signal")
+        ]
+        resumes = [
+            with_step(line, steps_per_update)
+            for line in text.splitlines()
+            if line.startswith("resuming ")
+        ]
+        equal = lab.summary(run_name).get("params_fingerprint") == lab.summary(reference).get(
+            "params_fingerprint"
+        )
+        rows.append(
+            dict(
+                row(lab, "preemption", "slurm, preempted", run_name), same_as=reference, equal=equal
+            )
+        )
+        rows.append(row(lab, "preemption", "local, uninterrupted", reference))
+        timelines.append(
+            dict(
+                task=task,
+                how=hows[task],
+                stops=stops,
+                resumes=resumes,
+                exit=(log_dir / f"{job_id}_{task}.exit").read_text().strip(),
+            )
+        )
+    return dict(
+        rows=rows,
+        timelines=timelines,
+        events=events,
+        local_exit=local.returncode,
+        logs=[str(p) for p in logs],
+    )
+
+
+def failing_task(lab: Lab) -> dict:
+    """An array whose second element has an invalid option (a learning rate of NaN)."""
+    result = lab.run(
+        launcher(
+            "failing",
+            "CartPole-v1",
+            1,
+            PPO_CARTPOLE,
+            "--sweep",
+            "--learning-rate=2.5e-4,nan",
+            slurm=True,
+        )
+    )
+    return dict(exit_code=result.returncode, output=result.stdout + result.stderr)
+
+
+def timeline_plot(lab: Lab, preempted: dict, path: Path):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for axis, run_row, timeline in zip(axes, preempted["rows"][::2], preempted["timelines"]):
+        events = EventAccumulator(
+            str(lab.dir / "runs" / run_row["run_name"]), size_guidance={"scalars": 0}
+        )
+        events.Reload()
+        points = events.Scalars("stats/learner_policy_version")
+        start = points[0].wall_time
+        axis.plot([p.wall_time - start for p in points], [p.step for p in points], ".", ms=2)
+        for task, at, what in preempted["events"]:
+            if task == timeline["task"]:
+                axis.axvline(at - start, color="red" if "requeue" in what else "gray", lw=0.8)
+        axis.set(
+            title=f"task {timeline['task']}: {run_row['run_name']}",
+            xlabel="wall time (s)",
+            ylabel="environment steps",
+        )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def report(lab: Lab, checks: dict, started: float) -> str:
+    arrays = checks["arrays"]
+    mp = checks["multi_process"]
+    pre = checks["preemption"]
+    failing = checks["failing"]
+    table = lambda rows, keys: "\n".join(
+        ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        + ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in rows]
+    )
+    sinfo = subprocess.run(["sinfo"], capture_output=True, text=True).stdout
+    version = subprocess.run(["sinfo", "--version"], capture_output=True, text=True).stdout.strip()
+    keys = [
+        "run_name",
+        "mode",
+        "steps",
+        "final_return",
+        "sps",
+        "wall_time_s",
+        "fingerprint",
+        "equal",
+    ]
+    lines = [
+        "# The SLURM path on a one-node cluster",
+        "",
+        f"Made {datetime.date.today()} by `python benchmark/slurm_local.py` in "
+        f"{time.time() - started:.0f} s, on {platform.node()} ({os.cpu_count()} CPUs, "
+        f"{platform.machine()}), {version}, nothing else running. The cluster: "
+        "`benchmark/slurm_local.sh start`.",
+        "",
+        "```",
+        sinfo.strip(),
+        "```",
+        "",
+        "## 1. Job arrays",
+        "",
+        "The launcher submitted each as one array (`--slurm-wait`), then ran the same runs with "
+        "its local workers; `equal`: the SLURM run's `params_fingerprint` is the local run's.",
+        "",
+        table(arrays["rows"], keys),
+        "",
+    ]
+    for title, output in arrays["outputs"]:
+        lines += [f"`{title}`:", "", "```", output.strip()[-1500:], "```", ""]
+    lines += [
+        "## 2. Multi-process under srun",
+        "",
+        "`srun --ntasks 2` of PPO with `--distributed` (jax.distributed reads SLURM's "
+        "environment), one CPU device per task, 4 environments each, against the 1-process run of "
+        "the same global configuration (8 environments, 2 learner devices).",
+        "",
+        f"- exit codes (2 tasks, 1 process): {mp['exit_codes']}; the fingerprint both tasks print: "
+        f"{', '.join(f[19:35] for f in mp['both_tasks_fingerprint'])}",
+        f"- parameters ({mp['num_params']}): max |difference| {mp['max_abs_difference']:.3g}, "
+        f"relative difference ‖a − b‖ / ‖b‖ = {mp['relative_difference']:.3g} (the README: layouts "
+        "differ by float rounding only)",
+        "",
+        table(mp["rows"], keys[:-1]),
+        "",
+        "## 3. Preemption",
+        "",
+        "SAC on Hopper, 2 seeds, one array. Each task, once its log showed update 40, was stopped: "
+        "task 0 with `scontrol requeue`, task 1 with `scancel --signal=TERM` and, once it had "
+        "ended, `scontrol requeue`. `equal`: the preempted run's final fingerprint is the "
+        "uninterrupted run's (SAC resumes bit for bit).",
+        "",
+        table(pre["rows"], keys),
+        "",
+    ]
+    for timeline in pre["timelines"]:
+        lines += [
+            f"Task {timeline['task']}, {timeline['how']} (final exit {timeline['exit']}):",
+            "",
+        ]
+        lines += [f"- {line}" for line in timeline["stops"] + timeline["resumes"]]
+        lines.append("")
+    lines += ["Events (seconds after the first):", ""]
+    first = min(at for _, at, _ in pre["events"])
+    lines += [f"- task {task}, +{at - first:.0f} s: {what}" for task, at, what in pre["events"]]
+    lines += [
+        "",
+        "![steps against wall time](slurm_local.png)",
+        "",
+        "## 4. A failing task",
+        "",
+        "An array whose second element has `--learning-rate nan`: the launcher exits "
+        f"{failing['exit_code']}:",
+        "",
+        "```",
+        failing["output"].strip()[-2000:],
+        "```",
+        "",
+        "## Commands",
+        "",
+        "```",
+        *lab.commands,
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work-dir", type=Path)
+    args = parser.parse_args()
+    started = time.time()
+    if subprocess.run(["sinfo"], capture_output=True).returncode:
+        sys.exit(
+            "slurm_local: no SLURM cluster answers; start one with benchmark/slurm_local.sh start"
+        )
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="cleanba-slurm-evidence-"))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    lab = Lab(work_dir)
+    log(f"work folder {work_dir}")
+    checks = dict(
+        arrays=job_arrays(lab),
+        multi_process=multi_process(lab),
+        preemption=preemption(lab),
+        failing=failing_task(lab),
+    )
+    RESULTS.mkdir(exist_ok=True)
+    timeline_plot(lab, checks["preemption"], RESULTS / "slurm_local.png")
+    rows = [
+        *checks["arrays"]["rows"],
+        *checks["multi_process"]["rows"],
+        *checks["preemption"]["rows"],
+    ]
+    keys = list(dict.fromkeys(key for r in rows for key in r))
+    with open(RESULTS / "slurm_local.csv", "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+    (RESULTS / "slurm_local.md").write_text(report(lab, checks, started))
+    log(f"wrote {RESULTS / 'slurm_local.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""The SLURM path on a real cluster (benchmark/slurm_local.sh start): a job array submitted by the
+launcher, with a failing task, and a requeued task that resumes. Skipped where no cluster answers
+`sinfo`; `.ci/run` starts the local one first."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import REPO, launch, run_script
+
+CLUSTER = shutil.which("sinfo") is not None and (
+    subprocess.run(["sinfo"], capture_output=True).returncode == 0
+)
+pytestmark = pytest.mark.skipif(
+    not CLUSTER, reason="no SLURM cluster answers sinfo (start one: benchmark/slurm_local.sh start)"
+)
+
+SLURM = [
+    *["--slurm-template-path", REPO / "cleanba.slurm_template", "--slurm-gpus-per-task", 0],
+    *["--slurm-total-cpus", 1, "--workers", 2],
+]
+PPO = (
+    f"python {REPO}/cleanba/cleanba_ppo.py --hiddens 16 --local-num-envs 4 --num-actor-threads 1 "
+    "--num-steps 32 --total-timesteps 512"
+)
+
+
+def tasks_env() -> dict:
+    """The tasks start `python`: this environment's, first on the PATH that sbatch passes on."""
+    bin_dir = os.path.dirname(sys.executable)
+    return dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def state_of(task: str) -> str:
+    squeue = ["squeue", "--noheader", "--array", f"--jobs={task}", "--format=%T"]
+    return subprocess.run(squeue, capture_output=True, text=True).stdout.strip()
+
+
+def summary(cwd, run_name: str) -> dict:
+    return json.loads((cwd / "runs" / run_name / "summary.json").read_text())
+
+
+def test_a_job_array_runs_its_tasks_and_names_the_failing_one(tmp_path):
+    result = launch(
+        tmp_path,
+        *["--env-ids", "CartPole-v1", "--experiment", "array", "--command", PPO],
+        *["--sweep", "--learning-rate=2.5e-4,nan", *SLURM, "--slurm-wait"],
+        env=tasks_env(),
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[-2] == "2 runs: 1 exited 0, 1 failed"
+    assert lines[-1].startswith(
+        "  exit 2: CartPole-v1__array__1__1: "
+        "error: --learning-rate must be a finite number, got nan"
+    )
+    # The task's run is the run launched without SLURM.
+    argv = [*PPO.split()[2:], "--env-id", "CartPole-v1", "--seed", "1", "--run-name", "local"]
+    local = run_script("cleanba_ppo.py", argv, tmp_path)
+    assert local.returncode == 0, local.stderr[-3000:]
+    fingerprint = summary(tmp_path, "local")["params_fingerprint"]
+    assert summary(tmp_path, "CartPole-v1__array__0__1")["params_fingerprint"] == fingerprint
+
+
+def test_a_requeued_task_saves_resumes_and_ends_as_if_never_stopped(tmp_path):
+    # SAC resumes bit for bit: `scontrol requeue` while it trains (SIGTERM to the task, a
+    # checkpoint, the task queued again and started with --resume) changes nothing in its
+    # parameters.
+    sac = (
+        f"python {REPO}/cleanba/cleanba_sac.py --env-id Hopper-v4 --hiddens 16 16 --batch-size 32 "
+        "--num-steps 16 --local-num-envs 4 --learning-starts 128 --total-timesteps 6400"
+    )
+    submitted = launch(
+        tmp_path,
+        *["--env-ids", "Hopper-v4", "--experiment", "requeued", "--command", sac, *SLURM],
+        env=tasks_env(),
+    )
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job_id = submitted.stdout.split("submitted job array ")[1].split()[0]
+    task_log = tmp_path / "runs" / "_launcher" / "requeued" / f"requeued_{job_id}_0.log"
+    deadline = time.time() + 120
+    while "update 20/" not in (task_log.read_text() if task_log.exists() else ""):
+        assert time.time() < deadline, task_log.read_text() if task_log.exists() else "no log"
+        time.sleep(0.2)
+    subprocess.run(["scontrol", "requeue", f"{job_id}_0"], check=True)
+    # SLURM holds a requeued task back for 2 minutes (BeginTime); let it go as soon as it waits.
+    deadline = time.time() + 60
+    while state_of(f"{job_id}_0") != "PENDING":
+        assert time.time() < deadline, task_log.read_text()
+        time.sleep(0.2)
+    subprocess.run(["scontrol", "update", f"JobId={job_id}_0", "StartTime=now"], check=True)
+    exit_file = task_log.parent / f"{job_id}_0.exit"
+    deadline = time.time() + 300
+    while not exit_file.exists():
+        assert time.time() < deadline, task_log.read_text()
+        time.sleep(0.5)
+    text = task_log.read_text()
+    assert exit_file.read_text().strip() == "0", text[-3000:]
+    assert "stopped by a signal after update" in text
+    assert "resuming Hopper-v4__requeued__0__1" in text
+    argv = [*sac.split()[2:], "--seed", "1", "--run-name", "local"]
+    local = run_script("cleanba_sac.py", argv, tmp_path)
+    assert local.returncode == 0, local.stderr[-3000:]
+    fingerprint = summary(tmp_path, "local")["params_fingerprint"]
+    assert summary(tmp_path, "Hopper-v4__requeued__0__1")["params_fingerprint"] == fingerprint
