@@ -2,7 +2,7 @@
 the launcher's job arrays, a multi-process run under srun, preemption and requeue, and a failing
 task, each compared with the same runs without SLURM.
 
-    sudo benchmark/slurm_local.sh start && python benchmark/slurm_local.py
+    python benchmark/slurm_local.py                   # starts the cluster if none runs (as root)
     python benchmark/slurm_local.py --work-dir DIR    # where the runs go (default: a new folder
                                                       # under /tmp)
 
@@ -498,10 +498,8 @@ def main():
     parser.add_argument("--work-dir", type=Path)
     args = parser.parse_args()
     started = time.time()
-    if subprocess.run(["sinfo"], capture_output=True).returncode:
-        sys.exit(
-            "slurm_local: no SLURM cluster answers; start one with benchmark/slurm_local.sh start"
-        )
+    if subprocess.run(["bash", REPO / "benchmark" / "slurm_local.sh", "start"]).returncode:
+        sys.exit("slurm_local: no SLURM cluster could be started (see the line above)")
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="cleanba-slurm-evidence-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     lab = Lab(work_dir)
