@@ -3,9 +3,14 @@ continuous actions, the Atari protocol of Machado et al. (2018), how many worker
 instance gets, and the flat observations of the continuous-control scripts."""
 
 import os
+import warnings
 
 import envpool
 import numpy as np
+
+# gymnasium warns at every start that the CartPole spaces' float64 bounds become float32: nothing
+# for a user to act on.
+warnings.filterwarnings("ignore", message=r".*precision lowered by casting to float32")
 
 MACHADO_ATARI = dict(
     repeat_action_probability=0.25,

@@ -37,6 +37,12 @@ MEMORY_OPTIONS = {
 # (global step, mean return) of every evaluation so far, in the run folder.
 EVALUATIONS_FILE = "evaluations.json"
 
+PROGRESS_SECONDS = float(os.environ.get("CLEANBA_PROGRESS_SECONDS", 60))
+"""the longest the console stays silent while a run trains: a line says which update is in
+progress, also in the middle of a long one (CLEANBA_PROGRESS_SECONDS sets it)"""
+SLOW_RUN_DAYS = 1.0
+"""a run on the CPU backend that would take longer than this says so after its first update"""
+
 
 def out_of_memory(args) -> str:
     options = [hint for name, hint in MEMORY_OPTIONS.items() if hasattr(args, name)]
@@ -88,11 +94,15 @@ class Run:
     """set after the last update: a stop signal then lets the run finish"""
     leaving: bool = False
     """set when the learner loop has stopped early and the process is ending"""
+    last_update: int = 0
+    """the newest update the loop has finished (or, GALA's async gossip, printed)"""
+    last_console_time: float = dataclasses.field(default_factory=time.time)
 
     def __post_init__(self):
         if self.received_signals is None:
             self.received_signals = signals.catch_stop_signals(self.stop_now)
         self.newest_checkpoint = self.counters.get("update", 0)
+        self.last_update = self.counters.get("update", 0)
 
     @property
     def is_main(self) -> bool:
@@ -139,6 +149,7 @@ class Run:
         if due:
             # Outside the lock: a stop meanwhile saves the update before.
             wait_until_computed(state)
+        self.note_finished(update)
         with self.checkpoint_lock:
             self.completed.append((update, state))
             self.training_done = last
@@ -236,16 +247,55 @@ class Run:
         first_step = self.counters["update"] * self.sizes.steps_per_update
         return int((global_step - first_step) / (time.time() - self.start_time))
 
+    def note_finished(self, update: int):
+        """After the session's first update on a CPU, a run that would take days says so once."""
+        first_update = self.counters["update"]
+        if update == first_update + 1 and jax.default_backend() == "cpu":
+            seconds = (time.time() - self.start_time) * (self.sizes.num_updates - first_update)
+            if seconds > SLOW_RUN_DAYS * 86400:
+                print(
+                    f"note: the first update took {time.time() - self.start_time:.0f} s on this "
+                    f"CPU, so the run's {self.sizes.num_updates} updates would take about "
+                    f"{seconds / 86400:.1f} days: the configuration is sized for accelerators (the "
+                    'README\'s "Try it on a CPU" has commands sized for one)',
+                    flush=True,
+                )
+        self.last_update = max(self.last_update, update)
+
+    def watch_progress(self):
+        """In a thread of its own: a line whenever the console has been silent for
+        PROGRESS_SECONDS while the run trains (its first update, a long one, slow rollouts)."""
+        while not (self.stop.is_set() or self.training_done):
+            time.sleep(min(1.0, PROGRESS_SECONDS))
+            if time.time() - self.last_console_time < PROGRESS_SECONDS:
+                continue
+            update = self.last_update
+            step = update * self.sizes.steps_per_update
+            finished = update - self.counters["update"]
+            elapsed = time.time() - self.start_time
+            eta = "unknown until an update has ended"
+            if finished:
+                eta = duration((self.sizes.num_updates - update) * elapsed / finished)
+            print(
+                f"in progress: update {update + 1}/{self.sizes.num_updates} "
+                f"step={step} SPS={self.sps(step)} elapsed={elapsed / 60:.1f}min "
+                f"ETA={eta}",
+                flush=True,
+            )
+            self.last_console_time = time.time()
+
     def print_progress(self, update: int, global_step: int, details: str):
         """The console line of an update: progress, speed, the mean of the last 100 returns, the
         script's `details`, and the time left at this session's pace."""
+        self.last_update = max(self.last_update, update)
+        self.last_console_time = time.time()
         first_update = self.counters["update"]
         seconds_per_update = (time.time() - self.start_time) / max(update - first_update, 1)
-        eta_minutes = (self.sizes.num_updates - update) * seconds_per_update / 60
+        eta = duration((self.sizes.num_updates - update) * seconds_per_update)
         mean_return = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
         print(
             f"update {update}/{self.sizes.num_updates} step={global_step} "
-            f"SPS={self.sps(global_step)} return={mean_return} {details} ETA={eta_minutes:.1f}min",
+            f"SPS={self.sps(global_step)} return={mean_return} {details} ETA={eta}",
             flush=True,
         )
 
@@ -401,7 +451,7 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
         device.process_index == jax.process_index() for device in global_learner_devices
     )
     stop_agreed = signals.stop_agreement(global_learner_devices, num_local, args.distributed)
-    return Run(
+    run = Run(
         args=args,
         sizes=sizes,
         script_path=script_path,
@@ -412,6 +462,26 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
         stop_agreed=stop_agreed,
         evaluations=evaluations,
     )
+    if is_main:
+        print(
+            f"{name}: {sizes.num_updates} update{'s' * (sizes.num_updates != 1)} of "
+            f"{sizes.steps_per_update} environment steps "
+            f"({sizes.num_envs} environments), {len(global_learner_devices)} learner device(s), "
+            f"{jax.process_count()} process(es), JAX backend {jax.default_backend()}; a line at "
+            f"least every {PROGRESS_SECONDS:.0f} s",
+            flush=True,
+        )
+        threading.Thread(target=run.watch_progress, name="progress", daemon=True).start()
+    return run
+
+
+def duration(seconds: float) -> str:
+    """A time left as the console shows it: minutes, hours past 2 hours, days past 2 days."""
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}days"
 
 
 def is_computed(tree) -> bool:

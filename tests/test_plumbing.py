@@ -25,7 +25,7 @@ from tensorboardX import SummaryWriter
 
 from cleanba_utils import checkpoints, env_records, parsing, run_files, signals, threads
 from cleanba_utils.envs import MACHADO_ATARI, flat_observation
-from cleanba_utils.run import Episodes, Run, open_run
+from cleanba_utils.run import Episodes, Run, duration, open_run
 
 
 @dataclasses.dataclass
@@ -327,6 +327,16 @@ def test_an_atari_environment_with_sticky_actions_does_not():
 # run
 
 
+def test_the_time_left_is_minutes_hours_or_days():
+    assert [duration(s) for s in (90, 7199, 3 * 3600, 47 * 3600, 5 * 86400)] == [
+        "1.5min",
+        "120.0min",
+        "3.0h",
+        "47.0h",
+        "5.0days",
+    ]
+
+
 def test_episodes_count_rewards_and_steps_but_not_reset_steps(tmp_path):
     # Env 0: rewards 1, 2, then done (return 3, length 2 at step 2); its next step is envpool's
     # reset step (reward 100 ignored), then reward 4. Env 1 plays on: return 0 + 5 + 6 + 7 + 8 when
@@ -353,6 +363,7 @@ def test_episodes_count_rewards_and_steps_but_not_reset_steps(tmp_path):
 class RunSizes:
     num_updates: int = 5
     steps_per_update: int = 8
+    num_envs: int = 2
 
 
 @dataclasses.dataclass

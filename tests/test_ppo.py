@@ -2,6 +2,7 @@
 subprocesses."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -276,7 +277,7 @@ IGNORING_SIGINT = (
 )
 
 
-def started_ignoring_sigint(args: list, cwd) -> subprocess.Popen:
+def started_ignoring_sigint(args: list, cwd, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [
             sys.executable,
@@ -287,6 +288,7 @@ def started_ignoring_sigint(args: list, cwd) -> subprocess.Popen:
             *map(str, args),
         ],
         cwd=cwd,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -321,12 +323,15 @@ def test_a_stop_in_the_middle_of_a_long_update_takes_seconds(
     tmp_path, signals_sent, exit_code, message
 ):
     # The learner's main thread is in the update's loop or waits for XLA: the watcher thread stops
-    # the run, abandoning the update (no update has completed, so there is nothing to save).
-    proc = started_ignoring_sigint([*LONG_UPDATE, "--run-name", "long"], tmp_path)
-    spec = tmp_path / "runs" / "long" / "spec.json"
-    while not spec.exists() and proc.poll() is None:
-        time.sleep(0.1)
-    time.sleep(5)  # the actors' first rollout, then the update
+    # the run, abandoning the update (no update has completed, so there is nothing to save). Before,
+    # the run says what it will do and, every 2 s here (60 s by default), that it is at work.
+    env = dict(os.environ, CLEANBA_PROGRESS_SECONDS="2")
+    proc = started_ignoring_sigint([*LONG_UPDATE, "--run-name", "long"], tmp_path, env)
+    first_line = proc.stdout.readline()
+    assert first_line.startswith("long: 1 update of 256 environment steps (16 environments)")
+    assert wait_for_line(proc, "in progress: update 1/1 step=0 SPS=0 ").endswith(
+        "ETA=unknown until an update has ended\n"
+    )
     sent_at = time.time()
     for signum in signals_sent:
         proc.send_signal(signum)
