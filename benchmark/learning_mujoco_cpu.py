@@ -1,6 +1,7 @@
 """Evidence that cleanba_ppo_continuous.py learns MuJoCo, on a CPU: 1M steps of HalfCheetah-v4,
 Hopper-v4 and Walker2d-v4 with the script's defaults, and of HalfCheetah-v4 in CleanRL's exact
-setting (1 environment x 2048 steps), against CleanRL's published ppo_continuous_action results.
+setting (1 environment x 2048 steps; `cleanrl_exact`: also CleanRL's time limits, a truncation
+treated as a termination), against CleanRL's published ppo_continuous_action results.
 
 python benchmark/learning_mujoco_cpu.py                        # every run, one after another
 python benchmark/learning_mujoco_cpu.py --runs halfcheetah_defaults_1    # some runs
@@ -34,6 +35,10 @@ SCRIPT = "cleanba_ppo_continuous"
 MODES = {
     "defaults": [],
     "cleanrl": ["--local-num-envs", "1", "--num-steps", "2048", "--num-actor-threads", "1"],
+    "cleanrl_exact": [
+        *["--local-num-envs", "1", "--num-steps", "2048", "--num-actor-threads", "1"],
+        "--no-bootstrap-truncations",
+    ],
 }
 COMMON = ["--total-timesteps", "1000000", "--eval-episodes", "10", "--eval-every", "50"]
 COMMON += ["--checkpoint-every", "50", "--log-frequency", "50"]
@@ -43,6 +48,7 @@ PLAN = [
     ("Hopper-v4", "defaults"),
     ("Walker2d-v4", "defaults"),
     ("HalfCheetah-v4", "cleanrl"),
+    ("HalfCheetah-v4", "cleanrl_exact"),
 ]
 SEEDS = [1, 2, 3]
 RUNS = {
@@ -187,7 +193,8 @@ def report(work_dir: Path, out: Path, date: str, note: str, argv: list[str]):
         f"{platform.python_version()}. Made by `{command_line(argv)}`; the runs, one at a time "
         f"under `nice -n 10`, were (from the repository root):\n\n```\n{commands}\n```\n\n"
         "`defaults`: the script's defaults (8 environments x 256 steps); `cleanrl`: CleanRL's "
-        "exact layout (1 environment x 2048 steps). Final return: the mean of the last "
+        "exact layout (1 environment x 2048 steps); `cleanrl_exact`: that layout and CleanRL's "
+        "time limits (a truncation treated as a termination). Final return: the mean of the last "
         f"{LAST_EPISODES} training episodes; eval return: "
         "10 episodes with the mean action after training.\n\n"
         + "\n".join(table)

@@ -121,6 +121,10 @@ class Args:
     """the discount factor (of the advantages and of the returns that scale the rewards)"""
     gae_lambda: float = 0.95
     """the lambda of generalized advantage estimation"""
+    bootstrap_truncations: bool = True
+    """bootstrap an episode cut by the time limit from the value of its last observation;
+    --no-bootstrap-truncations treats the time limit as a termination, as CleanRL's
+    ppo_continuous_action.py does (for comparisons with it)"""
     num_minibatches: int = 32
     """the number of minibatches per epoch"""
     update_epochs: int = 10
@@ -579,6 +583,12 @@ def evaluate(saved_policy: dict, args: Args, num_episodes: int, seed: int) -> li
 # === Loss ===
 
 
+def treated_as_terminations(terminations, truncations, bootstrap_truncations: bool):
+    """What GAE takes as terminations: the episodes' terminations, and with
+    --no-bootstrap-truncations their truncations too (CleanRL's done: terminated or truncated)."""
+    return terminations if bootstrap_truncations else terminations | truncations
+
+
 def gae(rewards, values, terminations, truncations, *, gamma, gae_lambda):
     """Advantages and returns of one environment's rollout; `values` has one more entry (the
     bootstrap).
@@ -731,10 +741,13 @@ def make_update(args: Args, learner_devices: list):
 
     def update_on_device(state: LearnerState, rollouts, played: Normalizer, update):
         data = jax.tree.map(lambda *xs: jnp.concatenate(xs), *rollouts)
+        terminations = treated_as_terminations(
+            data.terminations, data.truncations, args.bootstrap_truncations
+        )
         advantages, returns = jax.vmap(per_env_gae)(
             scale_rewards(played.returns, data.rewards),
             data.values,
-            data.terminations.astype(jnp.float32),
+            terminations.astype(jnp.float32),
             data.truncations.astype(jnp.float32),
         )
         rollout = Batch(

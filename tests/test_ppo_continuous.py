@@ -105,6 +105,26 @@ def test_gae_truncation_bootstraps_from_the_last_observation_hand_computed():
     np.testing.assert_allclose(advantages, [1.25, 1.0, -1.75, 5.0])
 
 
+def test_without_bootstrapped_truncations_a_time_limit_is_a_termination_hand_computed():
+    # CleanRL's treatment: step 1's truncation stops the bootstrap as a termination would, A1 = 2 -
+    # 1 = 1, and A0 = 1 + 0.5 * 1 - 0.5 + 0.25 * 1 = 1.25 (the default bootstraps: A1 = 3, above).
+    rewards = jnp.array([1.0, 2.0, 0.0, 3.0])
+    values = jnp.array([0.5, 1.0, 4.0, 2.0, 8.0])
+    no_end = jnp.zeros(4, bool)
+    truncated = jnp.array([False, True, False, False])
+    for bootstrap, expected in [(True, [1.75, 3.0]), (False, [1.25, 1.0])]:
+        terminations = ppo.treated_as_terminations(no_end, truncated, bootstrap)
+        advantages, _ = ppo.gae(
+            rewards,
+            values,
+            terminations.astype(jnp.float32),
+            truncated.astype(jnp.float32),
+            gamma=0.5,
+            gae_lambda=0.5,
+        )
+        np.testing.assert_allclose(advantages[:2], expected)
+
+
 # Runs the script's main once per command, in one process (an import of JAX and envpool takes ~8 s
 # of CPU here), recording what the actors' environments receive and what the actors store. A command
 # may first copy another run's checkpoints up to an update, to resume from there.
