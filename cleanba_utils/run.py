@@ -183,7 +183,7 @@ class Run:
             # The loop has stopped, its checkpoint saved. Python's exit waits for a computation in
             # flight (XLA's teardown): end the process if it is still there later, unless it went
             # on to train another run (a test driver), which watches the signals itself.
-            while waited < 3 * signals.STOP_GRACE_SECONDS and signals.is_watching(self.stop_now):
+            while waited < 2 * signals.STOP_GRACE_SECONDS and signals.is_watching(self.stop_now):
                 time.sleep(0.05)
                 waited += 0.05
             if signals.is_watching(self.stop_now):
@@ -343,13 +343,13 @@ class Run:
         )
 
     def exit_if_stopped(self, exit_code: int, threads: list):
-        """Stops and joins the threads (for a few seconds at most: an actor may be in the middle of
-        a rollout); ends the process with the failures (exit 1) or `exit_code` if not 0."""
+        """Stops and joins the threads; ends the process with the failures (exit 1) or `exit_code`
+        if not 0. (A thread still in envpool's or XLA's C++ code when Python exits aborts the
+        process; a stop's watcher ends one that takes too long, `stop_now`.)"""
         self.leaving = exit_code != 0 or bool(self.failures)
         self.stop.set()
-        deadline = time.time() + 5
         for thread in threads:
-            thread.join(timeout=max(0.0, deadline - time.time()))
+            thread.join(timeout=10)
         if any("RESOURCE_EXHAUSTED" in failure for failure in self.failures):
             self.writer.close()
             parsing.fail(out_of_memory(self.args))
@@ -365,6 +365,7 @@ class Run:
         num_episodes, seed)` is the script's own), summary.json and the fingerprint as the last line
         of stdout; stop signals are ignored from then on."""
         args = self.args
+        self.training_done = True
         wall_time_s = self.wall_time()
         global_step = learner_policy_version * self.sizes.steps_per_update
         fingerprint = run_files.params_fingerprint(params)
