@@ -46,7 +46,15 @@ def load_checkpoint(run_dir: str, state):
             print(f"warning: checkpoint {path} is damaged; trying the one before", file=sys.stderr)
             continue
         saved = flax.serialization.msgpack_restore(payload)
-        return flax.serialization.from_state_dict(state, saved["state"]), saved["counters"]
+        try:
+            restored = flax.serialization.from_state_dict(state, saved["state"])
+        except (ValueError, KeyError) as error:
+            fail(
+                f"--resume: {path} holds other contents than this script's checkpoints "
+                f"({error}); it was written by another version: resume with that version, or "
+                "start a new run"
+            )
+        return restored, saved["counters"]
     return None
 
 

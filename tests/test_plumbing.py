@@ -188,6 +188,21 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
     )
 
 
+def test_a_checkpoint_of_another_version_is_one_line_and_exit_2(tmp_path, capsys):
+    # A checkpoint without a field the script's checkpoints now hold (as continuous PPO's and Ape-X
+    # DPG's before they saved their environments).
+    checkpoints.save_checkpoint(
+        str(tmp_path), {"learner": np.zeros(2)}, dict(update=3), host_copy=lambda s: s
+    )
+    with pytest.raises(SystemExit) as exit_:
+        checkpoints.load_checkpoint(
+            str(tmp_path), {"learner": np.zeros(2), "env_record": np.zeros(1)}
+        )
+    stderr = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(stderr.splitlines()) == 1
+    assert stderr.startswith("error: --resume: ") and "another version" in stderr
+
+
 def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, capsys):
     checkpoints.save_checkpoint(str(tmp_path), replicated_state(1.0)[0], dict(update=1, seed=1))
     assert (
