@@ -97,12 +97,21 @@ class Run:
     last_update: int = 0
     """the newest update the loop has finished (or, GALA's async gossip, printed)"""
     last_console_time: float = dataclasses.field(default_factory=time.time)
+    progress_done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    """set when the run stops training: the progress thread ends (it must not outlive Python's
+    exit, which ends a daemon thread that wakes then and can abort the process)"""
+    progress_thread: threading.Thread | None = None
 
     def __post_init__(self):
         if self.received_signals is None:
             self.received_signals = signals.catch_stop_signals(self.stop_now)
         self.newest_checkpoint = self.counters.get("update", 0)
         self.last_update = self.counters.get("update", 0)
+
+    def end_progress(self):
+        self.progress_done.set()
+        if self.progress_thread is not None:
+            self.progress_thread.join()
 
     @property
     def is_main(self) -> bool:
@@ -265,8 +274,7 @@ class Run:
     def watch_progress(self):
         """In a thread of its own: a line whenever the console has been silent for
         PROGRESS_SECONDS while the run trains (its first update, a long one, slow rollouts)."""
-        while not (self.stop.is_set() or self.training_done):
-            time.sleep(min(1.0, PROGRESS_SECONDS))
+        while not self.progress_done.wait(min(1.0, PROGRESS_SECONDS)):
             if time.time() - self.last_console_time < PROGRESS_SECONDS:
                 continue
             update = self.last_update
@@ -348,6 +356,8 @@ class Run:
         process; a stop's watcher ends one that takes too long, `stop_now`.)"""
         self.leaving = exit_code != 0 or bool(self.failures)
         self.stop.set()
+        if self.leaving:
+            self.end_progress()
         for thread in threads:
             thread.join(timeout=10)
         if any("RESOURCE_EXHAUSTED" in failure for failure in self.failures):
@@ -366,6 +376,7 @@ class Run:
         of stdout; stop signals are ignored from then on."""
         args = self.args
         self.training_done = True
+        self.end_progress()
         wall_time_s = self.wall_time()
         global_step = learner_policy_version * self.sizes.steps_per_update
         fingerprint = run_files.params_fingerprint(params)
@@ -472,7 +483,10 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
             f"least every {PROGRESS_SECONDS:.0f} s",
             flush=True,
         )
-        threading.Thread(target=run.watch_progress, name="progress", daemon=True).start()
+        run.progress_thread = threading.Thread(
+            target=run.watch_progress, name="progress", daemon=True
+        )
+        run.progress_thread.start()
     return run
 
 
