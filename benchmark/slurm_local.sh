@@ -29,7 +29,7 @@ pid_file() {  # munged runs as user munge, in a folder of its own
 running() {  # running DAEMON: its pid file names a live process
     local file
     file=$(pid_file "$1")
-    [[ -s $file ]] && kill -0 "$(cat "$file")" 2>/dev/null
+    [[ -s $file ]] && kill -0 "$(cat "$file" 2>/dev/null)" 2>/dev/null
 }
 
 node_state() {
