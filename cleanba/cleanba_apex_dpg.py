@@ -35,7 +35,6 @@ import functools
 import os
 import queue
 import time
-import types
 from typing import Any, Literal, NamedTuple
 
 import envpool
@@ -223,6 +222,21 @@ class Args:
     none); the resumed run repeats the uninterrupted one"""
 
 
+# The options that act only in some configurations, with what each needs: `validate` refuses one
+# set away from its default where its need does not hold.
+NEEDS = {
+    **parsing.RUN_NEEDS,
+    "eval_every": parsing.Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
+    "eviction_exponent": parsing.Need(
+        lambda args: args.eviction == "prioritized", "--eviction prioritized"
+    ),
+    "importance_sampling_exponent": parsing.Need(
+        lambda args: args.priority_exponent > 0,
+        "--priority-exponent above 0 (uniform sampling weights every item 1)",
+    ),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Sizes:
     num_envs: int
@@ -277,14 +291,10 @@ def validate(args: Args):
         )
     if not is_continuous(args.env_id):
         fail(f"--env-id {args.env_id} has discrete actions; train it with cleanba_apex_dqn.py")
-    if not args.critic_hiddens or not args.actor_hiddens:
-        fail("--critic-hiddens and --actor-hiddens need at least one layer each")
-    # The shared checks cover an image network's channels too; these MLPs have none.
-    parsing.check_run_options(
-        types.SimpleNamespace(
-            **vars(args), channels=(), hiddens=args.critic_hiddens + args.actor_hiddens
-        )
-    )
+    parsing.check_run_options(args)
+    parsing.check_layers(args, ["critic_hiddens"])
+    parsing.check_layers(args, ["actor_hiddens"])
+    parsing.check_needs(args, NEEDS)
     if args.learning_starts > args.buffer_size:
         fail(
             f"--learning-starts {args.learning_starts} exceeds --buffer-size {args.buffer_size}: "

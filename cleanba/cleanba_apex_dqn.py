@@ -120,10 +120,12 @@ class Args:
     """the maximum global norm of the gradient"""
     torso: Literal["nature", "impala"] = "nature"
     """the torso of image observations: "nature", the Nature DQN CNN of the Dueling DDQN agent that
-    Ape-X uses (Wang et al., 2016: conv 32 8x8 stride 4, 64 4x4 stride 2, 64 3x3 stride 1), or
-    "impala", the IMPALA ResNet (--channels)"""
-    channels: tuple[int, ...] = (16, 32, 32)
-    """the channels of the IMPALA ResNet stacks (--torso impala)"""
+    Ape-X uses (Wang et al., 2016: 8x8 stride 4, 4x4 stride 2, 3x3 stride 1), or "impala", the
+    IMPALA ResNet"""
+    channels: tuple[int, ...] | None = None
+    """the channels of the torso's convolutions: --torso nature takes exactly three (default 32 64
+    64, the Nature DQN's), --torso impala one per ResNet stack (default 16 32 32, the IMPALA
+    paper's)"""
     hiddens: tuple[int, ...] = (512,)
     """dense layers: all but the last continue the torso (after the CNN, or the MLP of vector
     observations); the last is the hidden layer of each of the dueling value and advantage streams
@@ -153,6 +155,28 @@ class Args:
     resume: bool = False
     """continue from the newest readable checkpoint of `runs/{run_name}` (the replay restarts empty,
     and the environments anew from the run's seeds: the README's "What a resumed run is")"""
+
+
+TORSO_CHANNELS = {"nature": (32, 64, 64), "impala": (16, 32, 32)}
+
+
+def torso_channels(args: Args) -> tuple[int, ...]:
+    """--channels, or the chosen torso's own."""
+    return TORSO_CHANNELS[args.torso] if args.channels is None else args.channels
+
+
+# The options that act only in some configurations, with what each needs: `validate` refuses one
+# set away from its default where its need does not hold.
+NEEDS = {
+    **parsing.RUN_NEEDS,
+    "eval_every": parsing.Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
+    "importance_sampling_exponent": parsing.Need(
+        lambda args: args.priority_exponent > 0,
+        "--priority-exponent above 0 (uniform sampling weights every item 1)",
+    ),
+    "torso": parsing.IMAGE_OBSERVATIONS,
+    "channels": parsing.IMAGE_OBSERVATIONS,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +223,14 @@ def validate(args: Args):
     parsing.check_in(args, "epsilon_base", 0, 1)
     parsing.check_in(args, "importance_sampling_exponent", 0, 1)
     parsing.check_run_options(args)
+    parsing.check_layers(args, ["channels", "hiddens"])
     parsing.check_discrete_actions(args)
+    parsing.check_needs(args, NEEDS)
+    if args.torso == "nature" and len(torso_channels(args)) != 3:
+        fail(
+            "--torso nature has three convolutions: --channels takes 3 values, got "
+            f"{len(args.channels)}"
+        )
     if args.learning_starts > args.buffer_size:
         fail(
             f"--learning-starts {args.learning_starts} exceeds --buffer-size {args.buffer_size}: "
@@ -264,13 +295,15 @@ def frame_spec(env_id: str):
 
 class NatureTorso(nn.Module):
     """The convolutions of the Nature DQN (Mnih et al., 2015), the torso of the Dueling DDQN
-    agent."""
+    agent: 8x8 stride 4, 4x4 stride 2, 3x3 stride 1, no padding, ReLU."""
+
+    channels: tuple[int, ...]
 
     @nn.compact
     def __call__(self, x):
-        x = nn.relu(nn.Conv(32, (8, 8), strides=(4, 4), padding="VALID")(x))
-        x = nn.relu(nn.Conv(64, (4, 4), strides=(2, 2), padding="VALID")(x))
-        x = nn.relu(nn.Conv(64, (3, 3), strides=(1, 1), padding="VALID")(x))
+        for channels, size, stride in zip(self.channels, (8, 4, 3), (4, 2, 1)):
+            conv = nn.Conv(channels, (size, size), strides=(stride, stride), padding="VALID")
+            x = nn.relu(conv(x))
         return x.reshape(x.shape[0], -1)
 
 
@@ -313,7 +346,8 @@ class Network(nn.Module):
     def __call__(self, obs):
         if obs.ndim == 4:
             x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
-            x = NatureTorso()(x) if self.torso == "nature" else ImpalaTorso(self.channels)(x)
+            torso = NatureTorso if self.torso == "nature" else ImpalaTorso
+            x = torso(self.channels)(x)
         else:
             x = obs.astype(jnp.float32)
         for hidden in self.hiddens[:-1]:
@@ -327,7 +361,7 @@ class Network(nn.Module):
 
 
 def network_of(args: Args, num_actions: int) -> Network:
-    return Network(args.torso, args.channels, args.hiddens, num_actions)
+    return Network(args.torso, torso_channels(args), args.hiddens, num_actions)
 
 
 # === Actor ===

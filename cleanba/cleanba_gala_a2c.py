@@ -106,9 +106,9 @@ class Args:
     torso: Literal["nature", "impala"] = "nature"
     """the torso for image observations: the network of Dhariwal et al. (2017), the paper's (three
     convolutions 8x8 stride 4, 4x4 stride 2, 3x3 stride 1, then --hiddens), or the IMPALA ResNet"""
-    channels: tuple[int, ...] = (32, 64, 64)
-    """the channels of the torso's convolutions: the paper's network takes exactly three; with
-    --torso impala, one per ResNet stack (the IMPALA paper's are 16 32 32)"""
+    channels: tuple[int, ...] | None = None
+    """the channels of the torso's convolutions: --torso nature takes exactly three (default 32 64
+    64, the paper's), --torso impala one per ResNet stack (default 16 32 32, the IMPALA paper's)"""
     hiddens: tuple[int, ...] = (512,)
     """dense layers after the torso (images; 512 is the paper's), or hidden layers of each of the
     separate actor and critic MLPs (vector observations: e.g. --hiddens 64 64 for CartPole)"""
@@ -153,6 +153,34 @@ class Args:
     replayed: the README's "What a resumed run is")"""
 
 
+TORSO_CHANNELS = {"nature": (32, 64, 64), "impala": (16, 32, 32)}
+
+
+def torso_channels(args: Args) -> tuple[int, ...]:
+    """--channels, or the chosen torso's own."""
+    return TORSO_CHANNELS[args.torso] if args.channels is None else args.channels
+
+
+def lock_step(args: Args) -> bool:
+    return args.topology != "gossip" or args.gossip == "sync"
+
+
+# The options that act only in some configurations, with what each needs: `validate` refuses one
+# set away from its default where its need does not hold.
+NEEDS = {
+    **parsing.RUN_NEEDS,
+    "eval_actions": parsing.Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
+    "torso": parsing.IMAGE_OBSERVATIONS,
+    "channels": parsing.IMAGE_OBSERVATIONS,
+    "gossip": parsing.Need(lambda args: args.topology == "gossip", "--topology gossip"),
+    "num_peers": parsing.Need(lambda args: args.topology == "gossip", "--topology gossip"),
+    "staleness_bound": parsing.Need(lambda args: not lock_step(args), "--gossip async"),
+    # The agents of --gossip async never hold gradients of the same moment.
+    "similarity_every": parsing.Need(
+        lock_step, "--gossip sync or --topology allreduce/none (agents in lock step)"
+    ),
+}
+
 DEFAULT_SIMILARITY_EVERY = 10
 
 
@@ -195,11 +223,6 @@ def validate(args: Args):
     parsing.check_in(args, "rmsprop_decay", 0, 1)
     if args.rmsprop_eps <= 0:
         parsing.fail(f"--rmsprop-eps must be positive, got {args.rmsprop_eps}")
-    if args.torso == "nature" and len(args.channels) != 3:
-        parsing.fail(
-            "--torso nature has three convolutions: --channels takes 3 values, got "
-            f"{len(args.channels)}"
-        )
     if args.similarity_every is not None and args.similarity_every <= 0:
         parsing.fail(f"--similarity-every must be positive, got {args.similarity_every}")
     num_agents = args.num_agents
@@ -209,21 +232,20 @@ def validate(args: Args):
             "--topology gossip needs --num-agents >= 2, --num-peers in 1 .. agents - 1; got "
             f"{num_agents} and {num_peers}"
         )
-    one_process_without_checkpoints = args.distributed or args.checkpoint_every or args.resume
-    if args.gossip == "async" and (args.topology != "gossip" or one_process_without_checkpoints):
+    parsing.check_run_options(args)
+    parsing.check_layers(args, ["channels", "hiddens"])
+    parsing.check_discrete_actions(args)
+    parsing.check_needs(args, NEEDS)
+    if args.torso == "nature" and len(torso_channels(args)) != 3:
         parsing.fail(
-            "--gossip async needs --topology gossip, in one process: not with "
+            "--torso nature has three convolutions: --channels takes 3 values, got "
+            f"{len(args.channels)}"
+        )
+    if args.gossip == "async" and (args.distributed or args.checkpoint_every or args.resume):
+        parsing.fail(
+            "--gossip async runs in one process without checkpoints: not with "
             "--distributed/--checkpoint-every/--resume"
         )
-    if args.gossip == "async" and args.similarity_every is not None:
-        parsing.fail(
-            "--similarity-every compares gradients of one moment, which --gossip async agents "
-            "never hold; use it with --gossip sync or --topology allreduce/none"
-        )
-    if args.staleness_bound and args.gossip != "async":
-        parsing.fail("--staleness-bound bounds asynchronous messages; use it with --gossip async")
-    parsing.check_run_options(args)
-    parsing.check_discrete_actions(args)
 
 
 def validate_layout(args: Args):
@@ -371,7 +393,7 @@ class Network(nn.Module):
 
 
 def network_of(args: Args, num_actions: int) -> Network:
-    return Network(args.torso, args.channels, args.hiddens, num_actions)
+    return Network(args.torso, torso_channels(args), args.hiddens, num_actions)
 
 
 # === Actor ===

@@ -132,6 +132,14 @@ class Args:
     replayed: the README's "What a resumed run is")"""
 
 
+# The options that act only in some configurations, with what each needs: `validate` refuses one
+# set away from its default where its need does not hold.
+NEEDS = {
+    **parsing.RUN_NEEDS,
+    "channels": parsing.IMAGE_OBSERVATIONS,
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Sizes:
     num_envs: int
@@ -171,7 +179,9 @@ def validate(args: Args):
     parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
     parsing.check_in(args, "gae_lambda", 0, 1)
     parsing.check_run_options(args)
+    parsing.check_layers(args, ["channels", "hiddens"])
     parsing.check_discrete_actions(args)
+    parsing.check_needs(args, NEEDS)
 
 
 def validate_layout(args: Args):

@@ -36,7 +36,6 @@ import functools
 import os
 import queue
 import time
-import types
 from typing import NamedTuple
 
 import envpool
@@ -167,6 +166,14 @@ class Args:
     none); the resumed run repeats the uninterrupted one"""
 
 
+# The options that act only in some configurations, with what each needs: `validate` refuses one
+# set away from its default where its need does not hold.
+NEEDS = {
+    **parsing.RUN_NEEDS,
+    "eval_every": parsing.Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Sizes:
     num_envs: int
@@ -202,8 +209,6 @@ def validate(args: Args):
     parsing.check_signs(args, positive.split(), non_negative.split())
     parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
     parsing.check_in(args, "gae_lambda", 0, 1)
-    if args.eval_every and not args.eval_episodes:
-        fail("--eval-every needs --eval-episodes: the number of episodes of each evaluation")
     if args.env_id not in envpool.list_all_envs():
         fail(
             f"--env-id {args.env_id} is not an envpool environment; try HalfCheetah-v4 or "
@@ -211,8 +216,9 @@ def validate(args: Args):
         )
     if not is_continuous(args.env_id):
         fail(f"--env-id {args.env_id} has discrete actions; train it with cleanba_ppo.py")
-    # The shared checks cover an image network's channels too; this MLP has none.
-    parsing.check_run_options(types.SimpleNamespace(**vars(args), channels=()))
+    parsing.check_needs(args, NEEDS)
+    parsing.check_run_options(args)
+    parsing.check_layers(args, ["hiddens"])
 
 
 def validate_layout(args: Args):

@@ -24,7 +24,6 @@ import functools
 import os
 import queue
 import time
-import types
 from typing import Any, NamedTuple
 
 import envpool
@@ -163,6 +162,16 @@ class Args:
     none); the resumed run repeats the uninterrupted one"""
 
 
+# The options that act only in some configurations, with what each needs: `validate` refuses one
+# set away from its default where its need does not hold.
+NEEDS = {
+    **parsing.RUN_NEEDS,
+    "eval_every": parsing.Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
+    "alpha": parsing.Need(lambda args: not args.autotune, "--no-autotune"),
+    "alpha_lr": parsing.Need(lambda args: args.autotune, "--autotune"),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Sizes:
     num_envs: int
@@ -218,8 +227,9 @@ def validate(args: Args):
             f"--learning-starts {args.learning_starts} is not below --total-timesteps "
             f"{args.total_timesteps}: the run would never learn"
         )
-    # The shared checks cover an image network's channels too; these MLPs have none.
-    parsing.check_run_options(types.SimpleNamespace(**vars(args), channels=()))
+    parsing.check_run_options(args)
+    parsing.check_layers(args, ["hiddens"])
+    parsing.check_needs(args, NEEDS)
 
 
 def validate_layout(args: Args):

@@ -46,6 +46,12 @@ def is_continuous(env_id: str) -> bool:
     return np.issubdtype(envpool.make_spec(env_id).action_space.dtype, np.floating)
 
 
+def has_image_observations(env_id: str) -> bool:
+    """Tasks observed as stacked frames (channels, height, width), as Atari's: the tasks a CNN torso
+    is for."""
+    return len(getattr(envpool.make_spec(env_id).observation_space, "shape", None) or ()) == 3
+
+
 def flat_observation(obs) -> np.ndarray:
     """float32 (envs, features). dm_control tasks observe a dict of arrays: their features are
     concatenated in sorted key order."""

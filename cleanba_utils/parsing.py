@@ -10,7 +10,8 @@ import dataclasses
 import io
 import math
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NamedTuple, NoReturn
 
 
 def fail(message: str, prog: str | None = None) -> NoReturn:
@@ -73,8 +74,7 @@ def check_in(args, name: str, low: float, high: float, low_open: bool = False):
 
 
 def check_run_options(args):
-    """The options every script has: the distributed run, resume, envpool, the network and the
-    environment."""
+    """The options every script has: the distributed run, envpool and the environment."""
     import envpool
 
     distributed_options = [args.coordinator_address, args.num_processes, args.process_id]
@@ -90,18 +90,82 @@ def check_run_options(args):
             f"--process-id must be in 0 .. {args.num_processes - 1} (--num-processes), "
             f"got {args.process_id}"
         )
-    if args.resume and args.run_name is None:
-        fail("--resume needs --run-name: the run folder whose checkpoints to continue from")
     if args.envpool_num_threads is not None and args.envpool_num_threads <= 0:
         fail(f"--envpool-num-threads must be positive, got {args.envpool_num_threads}")
-    if not args.channels and not args.hiddens:
-        fail("--channels and --hiddens are both empty; give the network at least one layer")
-    if any(c <= 0 for c in args.channels + args.hiddens):
-        fail("--channels and --hiddens take positive layer sizes")
     if args.env_id not in envpool.list_all_envs():
         fail(
             f"--env-id {args.env_id} is not an envpool environment; try Breakout-v5 or CartPole-v1"
         )
+
+
+def check_layers(args, names: list[str]):
+    """A network's layer sizes, given by the options `names` together (an unset one, None, is the
+    script's own choice): at least one layer, every size positive."""
+    sizes = {name: tuple(getattr(args, name) or ()) for name in names}
+    together = " and ".join(flag(name) for name in names)
+    if not any(sizes.values()):
+        fail(f"{together} {'are' if len(names) > 1 else 'is'} empty; give the network a layer")
+    for name, layers in sizes.items():
+        if any(size <= 0 for size in layers):
+            fail(f"{flag(name)} takes positive layer sizes, got {' '.join(map(str, layers))}")
+
+
+class Need(NamedTuple):
+    """What an option needs to act: `holds(args)` says whether it acts in the configuration `args`
+    chose, `what` names the options (or the task) that make it act."""
+
+    holds: Callable[[Any], bool]
+    what: str
+
+
+# The options of every script that act only with another one.
+RUN_NEEDS = {
+    "wandb_project_name": Need(lambda args: args.track, "--track"),
+    "wandb_entity": Need(lambda args: args.track, "--track"),
+    "coordinator_address": Need(lambda args: args.distributed, "--distributed"),
+    "num_processes": Need(lambda args: args.distributed, "--distributed"),
+    "process_id": Need(lambda args: args.distributed, "--distributed"),
+    "resume": Need(
+        lambda args: args.run_name is not None,
+        "--run-name, the run folder whose checkpoints to continue from",
+    ),
+}
+
+
+def observes_images(args) -> bool:
+    from cleanba_utils.envs import has_image_observations
+
+    return has_image_observations(args.env_id)
+
+
+IMAGE_OBSERVATIONS = Need(observes_images, "an --env-id of image observations (Atari: Breakout-v5)")
+"""What a CNN torso's options need."""
+
+
+def default_of(field: dataclasses.Field):
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
+
+
+def shown(name: str, value) -> str:
+    """An option as the user typed it: `--no-autotune`, `--channels 8 16`, `--alpha 0.1`."""
+    if isinstance(value, bool):
+        return flag(name) if value else f"--no-{name.replace('_', '-')}"
+    if isinstance(value, tuple):
+        return " ".join([flag(name), *map(str, value)])
+    return f"{flag(name)} {value}"
+
+
+def check_needs(args, needs: dict[str, Need]):
+    """Refuses an option set away from its default where it would have no effect: `needs` maps an
+    option to what it needs (a script's table). A user who sets an option and sees it ignored draws
+    wrong conclusions from the run."""
+    for field in dataclasses.fields(args):
+        need = needs.get(field.name)
+        value = getattr(args, field.name)
+        if need is not None and value != default_of(field) and not need.holds(args):
+            fail(f"{shown(field.name, value)} has no effect here: it acts only with {need.what}")
 
 
 def check_discrete_actions(args):

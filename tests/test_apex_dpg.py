@@ -824,7 +824,7 @@ BAD_INPUTS = [
     (["--learning-starts", "100", "--buffer-size", "50"], "--learning-starts"),
     (["--buffer-size", str(10**10)], "--buffer-size"),
     (["--critic-hiddens"], "--critic-hiddens"),
-    (["--actor-hiddens", "0"], "--hiddens"),
+    (["--actor-hiddens", "0"], "--actor-hiddens"),
     (["--learner-device-ids", "7"], "--learner-device-ids"),
     (["--resume"], "--resume"),
     (["--eval-every", "-1"], "--eval-every"),

@@ -40,9 +40,10 @@ SCRIPTS = {
         tags={"losses/policy_loss", "losses/value_loss", "losses/clipfrac"},
         learning_rates=[2.5e-4, 2.5e-4 * 2 / 3, 2.5e-4 / 3],
     ),
-    # CartPole: episodes of a few dozen steps, so every layout crosses episode boundaries.
+    # CartPole: episodes of a few dozen steps, so every layout crosses episode boundaries (its
+    # vector observations take no --channels).
     "cleanba_impala": dict(
-        args=[*IMPALA_TINY, "--env-id", "CartPole-v1"],
+        args=[*IMPALA_TINY[IMPALA_TINY.index("--hiddens") :], "--env-id", "CartPole-v1"],
         atol=IMPALA_LAYOUT_ATOL,
         tags={"losses/pg_loss", "losses/baseline_loss", "charts/episodic_return"},
         learning_rates=[6e-4, 4e-4, 2e-4],
