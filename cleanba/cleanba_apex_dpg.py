@@ -1213,16 +1213,6 @@ def saved_of(args, empty_replay: dict, checkpointable: Checkpointable) -> Saved:
     return Saved(state=state, replay=replay, pending=saved_pending, **actors)
 
 
-def evaluation(args, run, global_step: int, params) -> list[float]:
-    """The returns of --eval-episodes episodes of `params` in environments of the evaluation seed
-    (the run's + 1,000,000, as `Run.finish`'s), their mean logged as charts/eval_return."""
-    eval_returns = evaluate(params, args, args.eval_episodes, args.seed + 1_000_000)
-    mean_return = float(np.mean(eval_returns))
-    run.log({"charts/eval_return": mean_return}, global_step)
-    print(f"eval: mean return {mean_return:.1f} at step {global_step}", flush=True)
-    return eval_returns
-
-
 def log_update(
     args, sizes, run, update, rollouts, read_priorities, metrics, learn_stats, tally, loop_stats
 ):
@@ -1312,7 +1302,6 @@ def train(args: Args):
     jobs = BackgroundJobs("replay", run.stop, run.failures)
     metrics = None
     learn_stats = None
-    eval_returns = None
     host_params = lambda: jax.device_get(first_replica(state.params()))
     send = lambda params, version: send_params(
         params,
@@ -1380,11 +1369,8 @@ def train(args: Args):
                 tally=tally,
                 loop_stats=loop_stats,
             )
-            due = update == sizes.num_updates or (args.eval_every and update % args.eval_every == 0)
-            if args.eval_episodes and due and run.is_main:
-                global_step = update * sizes.steps_per_update
-                eval_returns = evaluation(args, run, global_step=global_step, params=host_params())
-                run.record_evaluation(global_step, float(np.mean(eval_returns)))
+            if run.evaluation_due(update):
+                run.evaluate(update, host_params(), tally.learner_updates, evaluate)
             checkpointable = Checkpointable(
                 state=state,
                 replay=replay,
@@ -1400,9 +1386,7 @@ def train(args: Args):
             if update < sizes.num_updates:
                 last_sent = first_replica(state.params())
                 send(last_sent, learner_policy_version)
-    # The last update's evaluation is the one `Run.finish` makes: same parameters, same seed.
-    final_evaluation = evaluate if eval_returns is None else lambda *_: eval_returns
-    run.finish(host_params(), learner_policy_version, final_evaluation)
+    run.finish(host_params(), learner_policy_version, evaluate, tally.learner_updates)
 
 
 # === Main ===

@@ -1015,16 +1015,6 @@ def learn(args, replay: Replay, jobs: BackgroundJobs, state, update_fn, tally: T
     return state, metrics, stats, pending
 
 
-def evaluation(args, run, global_step: int, params) -> list[float]:
-    """The returns of --eval-episodes episodes of `params` in environments of the evaluation seed
-    (the run's + 1,000,000, as `Run.finish`'s), their mean logged as charts/eval_return."""
-    eval_returns = evaluate(params, args, args.eval_episodes, args.seed + 1_000_000)
-    mean_return = float(np.mean(eval_returns))
-    run.log({"charts/eval_return": mean_return}, global_step)
-    print(f"eval: mean return {mean_return:.1f} at step {global_step}", flush=True)
-    return eval_returns
-
-
 def log_update(
     args, sizes, run, update, rollouts, read_priorities, metrics, learn_stats, tally, loop_stats
 ):
@@ -1107,7 +1097,6 @@ def train(args: Args):
     metrics = None
     learn_stats = None
     pending = None
-    eval_returns = None
     with run.learner_loop([*threads, jobs.thread]) as end:
         send_params(
             first_replica(state.params),
@@ -1163,12 +1152,9 @@ def train(args: Args):
                 tally=tally,
                 loop_stats=loop_stats,
             )
-            due = update == sizes.num_updates or (args.eval_every and update % args.eval_every == 0)
-            if args.eval_episodes and due and run.is_main:
-                global_step = update * sizes.steps_per_update
+            if run.evaluation_due(update):
                 params = jax.device_get(first_replica(state.params))
-                eval_returns = evaluation(args, run, global_step=global_step, params=params)
-                run.record_evaluation(global_step, float(np.mean(eval_returns)))
+                run.evaluate(update, params, tally.learner_updates, evaluate)
             end.exit_code = run.after_update(state, update)
             if end.exit_code:
                 break
@@ -1180,11 +1166,8 @@ def train(args: Args):
                     param_queues=param_queues,
                     stop=run.stop,
                 )
-    # The last update's evaluation is the one `Run.finish` makes: same parameters, same seed.
-    final_evaluation = evaluate if eval_returns is None else lambda *_: eval_returns
-    run.finish(
-        jax.device_get(first_replica(state.params)), learner_policy_version, final_evaluation
-    )
+    params = jax.device_get(first_replica(state.params))
+    run.finish(params, learner_policy_version, evaluate, tally.learner_updates)
 
 
 # === Main ===

@@ -62,8 +62,12 @@ class Args:
     """save the consensus average of the agents' final parameters to
     `runs/{run_name}/{exp_name}.cleanba_model`"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the consensus average x̄: each one's return
-    under `eval/episodic_return`, their mean under `charts/eval_return`"""
+    """play this many episodes with the consensus average x̄ of the agents' parameters every
+    --eval-every updates and after the last, their mean logged as charts/eval_return (after the
+    last, each one's return under `eval/episodic_return`; 0: no evaluation)"""
+    eval_every: int = 0
+    """evaluate every this many updates (0: only after the last; agents in lock step only: those of
+    --gossip async make no update together); evaluation never changes the run"""
     eval_actions: Literal["greedy", "sampled"] = "greedy"
     """how the evaluation of x̄ chooses actions: greedy (argmax π(a|s), as the paper's Table 1) or
     sampled from π as in training"""
@@ -170,6 +174,10 @@ def lock_step(args: Args) -> bool:
 NEEDS = {
     **parsing.RUN_NEEDS,
     "eval_actions": parsing.Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
+    "eval_every": parsing.Need(
+        lambda args: args.eval_episodes > 0 and lock_step(args),
+        "--eval-episodes, agents in lock step (--gossip sync or --topology allreduce/none)",
+    ),
     "torso": parsing.IMAGE_OBSERVATIONS,
     "channels": parsing.IMAGE_OBSERVATIONS,
     "gossip": parsing.Need(lambda args: args.topology == "gossip", "--topology gossip"),
@@ -217,7 +225,8 @@ def validate(args: Args):
     """Checks every argument that needs no device, before any other work; exits 2 on the first
     problem."""
     positive = "total_timesteps local_num_envs num_steps max_grad_norm log_frequency num_agents"
-    non_negative = "learning_rate ent_coef vf_coef eval_episodes checkpoint_every staleness_bound"
+    non_negative = "learning_rate ent_coef vf_coef eval_episodes eval_every checkpoint_every"
+    non_negative += " staleness_bound"
     parsing.check_signs(args, positive.split(), non_negative.split())
     parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
     parsing.check_in(args, "rmsprop_decay", 0, 1)
@@ -948,6 +957,11 @@ def train_sync(args: Args, sizes: Sizes, network, state, run, agent_devices, glo
             log_update(run, global_step, scalars, agent_scalars)
             if update % args.log_frequency == 0 or update == sizes.num_updates:
                 print_consensus(run, update, global_step, consensus)
+            if run.evaluation_due(update):
+                # Every process gathers (a collective); the one that logs plays the episodes. Each
+                # agent has made one optimizer step per update.
+                consensus_params = jax.tree.map(lambda x: x.mean(0), gather(state.params))
+                run.evaluate(update, consensus_params, update, evaluate)
             end.exit_code = run.after_update(state, update)
             if end.exit_code:
                 break
@@ -1110,15 +1124,8 @@ def train(args: Args):
             agent_devices=agent_devices,
             global_devices=global_devices,
         )
-    global_step = version * sizes.steps_per_update
-
-    def evaluate_consensus(params, args, num_episodes, seed):
-        """`evaluate`, and the mean return of x̄ under its own key at the run's last step."""
-        returns = evaluate(params, args, num_episodes, seed)
-        run.log({"charts/eval_return": np.mean(returns)}, global_step)
-        return returns
-
-    run.finish(consensus_params, version, evaluate_consensus)
+    # Each agent has made one optimizer step per update.
+    run.finish(consensus_params, version, evaluate, optimizer_steps=version)
 
 
 # === Main ===

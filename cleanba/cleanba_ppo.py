@@ -56,7 +56,12 @@ class Args:
     save_model: bool = False
     """save the final parameters to `runs/{run_name}/{exp_name}.cleanba_model`"""
     eval_episodes: int = 0
-    """after training, play this many episodes with the final policy and log their returns"""
+    """play this many episodes with the learner's current policy in evaluation environments of their
+    own every --eval-every updates and after the last, logged as charts/eval_return (0: no
+    evaluation)"""
+    eval_every: int = 0
+    """evaluate every this many updates (0: only after the last); evaluation never changes the run
+    """
     log_frequency: int = 10
     """print and log losses every this many updates"""
 
@@ -136,6 +141,7 @@ class Args:
 # set away from its default where its need does not hold.
 NEEDS = {
     **parsing.RUN_NEEDS,
+    "eval_every": parsing.Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
     "channels": parsing.IMAGE_OBSERVATIONS,
 }
 
@@ -174,7 +180,7 @@ def validate(args: Args):
         "total_timesteps learning_rate local_num_envs num_actor_threads num_steps num_minibatches"
         " update_epochs gradient_accumulation_steps clip_coef max_grad_norm log_frequency"
     )
-    non_negative = "ent_coef vf_coef eval_episodes checkpoint_every"
+    non_negative = "ent_coef vf_coef eval_episodes eval_every checkpoint_every"
     parsing.check_signs(args, positive.split(), non_negative.split())
     parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
     parsing.check_in(args, "gae_lambda", 0, 1)
@@ -648,6 +654,12 @@ def learning_rate_at(args: Args, sizes: Sizes, update: int) -> float:
     return args.learning_rate * (1.0 - (update - 1) / sizes.num_updates)
 
 
+def optimizer_steps_after(args: Args, update: int) -> int:
+    """One optimizer step per minibatch of every epoch (the train state's `step` counts the
+    microbatches of --gradient-accumulation-steps)."""
+    return update * args.update_epochs * args.num_minibatches
+
+
 # === Learner loop ===
 
 
@@ -745,6 +757,9 @@ def train(args: Args):
                 learner_stats=learner_stats,
                 learning_rate=learning_rate_at(args, sizes, update),
             )
+            if run.evaluation_due(update):
+                params = jax.device_get(first_replica(state.params))
+                run.evaluate(update, params, optimizer_steps_after(args, update), evaluate)
             end.exit_code = run.after_update(state, update)
             if end.exit_code:
                 break
@@ -756,7 +771,9 @@ def train(args: Args):
                     param_queues=param_queues,
                     stop=run.stop,
                 )
-    run.finish(jax.device_get(first_replica(state.params)), learner_policy_version, evaluate)
+    params = jax.device_get(first_replica(state.params))
+    optimizer_steps = optimizer_steps_after(args, learner_policy_version)
+    run.finish(params, learner_policy_version, evaluate, optimizer_steps)
 
 
 # === Main ===

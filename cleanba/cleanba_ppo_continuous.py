@@ -886,14 +886,6 @@ def saved_of(checkpointable: Checkpointable) -> Saved:
     )
 
 
-def evaluate_during_training(args, run, state, global_step: int):
-    """--eval-every: the mean return of --eval-episodes episodes, logged as charts/eval_return."""
-    saved_policy = flax.serialization.to_state_dict(jax.device_get(host_policy(state)))
-    returns = evaluate(saved_policy, args, args.eval_episodes, args.seed + 1_000_000)
-    run.log({"charts/eval_return": np.mean(returns)}, global_step)
-    print(f"eval at step {global_step}: mean return {np.mean(returns):.1f}", flush=True)
-
-
 def train(args: Args):
     sizes = sizes_of(args, jax.process_count())
     actor_devices = [jax.local_devices()[i] for i in args.actor_device_ids]
@@ -975,8 +967,9 @@ def train(args: Args):
                 learner_stats=learner_stats,
                 learning_rate=learning_rate_at(args, sizes, update),
             )
-            if args.eval_every and update % args.eval_every == 0 and run.is_main:
-                evaluate_during_training(args, run, state, update * sizes.steps_per_update)
+            if run.evaluation_due(update):
+                saved_policy = flax.serialization.to_state_dict(jax.device_get(host_policy(state)))
+                run.evaluate(update, saved_policy, int(first_replica(state.step)), evaluate)
             end.exit_code = run.after_update(checkpointable, update)
             if end.exit_code:
                 break
@@ -984,7 +977,7 @@ def train(args: Args):
                 last_sent = host_policy(state)
                 send(last_sent, learner_policy_version)
     saved_policy = flax.serialization.to_state_dict(jax.device_get(host_policy(state)))
-    run.finish(saved_policy, learner_policy_version, evaluate)
+    run.finish(saved_policy, learner_policy_version, evaluate, int(first_replica(state.step)))
 
 
 # === Main ===

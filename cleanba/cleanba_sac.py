@@ -1084,16 +1084,6 @@ def log_update(args, sizes, run, update, rollouts, metrics, loop_stats: LoopStat
     run.print_progress(update, global_step, details)
 
 
-def evaluation(args, run, global_step: int, params) -> list[float]:
-    """The returns of --eval-episodes episodes of `params` in environments of the evaluation seed
-    (the run's + 1,000,000, as `Run.finish`'s), their mean logged as charts/eval_return."""
-    eval_returns = evaluate(params, args, args.eval_episodes, args.seed + 1_000_000)
-    mean_return = float(np.mean(eval_returns))
-    run.log({"charts/eval_return": mean_return}, global_step)
-    print(f"eval: mean return {mean_return:.1f} at step {global_step}", flush=True)
-    return eval_returns
-
-
 def model_params(state: SACState) -> dict:
     """What the model file saves and the fingerprint hashes: every parameter of the learner (this
     process's first replica), not the optimizer states."""
@@ -1180,7 +1170,6 @@ def train(args: Args):
     )
     metrics = None
     incoming = None
-    eval_returns = None
     console_rate = Rate(gradient_steps=gradient_steps, time=time.time())
     session_rate = None
     with run.learner_loop(threads) as end:
@@ -1235,11 +1224,8 @@ def train(args: Args):
                 loop_stats=loop_stats,
                 rate=console_rate,
             )
-            due = update == sizes.num_updates or (args.eval_every and update % args.eval_every == 0)
-            if args.eval_episodes and due and run.is_main:
-                global_step = update * sizes.steps_per_update
-                eval_returns = evaluation(args, run, global_step, model_params(state))
-                run.record_evaluation(global_step, float(np.mean(eval_returns)))
+            if run.evaluation_due(update):
+                run.evaluate(update, model_params(state), gradient_steps, evaluate)
             if end.exit_code:
                 break
             if update < sizes.num_updates:
@@ -1248,9 +1234,7 @@ def train(args: Args):
     session_updates_per_second = (
         session_rate.since(gradient_steps, restart=False) if session_rate else 0.0
     )
-    # The last update's evaluation is the one `Run.finish` makes: same parameters, same seed.
-    final_evaluation = evaluate if eval_returns is None else lambda *_: eval_returns
-    run.finish(model_params(state), learner_policy_version, final_evaluation)
+    run.finish(model_params(state), learner_policy_version, evaluate, gradient_steps)
     if run.is_main:
         # The session's gradient updates per second from its first one (evaluations included).
         add_to_summary(

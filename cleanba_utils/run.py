@@ -36,6 +36,8 @@ MEMORY_OPTIONS = {
 
 # (global step, mean return) of every evaluation so far, in the run folder.
 EVALUATIONS_FILE = "evaluations.json"
+EVAL_SEED_OFFSET = 1_000_000
+"""Evaluation environments are seeded with the run's seed + this: never the training ones."""
 
 PROGRESS_SECONDS = float(os.environ.get("CLEANBA_PROGRESS_SECONDS", 60))
 """the longest the console stays silent while a run trains: a line says which update is in
@@ -74,6 +76,8 @@ class Run:
     start_time: float = dataclasses.field(default_factory=time.time)
     evaluations: list = dataclasses.field(default_factory=list)
     """(global step, mean return) of the run's evaluations, those made before a resume included"""
+    last_evaluation: tuple | None = None
+    """(update, returns of its episodes) of this process's newest evaluation"""
     host_copy: object = run_files.first_replica
     """what a checkpoint saves of the learner state: its first replica where the learner devices
     hold copies of one state; a script whose devices hold different states gathers them (on every
@@ -130,12 +134,34 @@ class Run:
         for key, value in scalars.items():
             self.writer.add_scalar(key, value, global_step)
 
-    def record_evaluation(self, global_step: int, mean_return: float):
-        """Keeps an evaluation for summary.json, in the run folder too: a resumed run's summary
-        lists the evaluations made before its checkpoint."""
+    def evaluation_due(self, update: int) -> bool:
+        """With --eval-episodes: every --eval-every updates, and after the last one. The same answer
+        in every process (a script whose parameters need a collective gathers them in all)."""
+        args = self.args
+        every = args.eval_every
+        due = update == self.sizes.num_updates or (every > 0 and update % every == 0)
+        return args.eval_episodes > 0 and due
+
+    def evaluate(self, update: int, params, optimizer_steps: int, evaluate):
+        """Plays --eval-episodes episodes of `params` with `evaluate(params, args, num_episodes,
+        seed)`, the script's own, in environments of the evaluation seed (the run's + 1,000,000),
+        in the process that logs. Their mean return is logged as charts/eval_return and the
+        learner's optimizer steps so far as charts/opt_step, both at the update's global step, and
+        kept for summary.json (in the run folder too: a resumed run's summary lists the evaluations
+        made before its checkpoint)."""
+        if not self.is_main:
+            return
+        args = self.args
+        global_step = update * self.sizes.steps_per_update
+        returns = evaluate(params, args, args.eval_episodes, args.seed + EVAL_SEED_OFFSET)
+        mean_return = float(np.mean(returns))
+        self.log(
+            {"charts/eval_return": mean_return, "charts/opt_step": optimizer_steps}, global_step
+        )
+        print(f"eval: mean return {mean_return:.1f} at step {global_step}", flush=True)
         self.evaluations.append([global_step, mean_return])
-        if self.is_main:
-            run_files.write_json(os.path.join(self.dir, EVALUATIONS_FILE), self.evaluations)
+        self.last_evaluation = (update, returns)
+        run_files.write_json(os.path.join(self.dir, EVALUATIONS_FILE), self.evaluations)
 
     def checkpoint(self, state, update: int):
         """Call with `checkpoint_lock` held."""
@@ -370,10 +396,10 @@ class Run:
             self.writer.close()
             sys.exit(exit_code)
 
-    def finish(self, params, learner_policy_version: int, evaluate):
-        """After the last update: the model file, the evaluation episodes (`evaluate(params, args,
-        num_episodes, seed)` is the script's own), summary.json and the fingerprint as the last line
-        of stdout; stop signals are ignored from then on."""
+    def finish(self, params, learner_policy_version: int, evaluate, optimizer_steps: int):
+        """After the last update: the model file, the final evaluation's episodes (the one the loop
+        made after its last update, else one made here, as `evaluate`), summary.json and the
+        fingerprint as the last line of stdout; stop signals are ignored from then on."""
         args = self.args
         self.training_done = True
         self.end_progress()
@@ -385,7 +411,10 @@ class Run:
                 f"model saved to {run_files.save_model(args, params, self.dir, self.script_path)}"
             )
         if args.eval_episodes and self.is_main:
-            eval_returns = evaluate(params, args, args.eval_episodes, args.seed + 1_000_000)
+            final = self.last_evaluation
+            if final is None or final[0] != learner_policy_version:
+                self.evaluate(learner_policy_version, params, optimizer_steps, evaluate)
+            eval_returns = self.last_evaluation[1]
             for episode, episode_return in enumerate(eval_returns):
                 self.writer.add_scalar("eval/episodic_return", episode_return, episode)
             print(

@@ -36,8 +36,8 @@ RUN_NEEDS = {
     "resume": ["--run-name", "a_run"],
 }
 SCRIPTS = {
-    "ppo": (cleanba_ppo, RUN_NEEDS),
-    "impala": (cleanba_impala, RUN_NEEDS),
+    "ppo": (cleanba_ppo, {**RUN_NEEDS, "eval_every": ["--eval-episodes", "2"]}),
+    "impala": (cleanba_impala, {**RUN_NEEDS, "eval_every": ["--eval-episodes", "2"]}),
     "apex_dqn": (
         cleanba_apex_dqn,
         {**RUN_NEEDS, "eval_every": ["--eval-episodes", "2"]},
@@ -47,6 +47,7 @@ SCRIPTS = {
         {
             **RUN_NEEDS,
             "eval_actions": ["--eval-episodes", "2"],
+            "eval_every": ["--eval-episodes", "2"],
             "staleness_bound": ["--gossip", "async"],
         },
     ),
@@ -82,6 +83,11 @@ REFUSED_ELSEWHERE = {
         (["--topology", "allreduce", "--num-peers", "2"], "--num-peers", "--topology gossip"),
         (["--topology", "none", "--gossip", "async"], "--gossip", "--topology gossip"),
         (["--gossip", "async", "--similarity-every", "5"], "--similarity-every", "--gossip sync"),
+        (
+            ["--gossip", "async", "--eval-episodes", "2", "--eval-every", "5"],
+            "--eval-every",
+            "--gossip sync",
+        ),
     ],
     "ppo_continuous": [],
     "sac": [(["--no-autotune", "--alpha-lr", "0.01"], "--alpha-lr", "--autotune")],

@@ -20,7 +20,7 @@ import numpy as np
 import optax
 import pytest
 from flax.training.train_state import TrainState
-from helpers import REPO
+from helpers import REPO, scalars
 from tensorboardX import SummaryWriter
 
 from cleanba_utils import checkpoints, env_records, parsing, run_files, signals, threads
@@ -397,7 +397,13 @@ class NamedRunArgs:
     resume: bool = False
     distributed: bool = False
     save_model: bool = False
-    eval_episodes: int = 0
+    eval_episodes: int = 2
+    eval_every: int = 2
+
+
+def returning(value: float):
+    """An evaluation whose episodes all return `value`."""
+    return lambda params, args, num_episodes, seed: [value] * num_episodes
 
 
 def test_a_resumed_runs_summary_keeps_earlier_evaluations_and_a_finished_run_ignores_stops(
@@ -408,19 +414,31 @@ def test_a_resumed_runs_summary_keeps_earlier_evaluations_and_a_finished_run_ign
     first = open_run(
         NamedRunArgs(), RunSizes(), "script.py", dict(update=0, wall_time_s=0.0), devices
     )
-    for step in [16, 32, 40]:
-        first.record_evaluation(step, float(step))
+    assert [update for update in range(1, 6) if first.evaluation_due(update)] == [2, 4, 5]
+    for update in [2, 4, 5]:
+        first.evaluate(update, params=None, optimizer_steps=3 * update, evaluate=returning(update))
     first.writer.close()
+    assert scalars(tmp_path / "runs" / "evaluated", "charts/opt_step") == [
+        (16, 6),
+        (32, 12),
+        (40, 15),
+    ]
     # Preempted after the checkpoint of update 4 (step 32): the evaluation of step 40 followed it,
     # and the resumed run makes it again.
     resumed = open_run(
         NamedRunArgs(resume=True), RunSizes(), "script.py", dict(update=4, wall_time_s=1.0), devices
     )
-    assert resumed.evaluations == [[16, 16.0], [32, 32.0]]
-    resumed.record_evaluation(40, 41.0)
+    assert resumed.evaluations == [[16, 2.0], [32, 4.0]]
+    resumed.evaluate(5, params=None, optimizer_steps=15, evaluate=returning(41.0))
     handlers = {signum: signal.getsignal(signum) for signum in signals.STOP_SIGNALS}
     try:
-        resumed.finish({"w": np.zeros(2, np.float32)}, learner_policy_version=5, evaluate=None)
+        # The final evaluation is the last update's: `finish` plays no other episodes.
+        resumed.finish(
+            {"w": np.zeros(2, np.float32)},
+            learner_policy_version=5,
+            evaluate=returning(float("nan")),
+            optimizer_steps=15,
+        )
         # A finished run ignores stop signals: Python's shutdown would restore their default
         # action, and a launcher's late SIGTERM would end the finished run with -15.
         assert all(signal.getsignal(signum) == signal.SIG_IGN for signum in handlers)
@@ -428,7 +446,7 @@ def test_a_resumed_runs_summary_keeps_earlier_evaluations_and_a_finished_run_ign
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
     summary = json.loads((tmp_path / "runs" / "evaluated" / "summary.json").read_text())
-    assert summary["eval_returns"] == [[16, 16.0], [32, 32.0], [40, 41.0]]
+    assert summary["eval_returns"] == [[16, 2.0], [32, 4.0], [40, 41.0]]
     assert summary["eval_return"] == 41.0
 
 
