@@ -1,33 +1,44 @@
-"""Report on one launcher experiment: trial ranking, per-env metrics, learning curves and search
-history.
+"""Report on one launcher experiment: SLM Lab's metrics and graphs, trial ranking, per-env metrics,
+learning curves and search history.
 
     python -m cleanba_utils.experiments.analyze runs/_experiments/NAME [--out-dir DIR] \\
-        [--last-n 100] [--reps 2000] [--seed 0]
+        [--last-n 100] [--reps 2000] [--seed 0] [--json]
 
-writes report.md and PNGs into --out-dir (default: the experiment folder) and prints the report's
-path; the runs are the TensorBoard folders runs/<run_name>/ two levels above the experiment folder.
+writes report.md, the PNGs and sessions/<run name>.csv into --out-dir (default: the experiment
+folder) and prints the report's path, or with --json SLM Lab's metrics per env, trial and session
+(null where a metric has no value; the trial's notes say why); the runs are the TensorBoard folders
+runs/<run_name>/ two levels above the experiment folder. Each env's random baseline, and where it
+came from, is printed on stderr.
 
-A session is one run (one seed) of a trial on one env. Its curve is the running mean of its last
---last-n episodic returns, against global step (or wall time since the run's first event). A trial's
-value is the mean over sessions.
+A session is one run (one seed) of a trial on one env.
+
+- random: the env's random baseline (random_baseline.py): spec["random_scores"][env] if given, else
+  the published random score of the 57 Atari games, else the mean return of uniformly random play
+  measured with envpool and cached in the experiment folder.
+- SLM Lab's metrics (slm_metrics.py, slm_report.py), from the evaluations during training
+  (charts/eval_return, charts/opt_step): per session final_return_ma, strength, max_strength,
+  final_strength, sample_efficiency, training_efficiency, stability, per trial their means and
+  consistency. Trials are listed by strength, as in SLM Lab's experiment table; the experiment
+  graph and a trial graph per trial go with them. Runs without evaluations have none.
+
+The other metrics are computed on the curve of a session: the running mean of its last --last-n
+episodic returns, against global step (or wall time since the run's first event). A trial's value
+is the mean over sessions.
 
 - Curves of a trial on an env: each session's curve on 100 grid points from 0 to the largest step
   (wall time) of any of the trial's sessions, as a step function: the last value at or before a grid
   point, NaN before the session's first episode (after its last, the last value holds: sessions end
   a few steps apart). The mean ignores NaN; its band is the 2.5-97.5 percentile interval of --reps
   bootstrap resamples of the sessions (numpy generator seeded by --seed).
-- random: spec["random_scores"][env] if given, else the published random score of the 57 Atari
-  games, else the mean of the first 10 episodic returns of every session on the env (an untrained
-  policy plays about randomly).
 - final_return: the mean of a session's last --last-n episodic returns.
 - auc: the mean of a session's grid curve over the grid points (NaN ignored), the area under the
   curve per step; shown normalized between random (0) and the best trial's auc on the env (1).
 - steps_to_threshold: the first global step at which a session's curve reaches the threshold,
   spec["thresholds"][env] if given, else halfway between random and the best trial's final_return;
   the mean over the sessions that did.
-- stability: (final - random) / (best - random), best and final being the maximum and last value of
+- retention: (final - random) / (best - random), best and final being the maximum and last value of
   a session's curve, clipped to [0, 1] (1: it keeps its best); NaN if best <= random.
-- consistency: 1 - std(final_return over sessions) / (best trial's final_return - random), clipped
+- agreement: 1 - std(final_return over sessions) / (best trial's final_return - random), clipped
   to [0, 1].
 - sps: a session's last global step / its last wall time.
 Trials are ranked by the experiment's metric (final_return or auc) with a 95% bootstrap interval
@@ -48,13 +59,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import optuna
 
-from cleanba_utils.experiments import cli, hns
+from cleanba_utils.experiments import cli, hns, slm_metrics, slm_report
 from cleanba_utils.experiments.events import GRID_POINTS, read_scalars, running_mean
 from cleanba_utils.experiments.figures import save_figure
+from cleanba_utils.experiments.random_baseline import random_baseline
 from cleanba_utils.experiments.spec import METRICS
 from cleanba_utils.parsing import fail
 
-FIRST_EPISODES = 10
 X_AXES = {"steps": ("steps", "global step"), "wall_time": ("wall_times", "wall time (s)")}
 
 
@@ -95,13 +106,17 @@ def steps_to_threshold(steps, curve, threshold):
     return float(steps[reached[0]]) if len(reached) else np.nan
 
 
-def stability(curve, random):
+def retention(curve, random):
+    """How much of its best a session keeps at its end, over random: (final - random) / (best -
+    random) clipped to [0, 1]; NaN if best <= random. Not SLM Lab's stability."""
     best = np.max(curve)
     final = curve[-1]
     return float(np.clip((final - random) / (best - random), 0, 1)) if best > random else np.nan
 
 
-def consistency(finals, random, best):
+def agreement(finals, random, best):
+    """1 - std(final returns over sessions) / (best - random) clipped to [0, 1]; 1 for one session.
+    Not SLM Lab's consistency."""
     if len(finals) == 1:
         return 1.0
     return float(np.clip(1 - np.std(finals) / (best - random), 0, 1)) if best > random else np.nan
@@ -124,16 +139,6 @@ def bootstrap_score(per_env, references, reps, seed):
         samples.append(normalize(np.nanmean(resampled, axis=1), random, best))
     low, high = np.nanpercentile(np.nanmean(samples, axis=0), [2.5, 97.5])
     return float(np.nanmean(points)), float(low), float(high)
-
-
-def random_reference(env_id, spec, first_returns):
-    """(random score, where it came from)."""
-    if env_id in (spec.get("random_scores") or {}):
-        return float(spec["random_scores"][env_id]), "spec random_scores"
-    if env_id in hns.reference_scores():
-        return hns.reference_scores()[env_id][0], "published Atari random score"
-    source = f"mean of the first {FIRST_EPISODES} episodic returns of every session"
-    return float(np.mean(first_returns)), source
 
 
 class Trial(NamedTuple):
@@ -215,9 +220,10 @@ def fmt(value, spec=".4g"):
     return "–" if value is None or not np.isfinite(value) else format(value, spec)
 
 
-def analyze_env(env_id, by_trial, spec, first_returns, last_n):
-    """The metrics of the trials in `by_trial` ({number: [Session]}) on one env."""
-    random, random_source = random_reference(env_id, spec, first_returns)
+def analyze_env(env_id, by_trial, spec, baseline, last_n):
+    """The metrics of the trials in `by_trial` ({number: [Session]}) on one env; `baseline` is its
+    RandomBaseline."""
+    random = baseline.mean
     finals = {
         n: np.array([final_return(s.returns, last_n) for s in ss]) for n, ss in by_trial.items()
     }
@@ -240,7 +246,7 @@ def analyze_env(env_id, by_trial, spec, first_returns, last_n):
         else "halfway from random to the best final_return"
     )
     description = (
-        f"random = {fmt(random)} ({random_source}); "
+        f"random = {fmt(random)} ({baseline.source}); "
         f"threshold = {fmt(threshold)} ({threshold_source})."
     )
     rows = {}
@@ -254,8 +260,8 @@ def analyze_env(env_id, by_trial, spec, first_returns, last_n):
             fmt(finals[n].mean()),
             fmt(normalize(np.nanmean(aucs[n]), *references["auc"])),
             f"{fmt(np.mean(hit) if hit else None, ',.0f')} ({len(hit)}/{len(ss)} reached)",
-            fmt(np.nanmean([stability(s.curve, random) for s in ss])),
-            fmt(consistency(finals[n], random, best)),
+            fmt(np.nanmean([retention(s.curve, random) for s in ss])),
+            fmt(agreement(finals[n], random, best)),
             fmt(np.nanmean([sps(s.steps, s.wall_times) for s in ss]), ",.0f"),
         ]
     return EnvResult(values, references, description, rows)
@@ -404,34 +410,115 @@ def ranking_lines(header, trials, ranked, sessions, several):
     ]
 
 
+def baseline_text(baseline):
+    if baseline.episodes:
+        return f"{fmt(baseline.mean)} +- {fmt(baseline.standard_error, '.2g')} ({baseline.source})"
+    return f"{fmt(baseline.mean)} ({baseline.source})"
+
+
+def slm_lines(env_id, baseline, results, trials, graphs):
+    """The SLM Lab section of one env: its trials ranked by strength, their sessions, the graphs."""
+    params = {trial.number: trial.params for trial in trials}
+    rows = []
+    session_rows = []
+    for place, number in enumerate(slm_report.by_strength(results), start=1):
+        result = results[number]
+        metrics = [fmt(result.metrics[name]) for name in slm_metrics.TRIAL_METRICS]
+        rows.append(
+            [
+                str(place),
+                f"#{number}",
+                describe(params[number]),
+                str(len(result.sessions)),
+                *metrics,
+            ]
+        )
+        for session in result.sessions:
+            values = [fmt(session.metrics[name]) for name in slm_metrics.SESSION_METRICS]
+            session_rows.append([f"#{number}", session.run_name, str(session.evaluations), *values])
+    notes = sorted({note for result in results.values() for note in result.notes})
+    lines = [
+        f"## SLM Lab metrics on {env_id}",
+        "",
+        f"Random baseline R_rand = {baseline_text(baseline)}. Trials ranked by strength, as SLM "
+        "Lab's experiment table; each session's series (frame, opt_step, total_reward) is in "
+        "sessions/.",
+        "",
+        *table(["rank", "trial", "params", "sessions", *slm_metrics.TRIAL_METRICS], rows),
+        "",
+        *(f"- {note}" for note in notes),
+        *([""] if notes else []),
+        *table(["trial", "session", "evaluations", *slm_metrics.SESSION_METRICS], session_rows),
+        "",
+    ]
+    for name, text in graphs:
+        lines += [f"![{text}]({name})", ""]
+    return lines
+
+
+def slm_section(env_id, by_trial, baseline, trials, title, out_dir):
+    """(TrialResults, report lines) of one env; writes the session CSVs and the graphs."""
+    results = slm_report.analyze_env(env_id, by_trial, baseline.mean, out_dir)
+    params = {trial.number: trial.params for trial in trials}
+    env_name = slm_report.safe_name(env_id)
+    graphs = [(f"experiment_graph_{env_name}.png", f"experiment graph on {env_id}")]
+    slm_report.plot_experiment_graph(
+        f"{title} on {env_id}", results, params, out_dir / graphs[0][0]
+    )
+    for number in slm_report.by_strength(results):
+        name = f"trial_graph_{env_name}_t{number}.png"
+        slm_report.plot_trial_graph(
+            f"{title} t{number} on {env_id}", by_trial[number], baseline.mean, out_dir / name
+        )
+        graphs.append((name, f"trial graph of #{number} on {env_id}"))
+    return results, slm_lines(env_id, baseline, results, trials, graphs)
+
+
 def write_report(args):
-    """Writes the report and its PNGs; returns the report's path."""
+    """Writes the report, its PNGs and the session CSVs; returns (the report's path, what --json
+    prints)."""
     header, spec, trials = read_experiment(args.experiment_dir)
     runs_dir = args.experiment_dir.parent.parent
     out_dir = args.out_dir or args.experiment_dir
     notes = []
     sessions = load_sessions(runs_dir, trials, args.last_n, notes)
-    if not sessions:
+    series = slm_report.load_series(runs_dir, trials, notes)
+    if not sessions and not series:
         raise ValueError(
             f"no run of experiment {header['experiment']} under {runs_dir} has logged an episode "
             "yet"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
+    baselines = {}
+    for env in sorted({env for _, env in [*sessions, *series]}):
+        baselines[env] = random_baseline(env, spec, args.experiment_dir)
+        cli.info(f"random baseline of {env}: {baseline_text(baselines[env])}", prog="analyze")
     results = {}
     active = [t.number for t in trials if t.state != "failed"]
     for env in sorted({env for _, env in sessions}):
-        first = np.concatenate(
-            [s.returns[:FIRST_EPISODES] for (_, e), ss in sessions.items() if e == env for s in ss]
-        )
         by_trial = {n: sessions[n, env] for n in active if (n, env) in sessions}
         if by_trial:
             results[env] = analyze_env(
                 env_id=env,
                 by_trial=by_trial,
                 spec=spec,
-                first_returns=first,
+                baseline=baselines[env],
                 last_n=args.last_n,
             )
+    slm_results = {}
+    slm_text = []
+    for env in sorted({env for _, env in series}):
+        by_trial = {n: series[n, env] for n in active if (n, env) in series}
+        if by_trial:
+            slm_results[env], lines = slm_section(
+                env_id=env,
+                by_trial=by_trial,
+                baseline=baselines[env],
+                trials=trials,
+                title=header["experiment"],
+                out_dir=out_dir,
+            )
+            slm_text += lines
     ranked = rank(
         trials=trials, results=results, metric=header["metric"], reps=args.reps, seed=args.seed
     )
@@ -439,6 +526,7 @@ def write_report(args):
     lines += [
         f"git SHA `{header['git_sha']}`, method {header['method']}, metric {header['metric']}.",
         "",
+        *slm_text,
     ]
     lines += ranking_lines(
         header=header,
@@ -455,13 +543,13 @@ def write_report(args):
         "final_return",
         "auc (normalized)",
         "steps_to_threshold",
-        "stability",
+        "retention",
     ]
     for env, result in results.items():
         lines += [f"## {env}", "", result.description, ""]
         lines += [
             *table(
-                [*columns, "consistency", "sps"],
+                [*columns, "agreement", "sps"],
                 [result.rows[n] for n in order if n in result.rows],
             ),
             "",
@@ -490,7 +578,13 @@ def write_report(args):
         lines += ["## Warnings", "", *(f"- {note}" for note in notes), ""]
     path = out_dir / "report.md"
     path.write_text("\n".join(lines))
-    return path
+    record = {
+        "experiment": header["experiment"],
+        "report": str(path),
+        "envs": slm_report.json_record(slm_results, baselines, trials, out_dir),
+        "notes": notes,
+    }
+    return path, record
 
 
 def main(argv=None):
@@ -508,6 +602,11 @@ def main(argv=None):
     )
     parser.add_argument("--reps", type=cli.positive_int, default=2000, help="bootstrap resamples")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print SLM Lab's metrics per trial and session as JSON instead of the report's path",
+    )
     cli.one_line_errors(parser, "analyze")
     args = parser.parse_args(argv)
     try:
@@ -516,7 +615,8 @@ def main(argv=None):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             warnings.simplefilter("ignore", UserWarning)
-            print(write_report(args))
+            path, record = write_report(args)
+            print(json.dumps(record, indent=1) if args.json else path)
     except ValueError as error:
         fail(str(error), prog="analyze")
 

@@ -11,6 +11,11 @@ def warn(message: str, prog: str):
     print(f"{prog}: warning: {message}", file=sys.stderr)
 
 
+def info(message: str, prog: str):
+    """What a tool tells besides its output, on stderr."""
+    print(f"{prog}: {message}", file=sys.stderr)
+
+
 def positive_int(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
