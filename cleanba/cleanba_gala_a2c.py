@@ -35,6 +35,7 @@ from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.envs import envpool_num_threads, is_atari
 from cleanba_utils.handoff import check_policy_lag
 from cleanba_utils.run import open_run, run_dir_of
+from cleanba_utils.run_args import RUN_NEEDS, RunArgs
 from cleanba_utils.run_files import first_replica
 from cleanba_utils.threads import POLL_SECONDS, Stopped, queue_get, queue_put, start_thread
 
@@ -42,22 +43,9 @@ from cleanba_utils.threads import POLL_SECONDS, Stopped, queue_get, queue_put, s
 
 
 @dataclasses.dataclass
-class Args:
+class Args(RunArgs):
+    # The run options of `RunArgs` whose default or meaning differ here.
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment"""
-    seed: int = 1
-    """seed of the experiment: environments, action sampling and initialization"""
-    run_name: str | None = None
-    """name of the run folder under `runs/` (default: `{env_id}__{exp_name}__{seed}__{unix time}`)
-    """
-    group: str = ""
-    """free-form label of the experiment this run belongs to, recorded in spec.json"""
-    track: bool = False
-    """log to Weights & Biases"""
-    wandb_project_name: str = "cleanba"
-    """the Weights & Biases project"""
-    wandb_entity: str | None = None
-    """the Weights & Biases entity (team)"""
     save_model: bool = False
     """save the consensus average of the agents' final parameters to
     `runs/{run_name}/{exp_name}.cleanba_model`"""
@@ -68,11 +56,19 @@ class Args:
     eval_every: int = 0
     """evaluate every this many updates (0: only after the last; agents in lock step only: those of
     --gossip async make no update together); evaluation never changes the run"""
+    log_frequency: int = 100
+    """print a console line every this many updates"""
+    concurrency: bool = True
+    """let each actor collect the next rollout while its learner trains (policy lag 1 instead of 0).
+    Cleanba's protocol, not the paper's: in Algorithm 1 an agent acts with its current parameters
+    (--no-concurrency)"""
+    distributed: bool = False
+    """join a multi-process run with jax.distributed (--gossip sync and allreduce; agents split over
+    processes)"""
+
     eval_actions: Literal["greedy", "sampled"] = "greedy"
     """how the evaluation of x̄ chooses actions: greedy (argmax π(a|s), as the paper's Table 1) or
     sampled from π as in training"""
-    log_frequency: int = 100
-    """print a console line every this many updates"""
     env_id: str = "Breakout-v5"
     """the id of the envpool environment"""
     total_timesteps: int = 10_000_000
@@ -92,9 +88,6 @@ class Args:
     table does not say which"""
     local_num_envs: int = 16
     """the number of environments of each agent"""
-    envpool_num_threads: int | None = None
-    """worker threads of each envpool instance (default: CPUs / agents); results do not depend on it
-    """
     num_steps: int = 5
     """the number of steps each environment runs per rollout: the horizon of the bootstrapped
     returns"""
@@ -135,26 +128,6 @@ class Args:
     """measure the cosine similarity of ring neighbours' gradients every this many updates (default
     10). Lock-step modes only: the agents of --gossip async never hold gradients of the same moment,
     so it is refused there"""
-    concurrency: bool = True
-    """let each actor collect the next rollout while its learner trains (policy lag 1 instead of 0).
-    Cleanba's protocol, not the paper's: in Algorithm 1 an agent acts with its current parameters
-    (--no-concurrency)"""
-    distributed: bool = False
-    """join a multi-process run with jax.distributed (--gossip sync and allreduce; agents split over
-    processes)"""
-    coordinator_address: str | None = None
-    """host:port of process 0, for --distributed outside SLURM"""
-    num_processes: int | None = None
-    """the number of processes, for --distributed outside SLURM"""
-    process_id: int | None = None
-    """this process's index in 0 .. num_processes - 1, for --distributed outside SLURM"""
-    checkpoint_every: int = 0
-    """save a checkpoint of all agents every this many updates (0: only at the end and on SIGTERM /
-    SIGUSR1)"""
-    resume: bool = False
-    """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is
-    none); the environments start anew from the run's seeds (Atari's sticky actions cannot be
-    replayed: the README's "What a resumed run is")"""
 
 
 TORSO_CHANNELS = {"nature": (32, 64, 64), "impala": (16, 32, 32)}
@@ -172,7 +145,7 @@ def lock_step(args: Args) -> bool:
 # The options that act only in some configurations, with what each needs: `validate` refuses one
 # set away from its default where its need does not hold.
 NEEDS = {
-    **parsing.RUN_NEEDS,
+    **RUN_NEEDS,
     "eval_actions": parsing.Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
     "eval_every": parsing.Need(
         lambda args: args.eval_episodes > 0 and lock_step(args),

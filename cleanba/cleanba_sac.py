@@ -50,6 +50,7 @@ from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.parsing import fail
 from cleanba_utils.replay import Mark, PrioritizedReplay
 from cleanba_utils.run import open_run, run_dir_of
+from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.run_files import (
     add_to_summary,
     first_replica,
@@ -61,34 +62,14 @@ from cleanba_utils.threads import queue_get, queue_put, start_thread
 
 
 @dataclasses.dataclass
-class Args:
+class Args(DeviceArgs):
+    # The run options of `DeviceArgs` whose default or meaning differ here.
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment"""
-    seed: int = 1
-    """seed of the experiment: environments, actions, initialization, replay sampling"""
-    run_name: str | None = None
-    """name of the run folder under `runs/` (default: `{env_id}__{exp_name}__{seed}__{unix time}`)
-    """
-    group: str = ""
-    """free-form label of the experiment this run belongs to, recorded in spec.json"""
-    track: bool = False
-    """log to Weights & Biases"""
-    wandb_project_name: str = "cleanba"
-    """the Weights & Biases project"""
-    wandb_entity: str | None = None
-    """the Weights & Biases entity (team)"""
-    save_model: bool = False
-    """save the final parameters (actor, critics, target critics, temperature) to
-    `runs/{run_name}/{exp_name}.cleanba_model`"""
-    eval_episodes: int = 0
-    """play this many episodes with the deterministic action (tanh of the mean, scaled) in
-    evaluation environments of their own every --eval-every updates and after the last, logged as
-    charts/eval_return (0: no evaluation; CleanRL's script has none)"""
     eval_every: int = 100
-    """evaluate every this many updates (0: only after the last); evaluation never changes the run
-    """
-    log_frequency: int = 10
-    """print and log losses every this many updates"""
+    concurrency: bool = True
+    checkpoint_every: int = 0
+    """save a checkpoint every this many updates (0: only at the end and on SIGTERM / SIGUSR1); it
+    holds the replay"""
 
     env_id: str = "HalfCheetah-v4"
     """the id of the envpool environment (continuous actions: MuJoCo or dm_control)"""
@@ -129,44 +110,17 @@ class Args:
     """the number of environments of each actor thread (CleanRL's: 1)"""
     num_actor_threads: int = 1
     """the number of actor threads per actor device"""
-    envpool_num_threads: int | None = None
-    """worker threads of each envpool instance (default: CPUs / actor threads); results do not
-    depend on it"""
     num_steps: int = 64
     """the number of steps each environment runs per rollout (one update of the learner). CleanRL
     makes a gradient update after every step; here a learner update makes a whole rollout's in one
     compiled call, and with --concurrency the actors play with parameters one learner update (64
     gradient updates at the defaults) behind"""
 
-    actor_device_ids: tuple[int, ...] = (0,)
-    """the local device ids that run actor threads"""
-    learner_device_ids: tuple[int, ...] = (0,)
-    """the local device ids the learner update is pmap'd over (each takes an equal share of every
-    batch)"""
-    concurrency: bool = True
-    """let actors play the next rollout while the learner trains (policy lag 1 instead of 0)"""
-    distributed: bool = False
-    """join a multi-process run with jax.distributed (configured by SLURM or the three options
-    below)"""
-    coordinator_address: str | None = None
-    """host:port of process 0, for --distributed outside SLURM"""
-    num_processes: int | None = None
-    """the number of processes, for --distributed outside SLURM"""
-    process_id: int | None = None
-    """this process's index in 0 .. num_processes - 1, for --distributed outside SLURM"""
-    checkpoint_every: int = 0
-    """save a checkpoint every this many updates (0: only at the end and on SIGTERM / SIGUSR1); it
-    holds the replay"""
-    resume: bool = False
-    """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is
-    none); the resumed run repeats the uninterrupted one"""
-
 
 # The options that act only in some configurations, with what each needs: `validate` refuses one
 # set away from its default where its need does not hold.
 NEEDS = {
-    **parsing.RUN_NEEDS,
-    "eval_every": parsing.Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
+    **RUN_NEEDS,
     "alpha": parsing.Need(lambda args: not args.autotune, "--no-autotune"),
     "alpha_lr": parsing.Need(lambda args: args.autotune, "--autotune"),
 }

@@ -118,20 +118,6 @@ class Need(NamedTuple):
     what: str
 
 
-# The options of every script that act only with another one.
-RUN_NEEDS = {
-    "wandb_project_name": Need(lambda args: args.track, "--track"),
-    "wandb_entity": Need(lambda args: args.track, "--track"),
-    "coordinator_address": Need(lambda args: args.distributed, "--distributed"),
-    "num_processes": Need(lambda args: args.distributed, "--distributed"),
-    "process_id": Need(lambda args: args.distributed, "--distributed"),
-    "resume": Need(
-        lambda args: args.run_name is not None,
-        "--run-name, the run folder whose checkpoints to continue from",
-    ),
-}
-
-
 def observes_images(args) -> bool:
     from cleanba_utils.envs import has_image_observations
 

@@ -1,0 +1,85 @@
+"""The options of a run that every script shares: naming and logging it, evaluating it, spreading it
+over processes, checkpointing and resuming it. A script's `Args` extends `RunArgs` (or `DeviceArgs`,
+which adds the devices of the actor threads and of the learner) with its algorithm's options, and
+redeclares a field where its default or its meaning differs (the option keeps its place in
+`--help`)."""
+
+import dataclasses
+
+from cleanba_utils.parsing import Need
+
+
+@dataclasses.dataclass
+class RunArgs:
+    exp_name: str = "cleanba"
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment: the environments and every random draw of the actors and the learner
+    (initialization, actions, sampling)"""
+    run_name: str | None = None
+    """name of the run folder under `runs/` (default: `{env_id}__{exp_name}__{seed}__{unix time}`)
+    """
+    group: str = ""
+    """free-form label of the experiment this run belongs to, recorded in spec.json"""
+    track: bool = False
+    """log to Weights & Biases"""
+    wandb_project_name: str = "cleanba"
+    """the Weights & Biases project"""
+    wandb_entity: str | None = None
+    """the Weights & Biases entity (team)"""
+    save_model: bool = False
+    """save the final parameters to `runs/{run_name}/{exp_name}.cleanba_model` (`python -m
+    cleanba_utils.evaluate` plays it)"""
+    eval_episodes: int = 0
+    """play this many episodes with the script's evaluation policy (its `evaluate`) in environments
+    of their own every --eval-every updates and after the last; their mean is logged as
+    charts/eval_return (0: no evaluation)"""
+    eval_every: int = 0
+    """evaluate every this many updates (0: only after the last); evaluation never changes the run
+    """
+    log_frequency: int = 10
+    """print and log losses every this many updates"""
+    envpool_num_threads: int | None = None
+    """worker threads of each envpool instance (default: the CPUs shared equally among the
+    instances); results do not depend on it"""
+    concurrency: bool = False
+    """let actors collect the next rollout while the learner trains (policy lag 1 instead of 0)"""
+    distributed: bool = False
+    """join a multi-process run with jax.distributed (configured by SLURM or the three options
+    below)"""
+    coordinator_address: str | None = None
+    """host:port of process 0, for --distributed outside SLURM"""
+    num_processes: int | None = None
+    """the number of processes, for --distributed outside SLURM"""
+    process_id: int | None = None
+    """this process's index in 0 .. num_processes - 1, for --distributed outside SLURM"""
+    checkpoint_every: int = 0
+    """save a checkpoint every this many updates (0: only at the end and on SIGTERM / SIGUSR1)"""
+    resume: bool = False
+    """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is
+    none). SAC, continuous PPO and Ape-X DPG then repeat the uninterrupted run; the other scripts
+    start their environments anew from the run's seeds (docs: "What a resumed run is")"""
+
+
+@dataclasses.dataclass
+class DeviceArgs(RunArgs):
+    actor_device_ids: tuple[int, ...] = (0,)
+    """the local device ids that run actor threads"""
+    learner_device_ids: tuple[int, ...] = (0,)
+    """the local device ids the learner update is pmap'd over (each takes an equal share of every
+    rollout or batch)"""
+
+
+# The options of `RunArgs` that act only with another one.
+RUN_NEEDS = {
+    "wandb_project_name": Need(lambda args: args.track, "--track"),
+    "wandb_entity": Need(lambda args: args.track, "--track"),
+    "eval_every": Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
+    "coordinator_address": Need(lambda args: args.distributed, "--distributed"),
+    "num_processes": Need(lambda args: args.distributed, "--distributed"),
+    "process_id": Need(lambda args: args.distributed, "--distributed"),
+    "resume": Need(
+        lambda args: args.run_name is not None,
+        "--run-name, the run folder whose checkpoints to continue from",
+    ),
+}
