@@ -721,6 +721,7 @@ def train(args: Args):
                 rollouts=rollouts,
                 metrics=metrics,
                 learner_stats=learner_stats,
+                optimizer_steps=optimizer_steps_after(args, update),
                 learning_rate=learning_rate_at(args, sizes, update),
             )
             if run.evaluation_due(update):

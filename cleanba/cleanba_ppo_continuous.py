@@ -771,6 +771,11 @@ def learning_rate_at(args: Args, sizes: Sizes, update: int) -> float:
     return args.learning_rate * (1.0 - (update - 1) / sizes.num_updates)
 
 
+def optimizer_steps_after(args: Args, update: int) -> int:
+    """One optimizer step per minibatch of every epoch."""
+    return update * args.update_epochs * args.num_minibatches
+
+
 # === Learner loop ===
 
 
@@ -921,11 +926,12 @@ def train(args: Args):
                 rollouts=rollouts,
                 metrics=metrics,
                 learner_stats=learner_stats,
+                optimizer_steps=optimizer_steps_after(args, update),
                 learning_rate=learning_rate_at(args, sizes, update),
             )
             if run.evaluation_due(update):
                 saved_policy = flax.serialization.to_state_dict(jax.device_get(host_policy(state)))
-                run.evaluate(update, saved_policy, int(first_replica(state.step)), evaluate)
+                run.evaluate(update, saved_policy, optimizer_steps_after(args, update), evaluate)
             end.exit_code = run.after_update(checkpointable, update)
             if end.exit_code:
                 break
@@ -933,7 +939,8 @@ def train(args: Args):
                 last_sent = host_policy(state)
                 send(last_sent, learner_policy_version)
     saved_policy = flax.serialization.to_state_dict(jax.device_get(host_policy(state)))
-    run.finish(saved_policy, learner_policy_version, evaluate, int(first_replica(state.step)))
+    optimizer_steps = optimizer_steps_after(args, learner_policy_version)
+    run.finish(saved_policy, learner_policy_version, evaluate, optimizer_steps)
 
 
 # === Main ===

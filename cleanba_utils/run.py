@@ -105,6 +105,8 @@ class Run:
     """set when the run stops training: the progress thread ends (it must not outlive Python's
     exit, which ends a daemon thread that wakes then and can abort the process)"""
     progress_thread: threading.Thread | None = None
+    optimizer_rate: tuple | None = None
+    """(optimizer steps, time) at the last console line of `log_update`: its rate's start"""
 
     def __post_init__(self):
         if self.received_signals is None:
@@ -333,40 +335,55 @@ class Run:
             flush=True,
         )
 
-    def log_update(self, update: int, rollouts: list, metrics, learner_stats: dict, learning_rate):
-        """What the on-policy scripts log after a learner update: every update, the actors' mean
-        timings (each rollout's `timing`), the learner's `learner_stats` (rollout_queue_get_time,
-        learn_time, learner_policy_version), SPS and the learning rate; every --log-frequency
-        updates and at the last, the losses (`metrics`, per learner device) and a console line."""
+    def log_update(
+        self,
+        update: int,
+        rollouts: list,
+        metrics,
+        learner_stats: dict,
+        optimizer_steps: int,
+        learning_rate: float | None = None,
+        details: str = "",
+    ):
+        """What every script logs after a learner update. Every update: the actors' mean timings
+        (each rollout's `timing`), the policy version they played, the learner's `learner_stats`
+        (its waits and times, learner_policy_version, and what else the script measures), each under
+        stats/; the optimizer steps so far, SPS and the learning rate. Every --log-frequency updates
+        and at the last: the losses (`metrics`, per learner device; None before the first update
+        that learned), the optimizer steps per second since the last such line, and a console line
+        with the script's `details`."""
         global_step = update * self.sizes.steps_per_update
         timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
         actor_policy_version = rollouts[0].policy_version
-        self.log(
-            {
-                "stats/param_queue_get_time": timing["param_queue_get_time"],
-                "stats/rollout_time": timing["rollout_time"],
-                "stats/inference_time": timing["inference_time"],
-                "stats/env_step_time": timing["env_step_time"],
-                "stats/rollout_queue_get_time": learner_stats["rollout_queue_get_time"],
-                "stats/learn_time": learner_stats["learn_time"],
-                "stats/actor_policy_version": actor_policy_version,
-                "stats/learner_policy_version": learner_stats["learner_policy_version"],
-                "charts/SPS": self.sps(global_step),
-                "charts/learning_rate": learning_rate,
-            },
-            global_step,
-        )
+        stats = {
+            **timing,
+            **learner_stats,
+            "actor_policy_version": actor_policy_version,
+            "optimizer_steps": optimizer_steps,
+        }
+        charts = {"charts/SPS": self.sps(global_step)}
+        if learning_rate is not None:
+            charts["charts/learning_rate"] = learning_rate
+        self.log({f"stats/{key}": value for key, value in stats.items()} | charts, global_step)
+        if self.optimizer_rate is None:
+            self.optimizer_rate = (optimizer_steps, time.time())
         if update % self.args.log_frequency and update != self.sizes.num_updates:
             return
-        losses = jax.device_get(run_files.first_replica(metrics))
-        self.log({f"losses/{key}": value for key, value in losses.items()}, global_step)
-        details = (
-            f"policy actor={actor_policy_version} "
-            f"learner={learner_stats['learner_policy_version']} "
+        steps_before, time_before = self.optimizer_rate
+        self.optimizer_rate = (optimizer_steps, time.time())
+        steps_per_second = (optimizer_steps - steps_before) / max(time.time() - time_before, 1e-9)
+        self.log({"stats/optimizer_steps_per_second": steps_per_second}, global_step)
+        if metrics is not None:
+            losses = jax.device_get(run_files.first_replica(metrics))
+            self.log({f"losses/{key}": value for key, value in losses.items()}, global_step)
+        learner_policy_version = learner_stats["learner_policy_version"]
+        line = (
+            f"policy actor={actor_policy_version} learner={learner_policy_version} "
+            f"optimizer steps={optimizer_steps} ({steps_per_second:.0f}/s) "
             f"wait rollout={learner_stats['rollout_queue_get_time']:.2f}s "
             f"param={timing['param_queue_get_time']:.2f}s"
         )
-        self.print_progress(update, global_step, details)
+        self.print_progress(update, global_step, f"{line} {details}".strip())
 
     def record_failure(self):
         """Called in the learner's `except Exception`: the traceback, and in a distributed run the
