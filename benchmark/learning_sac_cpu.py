@@ -68,7 +68,7 @@ import jax
 import numpy as np
 
 from cleanba import cleanba_sac as sac
-from cleanba_utils.run_files import replicate
+from cleanba_utils.devices import replicate
 
 args = sac.parse_args(["--env-id", sys.argv[1]])
 sizes = sac.sizes_of(args, 1)

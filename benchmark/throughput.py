@@ -37,9 +37,9 @@ import numpy as np
 from measure import run_measured
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.handoff import send_params
 from cleanba_utils.run import Episodes
-from cleanba_utils.run_files import first_replica, replicate
 from cleanba_utils.threads import queue_get
 
 REPO = Path(__file__).resolve().parents[1]

@@ -50,6 +50,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
+from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.env_records import (
     EnvRecord,
     concatenated,
@@ -65,7 +66,6 @@ from cleanba_utils.parsing import fail
 from cleanba_utils.replay import BackgroundJobs, Mark, PrioritizedReplay
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
-from cleanba_utils.run_files import first_replica, replicate
 from cleanba_utils.threads import queue_get, queue_put, start_thread
 
 # === Args ===

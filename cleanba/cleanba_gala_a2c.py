@@ -32,11 +32,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
+from cleanba_utils.devices import first_replica
 from cleanba_utils.envs import envpool_num_threads, is_atari
 from cleanba_utils.handoff import check_policy_lag
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, RunArgs
-from cleanba_utils.run_files import first_replica
 from cleanba_utils.threads import POLL_SECONDS, Stopped, queue_get, queue_put, start_thread
 
 # === Args ===

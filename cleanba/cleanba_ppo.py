@@ -25,13 +25,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
+from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.envs import MACHADO_ATARI, envpool_num_threads, is_atari
 from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.learner import microbatch_update
 from cleanba_utils.parsing import fail
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
-from cleanba_utils.run_files import first_replica, replicate
 from cleanba_utils.threads import queue_get, queue_put, start_thread
 
 # === Args ===

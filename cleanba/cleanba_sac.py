@@ -36,6 +36,7 @@ from jax.experimental import multihost_utils
 
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
+from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.env_records import (
     EnvRecord,
     concatenated,
@@ -51,11 +52,7 @@ from cleanba_utils.parsing import fail
 from cleanba_utils.replay import Mark, PrioritizedReplay
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
-from cleanba_utils.run_files import (
-    add_to_summary,
-    first_replica,
-    replicate,
-)
+from cleanba_utils.run_files import add_to_summary
 from cleanba_utils.threads import queue_get, queue_put, start_thread
 
 # === Args ===

@@ -10,8 +10,8 @@ import sys
 import flax.serialization
 import jax
 
+from cleanba_utils.devices import first_replica
 from cleanba_utils.parsing import fail
-from cleanba_utils.run_files import first_replica
 
 CHECKSUM_BYTES = 64  # a hex sha256
 

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from tensorboardX import SummaryWriter
 
-from cleanba_utils import distributed, parsing, run_files, signals
+from cleanba_utils import devices, distributed, parsing, run_files, signals
 from cleanba_utils.checkpoints import save_checkpoint
 from cleanba_utils.threads import Stopped
 
@@ -78,7 +78,7 @@ class Run:
     """(global step, mean return) of the run's evaluations, those made before a resume included"""
     last_evaluation: tuple | None = None
     """(update, returns of its episodes) of this process's newest evaluation"""
-    host_copy: object = run_files.first_replica
+    host_copy: object = devices.first_replica
     """what a checkpoint saves of the learner state: its first replica where the learner devices
     hold copies of one state; a script whose devices hold different states gathers them (on every
     process: a collective)"""
@@ -374,7 +374,7 @@ class Run:
         steps_per_second = (optimizer_steps - steps_before) / max(time.time() - time_before, 1e-9)
         self.log({"stats/optimizer_steps_per_second": steps_per_second}, global_step)
         if metrics is not None:
-            losses = jax.device_get(run_files.first_replica(metrics))
+            losses = jax.device_get(devices.first_replica(metrics))
             self.log({f"losses/{key}": value for key, value in losses.items()}, global_step)
         learner_policy_version = learner_stats["learner_policy_version"]
         line = (

@@ -14,22 +14,8 @@ import time
 import flax.serialization
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 PACKAGES = ["jax", "jaxlib", "flax", "optax", "rlax", "envpool", "numpy", "tyro"]
-
-
-def replicate(tree, devices: list):
-    """One copy of `tree` per device, as a pmap over `devices` takes it (the leading axis)."""
-    sharding = NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec("devices"))
-    return jax.device_put(
-        jax.tree.map(lambda x: np.stack([np.asarray(x)] * len(devices)), tree), sharding
-    )
-
-
-def first_replica(tree):
-    """The copy held by this process's first learner device of a pmap'd (replicated) tree."""
-    return jax.tree.map(lambda x: x.addressable_shards[0].data[0], tree)
 
 
 def params_fingerprint(params) -> str:

@@ -23,7 +23,7 @@ from flax.training.train_state import TrainState
 from helpers import REPO, scalars
 from tensorboardX import SummaryWriter
 
-from cleanba_utils import checkpoints, env_records, parsing, run_files, signals, threads
+from cleanba_utils import checkpoints, devices, env_records, parsing, run_files, signals, threads
 from cleanba_utils.envs import MACHADO_ATARI, flat_observation
 from cleanba_utils.run import Episodes, Run, duration, open_run
 
@@ -151,7 +151,7 @@ def replicated_state(value: float):
     state = TrainState.create(
         apply_fn=None, params={"w": np.full(3, value, np.float32)}, tx=optax.sgd(0.1)
     )
-    return run_files.replicate(state, jax.local_devices()[:1]), state
+    return devices.replicate(state, jax.local_devices()[:1]), state
 
 
 def test_checkpoint_round_trip_keeps_the_newest_two(tmp_path):

@@ -35,7 +35,7 @@ from helpers import (
 from preempt import assert_resumed_as_uninterrupted
 
 from cleanba import cleanba_sac as sac
-from cleanba_utils.run_files import replicate
+from cleanba_utils.devices import replicate
 
 
 def test_squashed_gaussian_log_prob_hand_computed():

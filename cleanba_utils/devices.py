@@ -1,0 +1,45 @@
+"""Arrays on the learner devices: a copy per device (`replicate`), the first copy back
+(`first_replica`), each device's share of a batch (`local_shares`), and every process's rollouts in
+one array (`gathered`). A pmap'd learner takes its inputs with the devices on the leading axis."""
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+
+def replicate(tree, devices: list):
+    """One copy of `tree` per device, as a pmap over `devices` takes it (the leading axis)."""
+    sharding = NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec("devices"))
+    return jax.device_put(
+        jax.tree.map(lambda x: np.stack([np.asarray(x)] * len(devices)), tree), sharding
+    )
+
+
+def first_replica(tree):
+    """The copy held by this process's first learner device of a pmap'd (replicated) tree."""
+    return jax.tree.map(lambda x: x.addressable_shards[0].data[0], tree)
+
+
+def local_shares(tree, num_local: int, batch_axis: int = 0):
+    """This process's learner devices' shares of batches, on a new leading axis: of every batch
+    (its samples on `batch_axis`), global learner device d takes samples d x share .. (d + 1) x
+    share - 1, where share = batch / (num_local x processes). So every layout trains on the same
+    samples."""
+    num_global = num_local * jax.process_count()
+    local = slice(jax.process_index() * num_local, (jax.process_index() + 1) * num_local)
+
+    def shares(v):
+        split = v.reshape(*v.shape[:batch_axis], num_global, -1, *v.shape[batch_axis + 1 :])
+        return np.moveaxis(split, batch_axis, 0)[local]
+
+    return jax.tree.map(shares, tree)
+
+
+def gathered(tree, distributed: bool):
+    """Every process's `tree` (environments on the leading axis), concatenated in process order:
+    the whole run's environments, in global order. A collective: every process calls it."""
+    if not distributed:
+        return tree
+    everyone = multihost_utils.process_allgather(tree)
+    return jax.tree.map(lambda v: np.asarray(v).reshape(-1, *v.shape[2:]), everyone)
