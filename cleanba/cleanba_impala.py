@@ -30,7 +30,7 @@ from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.envs import MACHADO_ATARI, envpool_num_threads, is_atari
 from cleanba_utils.handoff import check_policy_lag, send_params
-from cleanba_utils.learner import microbatch_update
+from cleanba_utils.microbatches import microbatch_update
 from cleanba_utils.parsing import fail
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs

@@ -24,17 +24,14 @@ TD errors) stays in its script; `BackgroundJobs` runs the replay's work in one b
 the order it was submitted, so a learner can sample the next batch while its update runs.
 
 Why not flashbax (0.1.3: JAX-native and seedable, the candidate; reverb and cpprb cannot be seeded).
-Measured on this machine (2 shared cores, CPU backend; `prioritised_trajectory_buffer` of 400k
-single 84x84 frames, sequences of 7 = 4 stacked + 3 n-step steps, batch 512, adds of 128 envs x 32
-steps, jitted with the buffer donated): init 19 s, sample 2.3 ms, add 52 ms, set_priorities 1.0 ms.
 Speed does not decide it (its jitted sample gathers faster than this store's NumPy one, its add is
-slower; benchmark/results/replay_apex.md has ours at 2M). Its model does:
+slower: both measured in benchmark/results/replay_apex.md). Its model does:
 - it has no prioritized eviction (Ape-X DPG's), only first in first out;
 - it stores time steps and samples fixed-length sequences, whose priorities belong to their first
   step, and which cross episode ends and the buffer's wrap; transitions with their own n-step
   returns, offsets and placeholders do not map onto it without masks in every script;
 - its buffer is an immutable pytree that every `add` returns anew: only buffer donation keeps an add
-  from copying the whole replay (13 GiB at 2M Atari, more than half this machine).
+  from copying the whole replay (a 2M-transition Atari replay is over 10 GiB).
 A NumPy store on the host does each of these in a few lines and leaves JAX the learner.
 """
 

@@ -14,7 +14,7 @@ from helpers import max_abs_difference
 
 from cleanba import cleanba_impala, cleanba_ppo
 from cleanba_utils.devices import first_replica, replicate
-from cleanba_utils.learner import microbatch_update
+from cleanba_utils.microbatches import microbatch_update
 
 NUM_ENVS, NUM_STEPS = 8, 8
 # Measured 2026-11-21 on CPU (max abs parameter difference after one update of 4 Adam / 2 RMSProp
