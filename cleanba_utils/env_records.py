@@ -5,8 +5,8 @@ and the actions of its current episode: a resumed actor makes its environments w
 seeds, resets each as often, and replays its current episode (`fast_forward`).
 
 Not for Atari: with sticky actions an emulator draws a random number at every step, so only the
-whole history of actions since the environment was made would bring it back (the README's "What a
-resumed run is" says what a resumed Atari run is)."""
+whole history of actions since the environment was made would bring it back (docs/checkpoints.md,
+"What a resumed run is", says what a resumed Atari run is)."""
 
 from typing import NamedTuple
 
