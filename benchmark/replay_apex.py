@@ -68,7 +68,7 @@ def rollout(args, num_envs: int, length: int, rng, fill: int) -> apex.Transition
 def filled_replay(args, num_envs: int, rng) -> apex.Replay:
     replay = apex.make_replay(args, num_envs)
     chunk = 256
-    for index in range(-(-replay.ring // chunk)):
+    for index in range(-(-replay.frames.ring // chunk)):
         apex.replay_insert(replay, rollout(args, num_envs, chunk, rng, fill=index), args.n_step)
     return replay
 
@@ -88,15 +88,14 @@ def steps_per_second(args, replay, pipeline: bool) -> float:
     stop = threading.Event()
     jobs = BackgroundJobs("replay", stop, [])
     loop_args = dataclasses.replace(args, updates_per_rollout=PIPELINE_STEPS, pipeline=pipeline)
-    tally = apex.Tally(learner_updates=0)
     tic = time.perf_counter()
-    _, _, _, pending = apex.learn(
+    _, _, pending = apex.learn(
         loop_args,
         replay=replay,
         jobs=jobs,
         state=None,
         update_fn=stand_in_update,
-        tally=tally,
+        first_step=0,
         pending=None,
     )
     jobs.wait(jobs.submit(lambda: apex.write_priorities(loop_args, replay, pending)))

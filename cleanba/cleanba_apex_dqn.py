@@ -1,12 +1,10 @@
 """Cleanba Ape-X DQN (Horgan et al., 2018, "Distributed Prioritized Experience Replay"): actor
 threads play with per-environment exploration rates and compute n-step transitions with their
-initial priorities; the learner keeps one prioritized replay, inserts each rollout in global
-environment order, makes exactly --updates-per-rollout sampled double-Q optimizer steps (pmap'd) and
-publishes the parameters. One learner update is one rollout of every actor thread and these
-optimizer steps. With `--concurrency` (the default) actors play with parameters exactly one version
-behind, as in Cleanba. The replay's work runs in a background thread in one fixed order (see
-`learn`: the priorities reach the sampler one optimizer step late), so with a seeded sampler the
-same seed gives the same run on every layout, pipelined or not."""
+initial priorities; the learner inserts each rollout in global environment order into one
+prioritized replay, makes exactly --updates-per-rollout sampled double-Q optimizer steps (pmap'd)
+and publishes the parameters, which actors play one version behind (--concurrency, as Cleanba).
+The replay's work runs in a background thread in one fixed order (`learn`), so the same seed gives
+the same run on every layout, pipelined or not."""
 
 import dataclasses
 import functools
@@ -23,18 +21,22 @@ import numpy as np
 import optax
 import rlax
 from flax.training.train_state import TrainState
-from jax.experimental import multihost_utils
 
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
-from cleanba_utils.devices import first_replica, replicate
+from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
 from cleanba_utils.envs import MACHADO_ATARI, envpool_num_threads, is_atari
+from cleanba_utils.evaluation_episodes import play_episodes
+from cleanba_utils.frame_ring import FrameRing, frame_ring_bytes, frame_spec, make_frame_ring
 from cleanba_utils.handoff import check_policy_lag, send_params
+from cleanba_utils.n_step import n_step_transitions
 from cleanba_utils.parsing import fail
 from cleanba_utils.replay import BackgroundJobs, PrioritizedReplay
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
+from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put, start_thread
+from cleanba_utils.torsos import ImpalaTorso, NatureTorso, check_torso_channels, torso_channels
 
 # === Args ===
 
@@ -47,7 +49,7 @@ class Args(DeviceArgs):
     concurrency: bool = True
     resume: bool = False
     """continue from the newest readable checkpoint of `runs/{run_name}` (the replay restarts empty,
-    and the environments anew from the run's seeds: the README's "What a resumed run is")"""
+    and the environments anew from the run's seeds: docs, "What a resumed run is")"""
 
     env_id: str = "Breakout-v5"
     """the id of the envpool environment"""
@@ -60,9 +62,8 @@ class Args(DeviceArgs):
     anneal_lr: bool = False
     """decay the learning rate linearly towards 0 over --updates-per-rollout x the run's updates
     optimizer steps (the updates before --learning-starts take none, so it ends a little above 0);
-    Ape-X keeps it constant. Under a constant rate a small task's greedy policy keeps swinging
-    between good and poor (CartPole: 500, 270, 500 ...); the CPU CartPole evidence
-    (benchmark/results/learning_apex_cpu.md) anneals it, so that the final policy settles"""
+    Ape-X keeps it constant. Annealing lets a small task's final greedy policy settle, where under a
+    constant rate it keeps swinging between good and poor"""
     local_num_envs: int = 64
     """the number of environments of each actor thread"""
     num_actor_threads: int = 2
@@ -77,8 +78,8 @@ class Args(DeviceArgs):
     """environment g of N explores with epsilon_base ** (1 + epsilon_alpha * g / (N - 1))"""
     epsilon_alpha: float = 7.0
     """see --epsilon-base. Ape-X's 7 spreads hundreds of actors from 0.4 to 0.4^8; with a few
-    environments it makes most of them nearly greedy (4 environments: 0.4, 0.047, 0.0055, 0.00066),
-    so the replay sees few failures: the CPU CartPole evidence uses 3 (0.4, 0.16, 0.064, 0.026)"""
+    environments it makes most of them nearly greedy, so the replay sees few failures: a few
+    environments take a smaller value (3: from 0.4 to 0.4^4)"""
     buffer_size: int = 2_000_000
     """the replay capacity in transitions, first in first out"""
     learning_starts: int = 50_000
@@ -87,14 +88,14 @@ class Args(DeviceArgs):
     """the number of transitions of one learner update (sampled from the replay)"""
     updates_per_rollout: int = 6
     """optimizer steps per learner update: a fixed replay ratio of steps x batch / (num envs x num
-    steps) samples per inserted transition (0.75 at the defaults; Ape-X measured about 0.8)"""
+    steps) samples per inserted transition (0.75 at the defaults, near Ape-X's)"""
     priority_exponent: float = 0.6
     """alpha: an item is sampled in proportion to its priority ** alpha"""
     importance_sampling_exponent: float = 0.4
     """beta: the importance-sampling weights are (1 / probability) ** beta, normalized by their
     batch maximum"""
     target_update_period: int = 2500
-    """copy the parameters to the target network every this many learner updates"""
+    """copy the parameters to the target network every this many optimizer steps"""
     max_grad_norm: float = 40.0
     """the maximum global norm of the gradient"""
     torso: Literal["nature", "impala"] = "nature"
@@ -114,14 +115,6 @@ class Args(DeviceArgs):
     --no-pipeline waits for them (the same run, slower)"""
 
 
-TORSO_CHANNELS = {"nature": (32, 64, 64), "impala": (16, 32, 32)}
-
-
-def torso_channels(args: Args) -> tuple[int, ...]:
-    """--channels, or the chosen torso's own."""
-    return TORSO_CHANNELS[args.torso] if args.channels is None else args.channels
-
-
 # The options that act only in some configurations, with what each needs: `validate` refuses one
 # set away from its default where its need does not hold.
 NEEDS = {
@@ -135,26 +128,11 @@ NEEDS = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Sizes:
-    num_envs: int
-    steps_per_update: int
-    """environment steps of one learner update: num_envs x num_steps (--batch-size is the number of
-    transitions of one optimizer step)"""
-    num_updates: int
-    """rollouts per actor thread, each followed by --updates-per-rollout optimizer steps"""
-
-
 def sizes_of(args: Args, num_processes: int) -> Sizes:
-    num_envs = (
-        args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids) * num_processes
-    )
-    steps_per_update = num_envs * args.num_steps
-    return Sizes(
-        num_envs=num_envs,
-        steps_per_update=steps_per_update,
-        num_updates=args.total_timesteps // steps_per_update,
-    )
+    """One learner update: a rollout of every actor thread, then --updates-per-rollout optimizer
+    steps."""
+    num_envs = args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids)
+    return rollout_sizes(num_envs * num_processes, args.num_steps, args.total_timesteps)
 
 
 def parse_args(argv=None) -> Args:
@@ -182,11 +160,7 @@ def validate(args: Args):
     parsing.check_layers(args, ["channels", "hiddens"])
     parsing.check_discrete_actions(args)
     parsing.check_needs(args, NEEDS)
-    if args.torso == "nature" and len(torso_channels(args)) != 3:
-        fail(
-            "--torso nature has three convolutions: --channels takes 3 values, got "
-            f"{len(args.channels)}"
-        )
+    check_torso_channels(args)
     if args.learning_starts > args.buffer_size:
         fail(
             f"--learning-starts {args.learning_starts} exceeds --buffer-size {args.buffer_size}: "
@@ -237,54 +211,7 @@ def make_env(args: Args, seed: int, num_envs: int):
     )
 
 
-def frame_spec(env_id: str):
-    """(frames per observation, shape and dtype of one stored frame): stacked images store their
-    newest frame."""
-    space = envpool.make_spec(env_id).observation_space
-    if len(space.shape) == 3:
-        return space.shape[0], space.shape[1:], space.dtype
-    return 1, space.shape, space.dtype
-
-
 # === Network ===
-
-
-class NatureTorso(nn.Module):
-    """The convolutions of the Nature DQN (Mnih et al., 2015), the torso of the Dueling DDQN
-    agent: 8x8 stride 4, 4x4 stride 2, 3x3 stride 1, no padding, ReLU."""
-
-    channels: tuple[int, ...]
-
-    @nn.compact
-    def __call__(self, x):
-        for channels, size, stride in zip(self.channels, (8, 4, 3), (4, 2, 1)):
-            conv = nn.Conv(channels, (size, size), strides=(stride, stride), padding="VALID")
-            x = nn.relu(conv(x))
-        return x.reshape(x.shape[0], -1)
-
-
-class ResidualBlock(nn.Module):
-    channels: int
-
-    @nn.compact
-    def __call__(self, x):
-        y = nn.Conv(self.channels, (3, 3))(nn.relu(x))
-        y = nn.Conv(self.channels, (3, 3))(nn.relu(y))
-        return x + y
-
-
-class ImpalaTorso(nn.Module):
-    """The IMPALA ResNet: per stack, a convolution, a max pool and two residual blocks."""
-
-    channels: tuple[int, ...]
-
-    @nn.compact
-    def __call__(self, x):
-        for channels in self.channels:
-            x = nn.Conv(channels, (3, 3))(x)
-            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
-            x = ResidualBlock(channels)(ResidualBlock(channels)(x))
-        return nn.relu(x).reshape(x.shape[0], -1)
 
 
 class Network(nn.Module):
@@ -391,11 +318,6 @@ def epsilons_of(env_ids, num_envs: int, base: float, alpha: float) -> np.ndarray
     return base ** (1.0 + alpha * np.asarray(env_ids, np.float64) / max(num_envs - 1, 1))
 
 
-def is_greedy(env_ids, num_envs: int) -> np.ndarray:
-    """The greediest quarter of the environments (at least one): those of the lowest epsilons."""
-    return np.asarray(env_ids) >= num_envs - max(1, num_envs // 4)
-
-
 def epsilon_greedy(q_values, epsilons, key, step, env_ids):
     """Per environment, a uniform action with probability epsilon, else the greedy one; the draws
     are keyed by (step, global env index), so they do not depend on the layout."""
@@ -417,7 +339,8 @@ def actor(args, sizes, run, network, first_update, env_offset, device, param_que
         epsilons_of(env_ids, sizes.num_envs, args.epsilon_base, args.epsilon_alpha), device
     )
     env_ids_on_device = jax.device_put(env_ids, device)
-    greedy = is_greedy(env_ids, sizes.num_envs)
+    # The greediest quarter of the environments (at least one) log their returns on their own.
+    greedy = env_ids >= sizes.num_envs - max(1, sizes.num_envs // 4)
     image = len(envs.observation_space.shape) == 3
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
 
@@ -545,25 +468,15 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
             network.apply(p, o), epsilons=EVAL_EPSILON, key=key, step=step, env_ids=env_ids
         )
     )
-    obs, _ = envs.reset()
-    returns = np.zeros(num_episodes)
-    finished = np.zeros(num_episodes, bool)
-    step = 0
-    while not finished.all():
-        obs, reward, terminated, truncated, info = envs.step(np.asarray(act(params, obs, step)))
-        returns += info.get("reward", reward) * ~finished
-        finished |= terminated | truncated
-        step += 1
-    return returns.tolist()
+    return play_episodes(envs, num_episodes, lambda obs, step: act(params, obs, step))
 
 
 # === Replay ===
 
 # Bytes of a stored transition: action (int32), n-step return and discount (float32), the frame
-# slots of its observation and bootstrap observation (int64) and its insertion count (int64); of a
-# stored frame: its pixels and its step in its episode (uint8); the sum tree has 2 float64 nodes per
-# leaf, leaves a power of two. 3 GiB are kept for the rest of the process (networks, environments,
-# batches).
+# slots of its observation and bootstrap observation (int64) and its insertion count (int64); the
+# sum tree has 2 float64 nodes per leaf, leaves a power of two. 3 GiB are kept for the rest of the
+# process (networks, environments, batches).
 TRANSITION_BYTES = 4 + 4 + 4 + 8 + 8 + 8
 MEMORY_RESERVE_BYTES = 3 * 2**30
 PRIORITY_EPSILON = 1e-6  # keeps a transition with zero TD error sampleable
@@ -580,24 +493,15 @@ class Stored(NamedTuple):
     next_obs: np.ndarray
 
 
-@dataclasses.dataclass
-class Replay:
-    """The transitions in a prioritized FIFO store (`cleanba_utils.replay`), each frame once in a
-    ring of `ring` steps per environment, all advancing together: env g's step t is in frame slot g
-    ring + t % ring. The ring outlives every transition that points into it: a transition lives
-    while fewer than --buffer-size transitions are inserted after it, at most buffer_size //
-    num_envs steps of every environment, so its frames, from stack - 1 steps before it to n steps
-    after, are within buffer_size // num_envs + num_steps + n + stack steps of the newest."""
+class Replay(NamedTuple):
+    """The transitions in a prioritized FIFO store (`cleanba_utils.replay`), their frames in a
+    `FrameRing`. The ring outlives every transition that points into it: a transition lives while
+    fewer than --buffer-size transitions are inserted after it, at most buffer_size // num_envs
+    steps of every environment, so its frames, from stack - 1 steps before it to n steps after, are
+    within buffer_size // num_envs + num_steps + n + stack steps of the newest."""
 
     transitions: PrioritizedReplay
-    frames: np.ndarray
-    episode_step: np.ndarray
-    ring: int
-    stack: int
-    """frames per observation"""
-    image: bool
-    steps: int = 0
-    """the steps of every environment inserted so far"""
+    frames: FrameRing
 
 
 def frame_ring_steps(args: Args, num_envs: int) -> int:
@@ -605,16 +509,12 @@ def frame_ring_steps(args: Args, num_envs: int) -> int:
 
 
 def replay_bytes(args: Args, num_envs: int) -> int:
-    _, frame_shape, dtype = frame_spec(args.env_id)
-    frame_bytes = int(np.prod(frame_shape)) * np.dtype(dtype).itemsize + 1
     tree_bytes = 2 * 8 * (1 << max(0, args.buffer_size - 1).bit_length())
-    frames = num_envs * frame_ring_steps(args, num_envs)
-    return frames * frame_bytes + args.buffer_size * TRANSITION_BYTES + tree_bytes
+    frames = frame_ring_bytes(args.env_id, num_envs, frame_ring_steps(args, num_envs))
+    return frames + args.buffer_size * TRANSITION_BYTES + tree_bytes
 
 
 def make_replay(args: Args, num_envs: int) -> Replay:
-    stack, frame_shape, dtype = frame_spec(args.env_id)
-    ring = frame_ring_steps(args, num_envs)
     example = Stored(
         actions=np.int32(0),
         returns=np.float32(0),
@@ -625,47 +525,26 @@ def make_replay(args: Args, num_envs: int) -> Replay:
     transitions = PrioritizedReplay(
         example, args.buffer_size, priority_exponent=args.priority_exponent
     )
-    return Replay(
-        transitions=transitions,
-        frames=np.zeros((num_envs * ring, *frame_shape), dtype),
-        episode_step=np.zeros(num_envs * ring, np.uint8),
-        ring=ring,
-        stack=stack,
-        image=len(frame_shape) == 2,
-    )
+    frames = make_frame_ring(args.env_id, num_envs, frame_ring_steps(args, num_envs))
+    return Replay(transitions=transitions, frames=frames)
 
 
 def replay_insert(replay: Replay, data: Transitions, n: int) -> int:
     """Writes one rollout of every environment (env-major, in global env order): its frames, and its
     transitions in the store in that order, those that are not valid as placeholders (priority 0:
     never sampled). Returns the number of valid transitions."""
-    length = data.frames.shape[1]
-    env_base = data.env_ids[:, None].astype(np.int64) * replay.ring
-    frame_slots = env_base + (replay.steps + np.arange(length)) % replay.ring
-    replay.frames[frame_slots] = data.frames
-    replay.episode_step[frame_slots] = data.episode_step
-    steps = replay.steps - n + np.arange(length)
+    steps = replay.frames.steps - n + np.arange(data.frames.shape[1])
     stored = Stored(
         actions=data.actions.ravel(),
         returns=data.returns.ravel(),
         discounts=data.discounts.ravel(),
-        obs=(env_base + steps % replay.ring).ravel(),
-        next_obs=(env_base + (steps + data.offsets) % replay.ring).ravel(),
+        obs=replay.frames.slots(data.env_ids, steps).ravel(),
+        next_obs=replay.frames.slots(data.env_ids, steps + data.offsets).ravel(),
     )
+    replay.frames.write(data.env_ids, data.frames, data.episode_step)
     priorities = np.where(data.valid, data.priorities + PRIORITY_EPSILON, 0.0)
     replay.transitions.insert(stored, priorities.ravel())
-    replay.steps += length
     return int(data.valid.sum())
-
-
-def stacked(replay: Replay, frame_slots):
-    """The observations whose newest frames are in `frame_slots`, stacks rebuilt from single frames:
-    a frame before the episode's first is its first, as envpool fills the stack at a reset."""
-    ring = replay.ring
-    back = np.minimum(np.arange(replay.stack)[::-1], replay.episode_step[frame_slots][:, None])
-    starts = (frame_slots - frame_slots % ring)[:, None]
-    frames = replay.frames[starts + (frame_slots[:, None] % ring - back) % ring]
-    return frames if replay.image else frames[:, 0]
 
 
 def replay_sample(replay: Replay, batch_size: int, rng, beta: float):
@@ -673,37 +552,17 @@ def replay_sample(replay: Replay, batch_size: int, rng, beta: float):
     update); the importance weights are normalized by the batch maximum."""
     sample = replay.transitions.sample(batch_size, rng, beta)
     batch = Batch(
-        obs=stacked(replay, sample.items.obs),
+        obs=replay.frames.stacked(sample.items.obs),
         actions=sample.items.actions,
         returns=sample.items.returns,
         discounts=sample.items.discounts,
-        next_obs=stacked(replay, sample.items.next_obs),
+        next_obs=replay.frames.stacked(sample.items.next_obs),
         weights=sample.weights,
     )
     return batch, sample
 
 
 # === Loss ===
-
-
-def n_step_transitions(rewards, terminations, truncations, is_reset, gamma: float, n: int):
-    """Transitions of steps 0 .. L - 1 of env-major windows (envs, L + n): the return of up to n
-    rewards, the bootstrap's discount (0 after a termination, gamma ** offset otherwise, truncations
-    included) and offset. None spans two episodes; envpool's reset steps (after an episode's end;
-    the action is ignored) are not valid."""
-    length = rewards.shape[1] - n
-    returns = np.zeros((len(rewards), length), np.float32)
-    offsets = np.full((len(rewards), length), n, np.uint8)
-    open_ = np.ones(returns.shape, bool)
-    terminated = np.zeros(returns.shape, bool)
-    for k in range(n):
-        returns += open_ * np.float32(gamma**k) * rewards[:, k : k + length]
-        ends = open_ & (terminations[:, k : k + length] | truncations[:, k : k + length])
-        offsets[ends] = k + 1
-        terminated |= open_ & terminations[:, k : k + length]
-        open_ &= ~ends
-    discounts = np.where(terminated, 0.0, np.float32(gamma) ** offsets).astype(np.float32)
-    return returns, discounts, offsets, ~is_reset[:, :length]
 
 
 class Batch(NamedTuple):
@@ -800,40 +659,6 @@ def make_update(args: Args, learner_devices):
 # === Learner loop ===
 
 
-@dataclasses.dataclass
-class Tally:
-    """The learner's running counts."""
-
-    learner_updates: int
-    """optimizer steps so far (a resumed run continues the count)"""
-    replay_size: int = 0
-    """valid transitions in the replay"""
-    inserted: int = 0
-    """transitions inserted in this session"""
-    sampled: int = 0
-    """transitions sampled in this session"""
-
-
-class LearnStats(NamedTuple):
-    """The optimizer steps of one learner update: the importance weights of the last batch, the
-    seconds spent sampling and writing priorities, and the optimizer steps per second."""
-
-    is_weight_min: float
-    is_weight_max: float
-    replay_time: float
-    learner_updates_per_second: float
-
-
-class LoopStats(NamedTuple):
-    """One learner update's waits and times, and the policy versions of actor and learner."""
-
-    rollout_queue_get_time: float
-    insert_time: float
-    learn_time: float
-    actor_policy_version: int
-    learner_policy_version: int
-
-
 def start_actors(args, sizes, run, network, first_update, actor_devices):
     """One param queue, one rollout queue and one thread per actor thread of every local actor
     device."""
@@ -863,27 +688,24 @@ def start_actors(args, sizes, run, network, first_update, actor_devices):
     return param_queues, rollout_queues, threads
 
 
-def gather_rollouts(args, rollouts) -> Transitions:
+def gather_rollouts(args, rollouts: list) -> Transitions:
     """Every process's rollouts, env-major in global env order (each process holds the whole
-    replay)."""
-    data = Transitions(*[np.concatenate(fields) for fields in zip(*[r.data for r in rollouts])])
-    if args.distributed:
-        gathered = multihost_utils.process_allgather(data)
-        data = Transitions(*[np.asarray(v).reshape(-1, *v.shape[2:]) for v in gathered])
-    return data
+    replay): a collective."""
+    local = Transitions(*[np.concatenate(fields) for fields in zip(*[r.data for r in rollouts])])
+    return gathered(local, args.distributed)
 
 
-def insert_and_count(args, replay: Replay, data: Transitions) -> tuple[int, int]:
-    """Inserts a rollout; returns its valid transitions and the replay's."""
-    inserted = replay_insert(replay, data, n=args.n_step)
-    return inserted, replay.transitions.num_sampleable()
+def insert_and_count(args, replay: Replay, data: Transitions) -> int:
+    """Inserts a rollout of every environment; returns the valid transitions in the replay."""
+    replay_insert(replay, data, n=args.n_step)
+    return replay.transitions.num_sampleable()
 
 
 class Sampled(NamedTuple):
     """A batch ready for the learner devices, and what its priority update needs."""
 
     shards: Batch
-    """the batch, this process's learner devices' slices (leading axis: device)"""
+    """the batch, this process's learner devices' shares (leading axis: device)"""
     slots: np.ndarray
     inserted: int
     """the transitions inserted before the batch was sampled"""
@@ -899,6 +721,15 @@ class PendingPriorities(NamedTuple):
     td: Any
 
 
+class Learned(NamedTuple):
+    """The optimizer steps of one learner update: the last step's losses (per learner device), and
+    `stats`: the last batch's importance weights and the seconds spent sampling and writing
+    priorities."""
+
+    metrics: dict
+    stats: dict
+
+
 def sample_batch(args, replay: Replay, step: int) -> Sampled:
     """The batch of optimizer step `step`, drawn with a generator seeded by (seed, step): the same
     batches on every layout."""
@@ -907,11 +738,7 @@ def sample_batch(args, replay: Replay, step: int) -> Sampled:
     batch, sample = replay_sample(
         replay, args.batch_size, rng, beta=args.importance_sampling_exponent
     )
-    num_local = len(args.learner_device_ids)
-    local = slice(jax.process_index() * num_local, (jax.process_index() + 1) * num_local)
-    shards = jax.tree.map(
-        lambda v: v.reshape(num_local * jax.process_count(), -1, *v.shape[1:])[local], batch
-    )
+    shards = local_shares(batch, len(args.learner_device_ids))
     return Sampled(
         shards=shards, slots=sample.slots, inserted=sample.inserted, seconds=time.time() - tic
     )
@@ -928,21 +755,18 @@ def write_priorities(args, replay: Replay, pending: PendingPriorities) -> float:
     return time.time() - tic
 
 
-def learn(args, replay: Replay, jobs: BackgroundJobs, state, update_fn, tally: Tally, pending):
-    """--updates-per-rollout optimizer steps. The replay's work runs in `jobs`, in one fixed order:
-    before step k + 1's batch is drawn, the priorities of step k - 1 are written and those of step
-    k are not (a fixed lag of one step, across updates too: `pending` is the last step's). With
-    --pipeline, the batch of step k + 1 is sampled and the priorities of step k - 1 are written
-    while step k runs; without, the learner waits for them. The order, and so the run, is the same
-    either way. Returns the state, the last step's metrics, the `LearnStats` and the new
-    `pending`."""
-    learn_start = time.time()
-    first = tally.learner_updates
-    last = first + args.updates_per_rollout
-    next_batch = jobs.submit(functools.partial(sample_batch, args, replay, first))
+def learn(args, replay: Replay, jobs: BackgroundJobs, state, update_fn, first_step: int, pending):
+    """--updates-per-rollout optimizer steps, from step `first_step`. The replay's work runs in
+    `jobs`, in one fixed order: before step k + 1's batch is drawn, the priorities of step k - 1 are
+    written and those of step k are not (a fixed lag of one step, across updates too: `pending` is
+    the last step's). With --pipeline, the batch of step k + 1 is sampled and the priorities of step
+    k - 1 are written while step k runs; without, the learner waits for them. The order, and so the
+    run, is the same either way. Returns the state, the `Learned` and the new `pending`."""
+    last = first_step + args.updates_per_rollout
+    next_batch = jobs.submit(functools.partial(sample_batch, args, replay, first_step))
     writes = []
     sample_seconds = 0.0
-    for step in range(first, last):
+    for step in range(first_step, last):
         sampled = jobs.wait(next_batch)
         sample_seconds += sampled.seconds
         submitted = []
@@ -959,49 +783,37 @@ def learn(args, replay: Replay, jobs: BackgroundJobs, state, update_fn, tally: T
         if not args.pipeline:
             jax.block_until_ready(td)
         pending = PendingPriorities(slots=sampled.slots, inserted=sampled.inserted, td=td)
-        tally.learner_updates += 1
-        tally.sampled += args.batch_size
-    write_seconds = sum(jobs.wait(write) for write in writes)
-    stats = LearnStats(
+    stats = dict(
         is_weight_min=sampled.shards.weights.min(),
         is_weight_max=sampled.shards.weights.max(),
-        replay_time=sample_seconds + write_seconds,
-        learner_updates_per_second=args.updates_per_rollout / (time.time() - learn_start),
+        replay_time=sample_seconds + sum(jobs.wait(write) for write in writes),
     )
-    return state, metrics, stats, pending
+    learned = Learned(metrics=metrics, stats=stats)
+    return state, learned, pending
 
 
 def log_update(
-    args, sizes, run, update, rollouts, read_priorities, metrics, learn_stats, tally, loop_stats
+    args, sizes, run, update, rollouts, learner_stats, learned, optimizer_steps, read_priorities
 ):
-    """TensorBoard every update; priorities (an O(N) pass), losses and a console line every
-    --log-frequency. `metrics` and `learn_stats` are those of the last update that learned (None
-    before the first)."""
-    global_step = update * sizes.steps_per_update
-    elapsed = time.time() - run.start_time
-    timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
+    """`Run.log_update` with Ape-X's own statistics: the exploration rates and the last batch's
+    importance weights every update, the priorities (an O(N) pass) every --log-frequency. `learned`
+    is that of the last update that learned (None before the first)."""
     epsilons = epsilons_of(
         np.arange(sizes.num_envs), sizes.num_envs, args.epsilon_base, args.epsilon_alpha
     )
-    param_lag = loop_stats.learner_policy_version - 1 - loop_stats.actor_policy_version
+    stats = dict(learner_stats, epsilon_min=epsilons.min(), epsilon_max=epsilons.max())
+    rollout_time = np.mean([r.timing["rollout_time"] for r in rollouts])
+    stats.update(actor_sps=args.local_num_envs * args.num_steps / rollout_time)
+    stats.update({} if learned is None else learned.stats)
     schedule = learning_rate_of(args, sizes)
-    learning_rate = schedule(tally.learner_updates) if callable(schedule) else schedule
-    stats = {
-        **timing,
-        **loop_stats._asdict(),
-        **dataclasses.asdict(tally),
-        **(learn_stats._asdict() if learn_stats is not None else {}),
-        "param_lag": param_lag,
-        "epsilon_min": epsilons.min(),
-        "epsilon_max": epsilons.max(),
-        "actor_sps": args.local_num_envs * args.num_steps / timing["rollout_time"],
-        "replay_insert_per_second": tally.inserted / elapsed,
-        "replay_sample_per_second": tally.sampled / elapsed,
-    }
-    run.log(
-        {f"stats/{key}": value for key, value in stats.items()}
-        | {"charts/SPS": run.sps(global_step), "charts/learning_rate": learning_rate},
-        global_step,
+    run.log_update(
+        update,
+        rollouts=rollouts,
+        metrics=None if learned is None else learned.metrics,
+        learner_stats=stats,
+        optimizer_steps=optimizer_steps,
+        learning_rate=schedule(optimizer_steps) if callable(schedule) else schedule,
+        details=f"replay={learner_stats['replay_size']} policy lag={learner_stats['param_lag']}",
     )
     if update % args.log_frequency and update != sizes.num_updates:
         return
@@ -1009,17 +821,8 @@ def log_update(
     if priorities.size and args.priority_exponent:
         run.log(
             {"stats/priority_mean": priorities.mean(), "stats/priority_max": priorities.max()},
-            global_step,
+            update * sizes.steps_per_update,
         )
-    if metrics is not None:
-        losses = jax.device_get(first_replica(metrics))
-        run.log({f"losses/{key}": value for key, value in losses.items()}, global_step)
-    details = (
-        f"learner updates={tally.learner_updates} replay={tally.replay_size} policy lag={param_lag}"
-        " wait rollout="
-        f"{loop_stats.rollout_queue_get_time:.2f}s param={timing['param_queue_get_time']:.2f}s"
-    )
-    run.print_progress(update, global_step, details)
 
 
 def train(args: Args):
@@ -1035,7 +838,7 @@ def train(args: Args):
         counters=counters,
         global_learner_devices=global_learner_devices,
     )
-    tally = Tally(learner_updates=int(state.step))
+    optimizer_steps = int(state.step)
     state = replicate(state, learner_devices)
     update_fn = make_update(args, global_learner_devices)
     replay = make_replay(args, sizes.num_envs)
@@ -1050,18 +853,17 @@ def train(args: Args):
         actor_devices=actor_devices,
     )
     jobs = BackgroundJobs("replay", run.stop, run.failures)
-    metrics = None
-    learn_stats = None
+    learned = None
     pending = None
     with run.learner_loop([*threads, jobs.thread]) as end:
-        send_params(
-            first_replica(state.params),
-            policy_version=learner_policy_version,
-            actor_devices=actor_devices,
-            param_queues=param_queues,
-            stop=run.stop,
-        )
         for update in range(first_update, sizes.num_updates + 1):
+            send_params(
+                first_replica(state.params),
+                policy_version=learner_policy_version,
+                actor_devices=actor_devices,
+                param_queues=param_queues,
+                stop=run.stop,
+            )
             wait_start = time.time()
             rollouts = [queue_get(q, run.stop) for q in rollout_queues]
             rollout_queue_get_time = time.time() - wait_start
@@ -1075,26 +877,27 @@ def train(args: Args):
             learn_start = time.time()
             data = gather_rollouts(args, rollouts)
             insert = jobs.submit(functools.partial(insert_and_count, args, replay, data))
-            inserted, tally.replay_size = jobs.wait(insert)
-            tally.inserted += inserted
+            replay_size = jobs.wait(insert)
             insert_time = time.time() - learn_start
-            if tally.replay_size >= max(args.learning_starts, 1):
-                state, metrics, learn_stats, pending = learn(
+            if replay_size >= max(args.learning_starts, 1):
+                state, learned, pending = learn(
                     args,
                     replay=replay,
                     jobs=jobs,
                     state=state,
                     update_fn=update_fn,
-                    tally=tally,
+                    first_step=optimizer_steps,
                     pending=pending,
                 )
+                optimizer_steps += args.updates_per_rollout
             learner_policy_version += 1
-            loop_stats = LoopStats(
+            learner_stats = dict(
                 rollout_queue_get_time=rollout_queue_get_time,
                 insert_time=insert_time,
                 learn_time=time.time() - learn_start,
-                actor_policy_version=rollouts[0].policy_version,
                 learner_policy_version=learner_policy_version,
+                replay_size=replay_size,
+                param_lag=learner_policy_version - 1 - rollouts[0].policy_version,
             )
             log_update(
                 args,
@@ -1102,28 +905,19 @@ def train(args: Args):
                 run=run,
                 update=update,
                 rollouts=rollouts,
+                learner_stats=learner_stats,
+                learned=learned,
+                optimizer_steps=optimizer_steps,
                 read_priorities=lambda: jobs.wait(jobs.submit(replay.transitions.priorities)),
-                metrics=metrics,
-                learn_stats=learn_stats,
-                tally=tally,
-                loop_stats=loop_stats,
             )
             if run.evaluation_due(update):
                 params = jax.device_get(first_replica(state.params))
-                run.evaluate(update, params, tally.learner_updates, evaluate)
+                run.evaluate(update, params, optimizer_steps, evaluate)
             end.exit_code = run.after_update(state, update)
             if end.exit_code:
                 break
-            if update < sizes.num_updates:
-                send_params(
-                    first_replica(state.params),
-                    policy_version=learner_policy_version,
-                    actor_devices=actor_devices,
-                    param_queues=param_queues,
-                    stop=run.stop,
-                )
     params = jax.device_get(first_replica(state.params))
-    run.finish(params, learner_policy_version, evaluate, tally.learner_updates)
+    run.finish(params, learner_policy_version, evaluate, optimizer_steps)
 
 
 # === Main ===

@@ -1,22 +1,18 @@
 """Cleanba GALA-A2C (Assran et al., 2019): n A2C actor-learners ("agents") gossiping over a directed
-ring.
-
-Every agent has its own environments, optimizer and parameters x_i. After each local update, agent i
-sends x_i to its out-peers i+1 .. i+k and averages with the messages it holds: x_i <- (x_i + sum of
-messages) / (1 + their number). The agents stay in a ball around their average x̄, which is saved.
-`--gossip sync` (default): lock step, one `pmap` over the agents' devices; at update t agent i mixes
-its new parameters with its in-peers' new ones (a `lax.ppermute`), so the agents' mean moves by the
-mean of their steps, and the same seed gives the same run. `--gossip async` (the paper's): a learner
-thread per agent, messages left in mailboxes without waiting. `--topology allreduce`: A2C, gradients
-averaged over the agents; `none`: independent agents. Each agent's actor thread keeps Cleanba's
-protocol (queues of size 1, lag 1)."""
+ring. Every agent has its own environments, optimizer and parameters x_i. After each local update,
+agent i sends x_i to its out-peers i+1 .. i+k and averages with the messages it holds: x_i <- (x_i +
+sum of messages) / (1 + their number). The agents stay in a ball around their average x̄, which is
+saved. `--gossip sync` (default): lock step, one `pmap` over the agents' devices, the in-peers' new
+parameters by `lax.ppermute`: the same seed gives the same run. `--gossip async` (the paper's): a
+learner thread per agent, messages left in mailboxes without waiting. `--topology allreduce`: A2C,
+gradients averaged over the agents; `none`: independent agents. Each agent's actor thread keeps
+Cleanba's protocol (queues of size 1, lag 1)."""
 
 import dataclasses
 import operator
 import os
 import queue
 import sys
-import threading
 import time
 from typing import Literal, NamedTuple
 
@@ -27,17 +23,27 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax.training.train_state import TrainState
-from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cleanba_utils import distributed, parsing
+from cleanba_utils.agent_arrays import (
+    agents_sharding,
+    from_slices,
+    gathered_agents,
+    sharded,
+    slice_on,
+)
 from cleanba_utils.checkpoints import resume_from
+from cleanba_utils.consensus import consensus_line, consensus_of, consensus_stats
 from cleanba_utils.devices import first_replica
 from cleanba_utils.envs import envpool_num_threads, is_atari
+from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.handoff import check_policy_lag
+from cleanba_utils.mailboxes import Mailbox, Message, broadcast, receive
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, RunArgs
+from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import POLL_SECONDS, Stopped, queue_get, queue_put, start_thread
+from cleanba_utils.torsos import NatureTorso, check_torso_channels, torso_channels
 
 # === Args ===
 
@@ -51,17 +57,15 @@ class Args(RunArgs):
     `runs/{run_name}/{exp_name}.cleanba_model`"""
     eval_episodes: int = 0
     """play this many episodes with the consensus average x̄ of the agents' parameters every
-    --eval-every updates and after the last, their mean logged as charts/eval_return (after the
-    last, each one's return under `eval/episodic_return`; 0: no evaluation)"""
+    --eval-every updates and after the last, their mean logged as charts/eval_return (0: none)"""
     eval_every: int = 0
     """evaluate every this many updates (0: only after the last; agents in lock step only: those of
     --gossip async make no update together); evaluation never changes the run"""
     log_frequency: int = 100
-    """print a console line every this many updates"""
+    """print a console line and log the losses every this many updates"""
     concurrency: bool = True
-    """let each actor collect the next rollout while its learner trains (policy lag 1 instead of 0).
-    Cleanba's protocol, not the paper's: in Algorithm 1 an agent acts with its current parameters
-    (--no-concurrency)"""
+    """let each actor collect the next rollout while its learner trains (policy lag 1, Cleanba's
+    protocol); in the paper's Algorithm 1 an agent acts with its current parameters (lag 0)"""
     distributed: bool = False
     """join a multi-process run with jax.distributed (--gossip sync and allreduce; agents split over
     processes)"""
@@ -83,9 +87,8 @@ class Args(RunArgs):
     """RMSProp's decay of the mean square. The paper does not give it; 0.99 is the A2C of Dhariwal
     et al. (2017) and the PyTorch A2C code the GALA authors built on"""
     rmsprop_eps: float = 0.01
-    """RMSProp's epsilon (the paper's Table 2; its momentum is 0, as here). Added to the root of the
-    mean square, as PyTorch's RMSprop that the authors ran does (optax eps_in_sqrt=False); the
-    table does not say which"""
+    """RMSProp's epsilon (the paper's Table 2, with momentum 0), added to the root of the mean
+    square as in PyTorch's RMSprop, which the authors ran (optax eps_in_sqrt=False)"""
     local_num_envs: int = 16
     """the number of environments of each agent"""
     num_steps: int = 5
@@ -130,14 +133,6 @@ class Args(RunArgs):
     so it is refused there"""
 
 
-TORSO_CHANNELS = {"nature": (32, 64, 64), "impala": (16, 32, 32)}
-
-
-def torso_channels(args: Args) -> tuple[int, ...]:
-    """--channels, or the chosen torso's own."""
-    return TORSO_CHANNELS[args.torso] if args.channels is None else args.channels
-
-
 def lock_step(args: Args) -> bool:
     return args.topology != "gossip" or args.gossip == "sync"
 
@@ -165,27 +160,10 @@ NEEDS = {
 DEFAULT_SIMILARITY_EVERY = 10
 
 
-@dataclasses.dataclass(frozen=True)
-class Sizes:
-    num_envs: int
-    steps_per_update: int
-    num_updates: int
-
-
 def sizes_of(args: Args) -> Sizes:
-    num_envs = args.local_num_envs * args.num_agents
-    steps_per_update = num_envs * args.num_steps
-    return Sizes(
-        num_envs=num_envs,
-        steps_per_update=steps_per_update,
-        num_updates=args.total_timesteps // steps_per_update,
+    return rollout_sizes(
+        args.local_num_envs * args.num_agents, args.num_steps, args.total_timesteps
     )
-
-
-def similarity_every(args: Args) -> int:
-    if args.similarity_every is None:
-        return DEFAULT_SIMILARITY_EVERY
-    return args.similarity_every
 
 
 def parse_args(argv=None) -> Args:
@@ -198,31 +176,24 @@ def validate(args: Args):
     """Checks every argument that needs no device, before any other work; exits 2 on the first
     problem."""
     positive = "total_timesteps local_num_envs num_steps max_grad_norm log_frequency num_agents"
+    positive += " rmsprop_eps"
     non_negative = "learning_rate ent_coef vf_coef eval_episodes eval_every checkpoint_every"
     non_negative += " staleness_bound"
     parsing.check_signs(args, positive.split(), non_negative.split())
     parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
     parsing.check_in(args, "rmsprop_decay", 0, 1)
-    if args.rmsprop_eps <= 0:
-        parsing.fail(f"--rmsprop-eps must be positive, got {args.rmsprop_eps}")
     if args.similarity_every is not None and args.similarity_every <= 0:
         parsing.fail(f"--similarity-every must be positive, got {args.similarity_every}")
-    num_agents = args.num_agents
-    num_peers = args.num_peers
-    if args.topology == "gossip" and not 1 <= num_peers < num_agents:
+    if args.topology == "gossip" and not 1 <= args.num_peers < args.num_agents:
         parsing.fail(
             "--topology gossip needs --num-agents >= 2, --num-peers in 1 .. agents - 1; got "
-            f"{num_agents} and {num_peers}"
+            f"{args.num_agents} and {args.num_peers}"
         )
     parsing.check_run_options(args)
     parsing.check_layers(args, ["channels", "hiddens"])
     parsing.check_discrete_actions(args)
     parsing.check_needs(args, NEEDS)
-    if args.torso == "nature" and len(torso_channels(args)) != 3:
-        parsing.fail(
-            "--torso nature has three convolutions: --channels takes 3 values, got "
-            f"{len(args.channels)}"
-        )
+    check_torso_channels(args)
     if args.gossip == "async" and (args.distributed or args.checkpoint_every or args.resume):
         parsing.fail(
             "--gossip async runs in one process without checkpoints: not with "
@@ -267,11 +238,9 @@ frames and 4 stacked frames are envpool's defaults."""
 
 
 def make_env(args: Args, seed: int, num_envs: int):
-    """envpool seeds its environment i with `seed + i`. Atari takes GALA's own options
-    (`GALA_ATARI`), not the Machado et al. (2018) protocol (`cleanba_utils.envs.MACHADO_ATARI`) of
-    the other scripts, so that the runs compare with the paper's: a lost life ends an episode for
-    learning, while the logged returns (`episode_over`) and the evaluation count whole games.
-    envpool also plays up to 30 no-ops after a lost life."""
+    """envpool seeds its environment i with `seed + i`. Atari takes the paper's options
+    (`GALA_ATARI`), not the Machado et al. (2018) protocol of the other scripts, so that the runs
+    compare with the paper's; the logged returns and the evaluation count whole games."""
     num_threads = envpool_num_threads(
         args.envpool_num_threads, num_envs=num_envs, instances=args.num_agents
     )
@@ -323,26 +292,6 @@ def mlp(x, hiddens: tuple, outputs: int, output_scale: float):
     return nn.Dense(outputs, kernel_init=nn.initializers.orthogonal(output_scale))(x)
 
 
-class NatureTorso(nn.Module):
-    """The convolutions of Dhariwal et al.'s (2017) network (the DQN Nature network): 8x8 stride 4,
-    4x4 stride 2, 3x3 stride 1, no padding, ReLU."""
-
-    channels: tuple[int, ...]
-
-    @nn.compact
-    def __call__(self, x):
-        for channels, size, stride in zip(self.channels, (8, 4, 3), (4, 2, 1)):
-            conv = nn.Conv(
-                channels,
-                (size, size),
-                strides=(stride, stride),
-                padding="VALID",
-                kernel_init=nn.initializers.orthogonal(np.sqrt(2)),
-            )
-            x = nn.relu(conv(x))
-        return x.reshape(x.shape[0], -1)
-
-
 class Network(nn.Module):
     """For stacked frames (N, C, H, W), a torso (`torso`: the paper's network or the IMPALA ResNet)
     and dense layers shared by both heads; for vector observations (N, D), separate actor and critic
@@ -362,7 +311,7 @@ class Network(nn.Module):
             return logits, value[:, 0]
         x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
         if self.torso == "nature":
-            x = NatureTorso(self.channels)(x)
+            x = NatureTorso(self.channels, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x)
         else:
             for channels in self.channels:
                 x = ConvSequence(channels)(x)
@@ -395,13 +344,14 @@ class Transitions(NamedTuple):
 
 class Rollout(NamedTuple):
     """An actor's rollout for `update` by parameters `policy_version`, on its agent's device:
-    `bootstrap_obs` (1, envs, ...) is the observation after the last step."""
+    `bootstrap_obs` (1, envs, ...) is the observation after the last step; `timing`, the seconds
+    the actor waited for the parameters."""
 
     update: int
     policy_version: int
     transitions: Transitions
     bootstrap_obs: jax.Array
-    param_queue_get_time: float
+    timing: dict
 
 
 def sample_actions(logits, key, step, env_ids):
@@ -470,7 +420,7 @@ def actor(args, sizes, run, network, first_update, agent, device, param_queue, r
             policy_version=policy_version,
             transitions=jax.device_put(transitions, device),
             bootstrap_obs=jax.device_put(next_obs[None], device),
-            param_queue_get_time=param_queue_get_time,
+            timing=dict(param_queue_get_time=param_queue_get_time),
         )
         queue_put(rollout_queue, rollout, run.stop)
 
@@ -489,16 +439,9 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
             return jnp.argmax(logits, axis=1)
         return sample_actions(logits, jax.random.PRNGKey(seed), step, env_ids)
 
-    obs, _ = envs.reset()
-    returns = np.zeros(num_episodes)
-    finished = np.zeros(num_episodes, dtype=bool)
-    step = 0
-    while not finished.all():
-        obs, reward, terminated, truncated, info = envs.step(np.asarray(act(params, obs, step)))
-        returns += info.get("reward", reward) * ~finished
-        finished |= episode_over(terminated, truncated, info)
-        step += 1
-    return returns.tolist()
+    return play_episodes(
+        envs, num_episodes, lambda obs, step: act(params, obs, step), episode_over=episode_over
+    )
 
 
 # === Loss ===
@@ -582,99 +525,9 @@ def mix(params, messages: list):
     return jax.tree.map(lambda x, *ms: (x + sum(ms)) / (1 + len(ms)), params, *messages)
 
 
-class Consensus(NamedTuple):
-    """Of the agents' parameters: each one's distance ‖x_i - x̄‖, their RMS and maximum (the radius
-    of the ε-ball around x̄), its share of ‖x̄‖, and the largest difference of a parameter between
-    agents (0: all the same)."""
-
-    distances: jax.Array
-    distance: jax.Array
-    distance_max: jax.Array
-    share: jax.Array
-    spread: jax.Array
-
-
-def consensus_of(stacked) -> Consensus:
-    """`stacked`: the agents' parameters on a leading axis."""
-    leaves = [x.reshape(x.shape[0], -1) for x in jax.tree.leaves(stacked)]
-    squared = sum(jnp.sum((x - x.mean(0)) ** 2, axis=1) for x in leaves)
-    mean_norm = jnp.sqrt(sum(jnp.sum(x.mean(0) ** 2) for x in leaves))
-    distances = jnp.sqrt(squared)
-    spread = jnp.max(jnp.stack([jnp.max(x.max(0) - x.min(0)) for x in leaves]))
-    return Consensus(
-        distances=distances,
-        distance=jnp.sqrt(squared.mean()),
-        distance_max=distances.max(),
-        share=distances.max() / mean_norm,
-        spread=spread,
-    )
-
-
 def cosine(a, b):
     dot = lambda u, v: sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(u), jax.tree.leaves(v)))
     return dot(a, b) / (jnp.sqrt(dot(a, a) * dot(b, b)) + 1e-12)
-
-
-class Message(NamedTuple):
-    sender: int
-    version: int  # the sender's update count when it sent the message
-    params: dict
-
-
-class Mailbox:
-    """An agent's incoming messages in --gossip async: one slot per in-peer, written without
-    waiting. A message from a peer whose previous one is unread overwrites it (counted), so the
-    receiver mixes with the newest parameters sent to it; the GALA authors' code drops the new
-    message instead, leaving older ones to mix with."""
-
-    def __init__(self):
-        self.slots = {}
-        self.finished = set()
-        self.overwritten = 0
-        self.condition = threading.Condition()
-
-    def post(self, message: Message):
-        with self.condition:
-            self.overwritten += message.sender in self.slots
-            self.slots[message.sender] = message
-            self.condition.notify_all()
-
-    def close(self, sender: int):
-        """The sender made its last update: nobody waits for it any more."""
-        with self.condition:
-            self.finished.add(sender)
-            self.condition.notify_all()
-
-    def take(self, wait_for: list, stop: threading.Event) -> list:
-        """Every unread message, by sender; first waits until each running sender in `wait_for` has
-        left one."""
-        with self.condition:
-            while any(s not in self.slots and s not in self.finished for s in wait_for):
-                if stop.is_set():
-                    raise Stopped
-                self.condition.wait(POLL_SECONDS)
-            return [self.slots.pop(sender) for sender in sorted(self.slots)]
-
-
-def broadcast(mailboxes: list, out_peers: list, message: Message):
-    for peer in out_peers:
-        mailboxes[peer].post(message)
-
-
-def receive(mailbox: Mailbox, silent: dict, staleness_bound: int, stop: threading.Event) -> list:
-    """After a local update: the messages to mix with. `silent[j]` counts the local updates since
-    the last message from in-peer j; with a bound τ > 0, the agent waits only for the in-peers
-    silent for τ updates. Algorithm 1 mixes only once a message from every in-peer is there; with
-    the paper's one in-peer that is the same as mixing whatever has arrived, which this does."""
-    for sender in silent:
-        silent[sender] += 1
-    wait_for = [
-        sender for sender, count in silent.items() if staleness_bound and count >= staleness_bound
-    ]
-    messages = mailbox.take(wait_for, stop)
-    for message in messages:
-        silent[message.sender] = 0
-    return messages
 
 
 # === Update ===
@@ -791,6 +644,21 @@ def make_agent_update(args: Args):
 # === Learner loop ===
 
 
+class AgentDevices(NamedTuple):
+    local: list
+    """the devices of this process's agents"""
+    every: list
+    """every process's agents' devices: agent i on device i"""
+
+
+def agent_devices_of(args: Args) -> AgentDevices:
+    local_agents = args.num_agents // jax.process_count()
+    return AgentDevices(
+        local=jax.local_devices()[:local_agents],
+        every=distributed.global_learner_devices(range(local_agents)),
+    )
+
+
 def start_actors(args, sizes, run, network, agent_devices, first_update: int = 1):
     """One param queue, one rollout queue and one actor thread per local agent."""
     param_queues = []
@@ -819,59 +687,31 @@ def start_actors(args, sizes, run, network, agent_devices, first_update: int = 1
     return param_queues, rollout_queues, threads
 
 
-def consensus_scalars(consensus: Consensus) -> dict:
-    return {
-        "stats/consensus_distance": consensus.distance,
-        "stats/consensus_distance_max": consensus.distance_max,
-        "stats/consensus_share": consensus.share,
-        "stats/consensus_spread": consensus.spread,
-    }
-
-
-def log_update(run, global_step: int, scalars: dict, agent_scalars: dict):
-    """TensorBoard: `scalars` under their keys and the SPS; `agent_scalars[agent]` under
-    `stats/agent_{agent}/` and the agent's SPS (from its `steps`)."""
+def log_agents(run, global_step: int, agent_scalars: dict):
+    """`agent_scalars[agent]` under `stats/agent_{agent}/`, and the agent's SPS (from its
+    `steps`)."""
     elapsed = time.time() - run.start_time
-    run.log(scalars, global_step)
-    run.log({"charts/SPS": run.sps(global_step)}, global_step)
-    for agent, agent_values in agent_scalars.items():
-        run.log(
-            {f"stats/agent_{agent}/{key}": value for key, value in agent_values.items()},
-            global_step,
-        )
-        run.log({f"charts/agent_{agent}/SPS": int(agent_values["steps"] / elapsed)}, global_step)
+    for agent, values in agent_scalars.items():
+        scalars = {f"stats/agent_{agent}/{key}": value for key, value in values.items()}
+        scalars[f"charts/agent_{agent}/SPS"] = int(values["steps"] / elapsed)
+        run.log(scalars, global_step)
 
 
-def print_consensus(run, update: int, global_step: int, consensus: Consensus):
-    details = f"consensus distance={consensus.distance_max:.3g} share={consensus.share:.3g}"
-    run.print_progress(update, global_step, details)
+def log_distances(run, global_step: int, consensus, agent_steps: list):
+    """Each agent's distance to the consensus, and its SPS from its environment steps."""
+    for agent, (distance, steps) in enumerate(zip(consensus.distances, agent_steps)):
+        log_agents(run, global_step, {agent: dict(consensus_distance=distance, steps=steps)})
 
 
-def train_sync(args: Args, sizes: Sizes, network, state, run, agent_devices, global_devices):
+def train_sync(args: Args, run, network, state):
     """All agents in lock step, one pmap'd update over their devices. Returns the consensus average,
     the version."""
-    sharding = NamedSharding(Mesh(np.array(global_devices), ("agents",)), PartitionSpec("agents"))
-    state = jax.tree.map(
-        lambda x: jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]), state
-    )
-
-    def gather(tree):
-        """Every agent's `tree`, from every process."""
-        return multihost_utils.process_allgather(tree, tiled=True)
-
-    def params_on(device):
-        """An actor's parameters: the slice of the pmap'd ones on its agent's device, not a copy."""
-        return jax.tree.map(
-            lambda x: next(s.data[0] for s in x.addressable_shards if s.device == device),
-            state.params,
-        )
-
-    def to_global(*agent_arrays):
-        shape = (args.num_agents, *agent_arrays[0].shape[1:])
-        return jax.make_array_from_single_device_arrays(shape, sharding, agent_arrays)
-
+    sizes = run.sizes
+    agent_devices, global_devices = agent_devices_of(args)
+    sharding = agents_sharding(global_devices)
+    state = sharded(state, sharding)
     update_fn = make_update(args, global_devices)
-    run.host_copy = gather
+    run.host_copy = gathered_agents
     run.host_copy_is_collective = True
     first_update = run.counters["update"] + 1
     learner_policy_version = run.counters["update"]
@@ -886,7 +726,8 @@ def train_sync(args: Args, sizes: Sizes, network, state, run, agent_devices, glo
     with run.learner_loop(threads) as end:
         for update in range(first_update, sizes.num_updates + 1):
             for param_queue, device in zip(param_queues, agent_devices):
-                queue_put(param_queue, (learner_policy_version, params_on(device)), run.stop)
+                params = slice_on(state.params, device)
+                queue_put(param_queue, (learner_policy_version, params), run.stop)
             wait_start = time.time()
             rollouts = [queue_get(q, run.stop) for q in rollout_queues]
             rollout_queue_get_time = time.time() - wait_start
@@ -898,47 +739,46 @@ def train_sync(args: Args, sizes: Sizes, network, state, run, agent_devices, glo
                 concurrency=args.concurrency,
                 first_update=first_update,
             )
-            transitions = jax.tree.map(to_global, *[r.transitions for r in rollouts])
-            bootstrap_obs = to_global(*[r.bootstrap_obs for r in rollouts])
-            with_similarity = update % similarity_every(args) == 0
+            transitions = jax.tree.map(
+                lambda *slices: from_slices(slices, sharding), *[r.transitions for r in rollouts]
+            )
+            bootstrap_obs = from_slices([r.bootstrap_obs for r in rollouts], sharding)
+            with_similarity = update % (args.similarity_every or DEFAULT_SIMILARITY_EVERY) == 0
             state, losses, consensus, similarity = update_fn(
                 state, transitions, bootstrap_obs, with_similarity
             )
-            losses = jax.device_get(first_replica(losses))
             consensus = jax.device_get(first_replica(consensus))
-            learn_time = time.time() - learn_start
             learner_policy_version += 1
-            global_step = update * sizes.steps_per_update
-            scalars = {
-                "losses/policy_loss": losses.policy_loss,
-                "losses/value_loss": losses.value_loss,
-                "losses/entropy": losses.entropy,
-                **consensus_scalars(consensus),
-                "stats/learn_time": learn_time,
-                "stats/rollout_queue_get_time": rollout_queue_get_time,
-                "stats/learner_policy_version": learner_policy_version,
-                "stats/param_queue_get_time": np.mean([r.param_queue_get_time for r in rollouts]),
-                "stats/actor_policy_version": rollouts[0].policy_version,
-            }
+            learner_stats = dict(
+                consensus_stats(consensus),
+                learn_time=time.time() - learn_start,
+                rollout_queue_get_time=rollout_queue_get_time,
+                learner_policy_version=learner_policy_version,
+            )
             if with_similarity:
-                scalars["stats/gradient_similarity"] = jax.device_get(first_replica(similarity))
+                learner_stats["gradient_similarity"] = jax.device_get(first_replica(similarity))
+            run.log_update(
+                update,
+                rollouts=rollouts,
+                metrics=losses._asdict(),
+                learner_stats=learner_stats,
+                optimizer_steps=update,
+                learning_rate=scaled_learning_rate(args),
+                details=consensus_line(consensus),
+            )
             steps = (update - first_update + 1) * sizes.steps_per_update // args.num_agents
-            agent_scalars = {
-                agent: dict(consensus_distance=distance, steps=steps)
-                for agent, distance in enumerate(consensus.distances)
-            }
-            log_update(run, global_step, scalars, agent_scalars)
-            if update % args.log_frequency == 0 or update == sizes.num_updates:
-                print_consensus(run, update, global_step, consensus)
+            log_distances(
+                run, update * sizes.steps_per_update, consensus, [steps] * args.num_agents
+            )
             if run.evaluation_due(update):
                 # Every process gathers (a collective); the one that logs plays the episodes. Each
                 # agent has made one optimizer step per update.
-                consensus_params = jax.tree.map(lambda x: x.mean(0), gather(state.params))
+                consensus_params = jax.tree.map(lambda x: x.mean(0), gathered_agents(state.params))
                 run.evaluate(update, consensus_params, update, evaluate)
             end.exit_code = run.after_update(state, update)
             if end.exit_code:
                 break
-    consensus_params = jax.tree.map(lambda x: x.mean(0), gather(state.params))
+    consensus_params = jax.tree.map(lambda x: x.mean(0), gathered_agents(state.params))
     return consensus_params, learner_policy_version
 
 
@@ -998,14 +838,16 @@ def agent_learner(
         }
         if messages:
             agent_values["message_staleness"] = np.mean([update - m.version for m in messages])
-        log_update(run, global_step, {}, {agent: agent_values})
+        log_agents(run, global_step, {agent: agent_values})
     for peer in out_peers:
         mailboxes[peer].close(agent)
 
 
-def train_async(args: Args, sizes: Sizes, network, state, run, agent_devices):
+def train_async(args: Args, run, network, state):
     """A learner thread per agent; the main thread measures the consensus after every n updates of
     all agents."""
+    sizes = run.sizes
+    agent_devices = agent_devices_of(args).local
     board = Board(params=[None] * args.num_agents, updates=[0] * args.num_agents, started=[])
     mailboxes = [Mailbox() for _ in range(args.num_agents)]
     param_queues, rollout_queues, threads = start_actors(
@@ -1046,14 +888,14 @@ def train_async(args: Args, sizes: Sizes, network, state, run, agent_devices):
                 consensus = jax.device_get(consensus_of(stacked))
                 steps = [count * sizes.steps_per_update // args.num_agents for count in counts]
                 global_step = sum(steps)
-                agent_scalars = {
-                    agent: dict(consensus_distance=distance, steps=agent_steps)
-                    for agent, (distance, agent_steps) in enumerate(zip(consensus.distances, steps))
+                scalars = {
+                    f"stats/{key}": value for key, value in consensus_stats(consensus).items()
                 }
-                log_update(run, global_step, consensus_scalars(consensus), agent_scalars)
+                run.log(scalars | {"charts/SPS": run.sps(global_step)}, global_step)
+                log_distances(run, global_step, consensus, steps)
                 if updates // updates_per_line > measured // updates_per_line or not running:
                     update = global_step // sizes.steps_per_update
-                    print_consensus(run, update, global_step, consensus)
+                    run.print_progress(update, global_step, consensus_line(consensus))
                 measured = updates
             if not running:
                 break
@@ -1067,36 +909,16 @@ def train_async(args: Args, sizes: Sizes, network, state, run, agent_devices):
 
 def train(args: Args):
     sizes = sizes_of(args)
-    local_agents = args.num_agents // jax.process_count()
-    agent_devices = jax.local_devices()[:local_agents]
-    global_devices = distributed.global_learner_devices(range(local_agents))
     network, state, counters = init_state(args, sizes)
     run = open_run(
         args=args,
         sizes=sizes,
         script_path=__file__,
         counters=counters,
-        global_learner_devices=global_devices,
+        global_learner_devices=agent_devices_of(args).every,
     )
-    if args.gossip == "async":
-        consensus_params, version = train_async(
-            args=args,
-            sizes=sizes,
-            network=network,
-            state=state,
-            run=run,
-            agent_devices=agent_devices,
-        )
-    else:
-        consensus_params, version = train_sync(
-            args=args,
-            sizes=sizes,
-            network=network,
-            state=state,
-            run=run,
-            agent_devices=agent_devices,
-            global_devices=global_devices,
-        )
+    train_agents = train_async if args.gossip == "async" else train_sync
+    consensus_params, version = train_agents(args, run, network, state)
     # Each agent has made one optimizer step per update.
     run.finish(consensus_params, version, evaluate, optimizer_steps=version)
 

@@ -58,7 +58,8 @@ class RunArgs:
     resume: bool = False
     """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is
     none). SAC, continuous PPO and Ape-X DPG then repeat the uninterrupted run; the other scripts
-    start their environments anew from the run's seeds (docs/checkpoints.md: "What a resumed run is")"""
+    start their environments anew from the run's seeds (docs/checkpoints.md: "What a resumed run
+    is")"""
 
 
 @dataclasses.dataclass

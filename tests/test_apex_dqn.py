@@ -27,6 +27,7 @@ from scipy import stats
 
 from cleanba import cleanba_apex_dqn as apex
 from cleanba_utils import sum_tree
+from cleanba_utils.n_step import n_step_transitions
 
 
 def test_sum_tree_samples_in_proportion_to_priority_to_the_alpha():
@@ -89,7 +90,7 @@ def test_fifo_eviction_keeps_the_newest_transitions():
     # inserts steps S - 10 .. S - 4 of env 0, then of env 1 (the last 3 wait for their rewards);
     # the store keeps the last 40 inserted, and samples those from step 0 on.
     replay = apex.make_replay(vector_args(buffer_size=40, num_steps=7), num_envs=2)
-    assert replay.stack == 1 and replay.ring == 20 + 7 + 3 + 1
+    assert replay.frames.stack == 1 and replay.frames.ring == 20 + 7 + 3 + 1
     transitions = replay.transitions
     inserted = []
     for rollout in range(6):
@@ -97,7 +98,7 @@ def test_fifo_eviction_keeps_the_newest_transitions():
         end = 7 * (rollout + 1)
         inserted += [(env, step) for env in range(2) for step in range(end - 10, end - 3)]
         sampleable = transitions.stored_weights() > 0
-        env_of = transitions.items.obs[: transitions.size] // replay.ring
+        env_of = transitions.items.obs[: transitions.size] // replay.frames.ring
         step_of = transitions.items.returns[: transitions.size].astype(int)
         kept = sorted(zip(env_of[sampleable].tolist(), step_of[sampleable].tolist()))
         assert kept == sorted((env, step) for env, step in inserted[-40:] if step >= 0), rollout
@@ -112,7 +113,7 @@ def test_importance_weights_hand_computed():
     priorities = np.array([[1.0] * 7, [4.0] * 7], np.float32) - apex.PRIORITY_EPSILON
     insert_marked(replay, [0, 1], 0, 7, n=3, priorities=priorities)
     batch, sample = apex.replay_sample(replay, 64, np.random.default_rng(0), beta=0.4)
-    first_env = sample.items.obs < replay.ring
+    first_env = sample.items.obs < replay.frames.ring
     np.testing.assert_allclose(batch.weights, np.where(first_env, 1.0, 0.5**0.4), rtol=1e-6)
     assert 0.25 < np.mean(first_env) < 0.42
 
@@ -168,7 +169,7 @@ def test_n_step_transitions_match_python_reference():
     streams = [episode_stream(rng, 80)[0] for _ in range(5)]
     window = {key: np.stack([s[key] for s in streams]) for key in streams[0]}
     keys = ["rewards", "terminations", "truncations", "is_reset"]
-    returns, discounts, offsets, valid = apex.n_step_transitions(
+    returns, discounts, offsets, valid = n_step_transitions(
         *[window[k] for k in keys], gamma=0.9, n=3
     )
     assert window["terminations"].any() and window["truncations"].any() and window["is_reset"].any()
@@ -193,7 +194,7 @@ def test_n_step_hand_computed_episode_ends():
     terminations = np.array([[0, 1, 0, 0, 0, 0, 0, 0, 0, 0]], bool)
     truncations = np.array([[0, 0, 0, 0, 1, 0, 0, 0, 0, 0]], bool)
     is_reset = np.array([[0, 0, 1, 0, 0, 1, 0, 0, 0, 0]], bool)
-    returns, discounts, offsets, valid = apex.n_step_transitions(
+    returns, discounts, offsets, valid = n_step_transitions(
         rewards, terminations, truncations, is_reset, gamma=0.5, n=3
     )
     np.testing.assert_array_equal(valid[0], [1, 1, 0, 1, 1, 0, 1])
@@ -211,7 +212,7 @@ def test_replay_rebuilds_stacked_observations_and_bootstraps_across_rollouts_and
     truth = [episode_stream(rng, 60) for _ in range(num_envs)]
     args = apex.Args(env_id="Breakout-v5", buffer_size=2 * 17, num_steps=length)
     replay = apex.make_replay(args, num_envs)
-    assert replay.stack == 4 and replay.ring == 17 + length + n + 4
+    assert replay.frames.stack == 4 and replay.frames.ring == 17 + length + n + 4
     transitions = replay.transitions
     tail, q_values = None, rng.normal(size=(num_envs, 60, 3)).astype(np.float32)
     for start in range(0, 60, length):
@@ -237,9 +238,9 @@ def test_replay_rebuilds_stacked_observations_and_bootstraps_across_rollouts_and
         end = start + length
         slots = np.flatnonzero(transitions.stored_weights() > 0)
         assert len(slots) > 0
-        obs = apex.stacked(replay, transitions.items.obs[slots])
-        next_obs = apex.stacked(replay, transitions.items.next_obs[slots])
-        ring = replay.ring
+        obs = replay.frames.stacked(transitions.items.obs[slots])
+        next_obs = replay.frames.stacked(transitions.items.next_obs[slots])
+        ring = replay.frames.ring
         for slot, o, next_o in zip(slots, obs, next_obs):
             env, position = divmod(int(transitions.items.obs[slot]), ring)
             t = end - n - 1 - (end - n - 1 - position) % ring  # the step of this frame slot
@@ -363,7 +364,7 @@ def test_same_seed_same_fingerprint_with_or_without_pipeline_and_evaluation(tmp_
     # 8 envs x 8 steps per iteration, 32 iterations; the replay holds 40 + 64 k transitions after
     # iteration k + 1, so learning starts (>= 256) at iteration 5 and makes 2 updates in each of the
     # last 28.
-    updates = scalars(tmp_path / "0" / "runs" / "tiny", "stats/learner_updates")
+    updates = scalars(tmp_path / "0" / "runs" / "tiny", "stats/optimizer_steps")
     assert updates[-1][1] == 2 * 28
     run_dir = tmp_path / "serial_eval" / "runs" / "tiny"
     evaluations = scalars(run_dir, "charts/eval_return")
@@ -407,7 +408,7 @@ def test_resume_restores_parameters_target_and_counters_and_refills_the_replay(t
     )
     # 2 x (24 - 4) = 40 updates before the checkpoint; the replay restarts empty and holds 40 + 64 k
     # transitions after k + 1 iterations, so updates resume at iteration 29: 40 + 2 x 4.
-    updates = dict(scalars(tmp_path / "runs" / "tiny", "stats/learner_updates"))
+    updates = dict(scalars(tmp_path / "runs" / "tiny", "stats/optimizer_steps"))
     assert updates[24 * 64] == 40 and updates[28 * 64] == 40 and updates[32 * 64] == 48
 
 
@@ -444,14 +445,10 @@ def test_short_atari_run_logs_the_diagnostics(tmp_path):
     expected = {
         "charts/SPS",
         "stats/actor_sps",
-        "stats/learner_updates_per_second",
+        "stats/optimizer_steps_per_second",
         "stats/replay_size",
     }
-    expected |= {
-        "stats/replay_insert_per_second",
-        "stats/replay_sample_per_second",
-        "stats/priority_mean",
-    }
+    expected |= {"stats/priority_mean", "stats/insert_time", "stats/replay_time"}
     expected |= {
         "stats/priority_max",
         "stats/is_weight_min",
@@ -464,7 +461,7 @@ def test_short_atari_run_logs_the_diagnostics(tmp_path):
     # learning starts at the second iteration (2 x 64 - 8 x 3 = 104 >= 100 transitions): 5
     # iterations x 2 updates.
     assert [v for _, v in scalars(run_dir, "stats/replay_size")] == [40, 104, 168, 232, 296, 360]
-    assert scalars(run_dir, "stats/learner_updates")[-1][1] == 10
+    assert scalars(run_dir, "stats/optimizer_steps")[-1][1] == 10
     assert [v for _, v in scalars(run_dir, "stats/param_lag")] == [0, 1, 1, 1, 1, 1]
     np.testing.assert_allclose(scalars(run_dir, "stats/epsilon_max")[0][1], 0.4, rtol=1e-6)
     np.testing.assert_allclose(scalars(run_dir, "stats/epsilon_min")[0][1], 0.4**8, rtol=1e-5)
@@ -507,9 +504,9 @@ def test_a_crashing_replay_thread_ends_the_process(tmp_path):
 
 
 def readme_commands() -> list[list[str]]:
-    """The commands of the README's Ape-X section, each a list of arguments of the script."""
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Ape-X DQN") :]
+    """The commands of docs/apex_dqn.md, each a list of arguments of the script."""
+    readme = (REPO / "docs" / "apex_dqn.md").read_text()
+    section = readme[readme.index("## Running it") :]
     block = section[section.index("```bash") + len("```bash") : section.index("```\n", 10)]
     lines = block.replace("\\\n", " ").splitlines()
     commands = [line.split() for line in lines if "cleanba_apex_dqn.py" in line]
@@ -520,7 +517,7 @@ def test_readme_commands_run_with_their_defaults_for_fewer_steps(tmp_path):
     commands = readme_commands()
     assert len(commands) == 2 and ["--env-id", "Breakout-v5"] in commands
     for index, command in enumerate(commands):
-        # Two updates; on Breakout, one with 6 learner updates of batch 512 on the default network
+        # Two updates; on Breakout, one with 6 optimizer steps of batch 512 on the default network
         # (the replay shrunk from 2M, which needs 16 GiB free).
         shorter = ["--total-timesteps", 8192, "--learning-starts", 4096, "--buffer-size", 16384]
         result = run_script(

@@ -1,0 +1,70 @@
+"""The convolutional torsos of image observations (N, H, W, C) that the Q-learning and A2C scripts
+choose with --torso, their default channels, and the check of --channels."""
+
+from collections.abc import Callable
+
+import flax.linen as nn
+
+from cleanba_utils.parsing import fail
+
+TORSO_CHANNELS = {"nature": (32, 64, 64), "impala": (16, 32, 32)}
+"""--torso nature: the Nature DQN's; --torso impala: the IMPALA paper's, one per ResNet stack"""
+
+
+def torso_channels(args) -> tuple[int, ...]:
+    """--channels, or the chosen torso's own."""
+    return TORSO_CHANNELS[args.torso] if args.channels is None else args.channels
+
+
+def check_torso_channels(args):
+    if args.torso == "nature" and len(torso_channels(args)) != 3:
+        fail(
+            "--torso nature has three convolutions: --channels takes 3 values, got "
+            f"{len(args.channels)}"
+        )
+
+
+class NatureTorso(nn.Module):
+    """The convolutions of the Nature DQN (Mnih et al., 2015), also the torso of the Dueling DDQN
+    agent and of Dhariwal et al.'s (2017) A2C: 8x8 stride 4, 4x4 stride 2, 3x3 stride 1, no
+    padding, ReLU."""
+
+    channels: tuple[int, ...]
+    kernel_init: Callable = nn.linear.default_kernel_init
+
+    @nn.compact
+    def __call__(self, x):
+        for channels, size, stride in zip(self.channels, (8, 4, 3), (4, 2, 1)):
+            conv = nn.Conv(
+                channels,
+                (size, size),
+                strides=(stride, stride),
+                padding="VALID",
+                kernel_init=self.kernel_init,
+            )
+            x = nn.relu(conv(x))
+        return x.reshape(x.shape[0], -1)
+
+
+class ResidualBlock(nn.Module):
+    channels: int
+
+    @nn.compact
+    def __call__(self, x):
+        y = nn.Conv(self.channels, (3, 3))(nn.relu(x))
+        y = nn.Conv(self.channels, (3, 3))(nn.relu(y))
+        return x + y
+
+
+class ImpalaTorso(nn.Module):
+    """The IMPALA ResNet: per stack, a convolution, a max pool and two residual blocks."""
+
+    channels: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, x):
+        for channels in self.channels:
+            x = nn.Conv(channels, (3, 3))(x)
+            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+            x = ResidualBlock(channels)(ResidualBlock(channels)(x))
+        return nn.relu(x).reshape(x.shape[0], -1)
