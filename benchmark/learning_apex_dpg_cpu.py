@@ -263,7 +263,7 @@ def result_of(name: str, runs: dict, work_dir: Path, paper_minutes: float) -> di
     accumulator = events(run_dir)
     returns = [value for _, value, _ in scalar(accumulator, "charts/episodic_return")]
     evaluations = scalar(accumulator, "charts/eval_return")
-    updates = scalar(accumulator, "stats/learner_updates")
+    updates = scalar(accumulator, "stats/optimizer_steps")
     sessions = sessions_of(work_dir, name)
     times = [wall for _, _, wall in updates]
     steps = updates[-1][0] if updates else 0
@@ -298,7 +298,7 @@ def speed_of(name: str, work_dir: Path) -> dict | None:
     run_dir = work_dir / "runs" / name
     if not (run_dir / "summary.json").exists():
         return None
-    updates = [u for u in scalar(events(run_dir), "stats/learner_updates") if u[1] > 0]
+    updates = [u for u in scalar(events(run_dir), "stats/optimizer_steps") if u[1] > 0]
     step0, updates0, time0 = updates[0]
     step1, updates1, time1 = updates[-1]
     return dict(
@@ -361,7 +361,7 @@ def plot_paper(name: str, runs: dict, work_dir: Path, path: Path):
             if tag == "charts/episodic_return":
                 values = running_mean(np.array(values), LAST_EPISODES)
             axes[0].plot(elapsed_of(times, sessions) / 60, values, linestyle=style, label=label)
-    updates = scalar(accumulator, "stats/learner_updates")
+    updates = scalar(accumulator, "stats/optimizer_steps")
     if len(updates) > 1:
         steps, counts, times = (np.array(x) for x in zip(*updates))
         minutes = elapsed_of(times, sessions) / 60

@@ -183,7 +183,7 @@ def result_of(env_id: str, seed: int, work_dir: Path) -> dict:
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     returns = [value for _, value in scalar(run_dir, "charts/episodic_return")]
     evaluations = scalar(run_dir, "charts/eval_return")
-    rates = [value for _, value in scalar(run_dir, "stats/updates_per_second") if value > 0]
+    rates = [value for _, value in scalar(run_dir, "stats/optimizer_steps_per_second") if value > 0]
     sps = scalar(run_dir, "charts/SPS")
     steps = summary["global_step"] if summary else max([s for s, _ in sps], default=0)
     return dict(

@@ -13,7 +13,7 @@ from a generator seeded by the run's seed and a counter (the optimizer step for 
 for an eviction), so the same seed gives the same run on every layout, pipelined or not, evaluated
 or not. The learner compiles --steps-per-call optimizer steps into one call (a scan over batches
 sampled beforehand); the TD errors of a call become priorities after the next call's batches are
-drawn: see `learn` for the lag this fixes.
+drawn: see `prioritized_learning.learn` for the lag this fixes.
 
 How this differs from Ape-X DQN's script besides the algorithm: a transition stores its observation
 and its bootstrap observation (as the paper's replay did: a few hundred bytes on these tasks, where
@@ -26,8 +26,7 @@ continue from (each environment's resets and current episode's actions, which br
 its last n steps), so a resumed run repeats the uninterrupted one.
 
 The defaults are the paper's (appendix D, and Ape-X DQN's where it names none; each field says
-which): 64 environments (its 64 actors), 40 steps each per update and 16 batches of 256 per update,
-1.6 samples per inserted transition where the paper's learner and actors reached 1.57.
+which). benchmark/results/learning_apex_dpg_cpu.md holds the results and the ablations.
 """
 
 import dataclasses
@@ -45,12 +44,11 @@ import numpy as np
 import optax
 from flax import struct
 from flax.training.train_state import TrainState
-from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
-from cleanba_utils.devices import first_replica, replicate
+from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
 from cleanba_utils.env_records import (
     EnvRecord,
     concatenated,
@@ -61,11 +59,21 @@ from cleanba_utils.env_records import (
     record_step,
 )
 from cleanba_utils.envs import envpool_num_threads, flat_observation, is_continuous
+from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.handoff import check_policy_lag, send_params
+from cleanba_utils.n_step import n_step_transitions
 from cleanba_utils.parsing import fail
+from cleanba_utils.prioritized_learning import (
+    NO_PENDING,
+    PRIORITY_EPSILON,
+    PendingPriorities,
+    Sampled,
+    learn,
+)
 from cleanba_utils.replay import BackgroundJobs, Mark, PrioritizedReplay
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
+from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put, start_thread
 
 # === Args ===
@@ -83,8 +91,7 @@ class Args(DeviceArgs):
     paper's HumanoidStand-v1, HumanoidWalk-v1, HumanoidRun-v1, ManipulatorBringBall-v1; the
     default is the gym task the other continuous-control scripts start from)"""
     total_timesteps: int = 10_000_000
-    """total environment steps of the run (the paper gives wall time, not steps; 10M take about 10
-    minutes on 2 CPU cores at these defaults)"""
+    """total environment steps of the run (the paper gives wall time, not steps)"""
     learning_rate: float = 1e-4
     """the learning rate of Adam, for the actor and the critic alike (the paper's)"""
     local_num_envs: int = 32
@@ -100,9 +107,7 @@ class Args(DeviceArgs):
     n_step: int = 3
     """the number of rewards in a transition's return before it bootstraps (Ape-X DQN's 3: the
     paper's DPG keeps DQN's hyperparameters where appendix D names none). The return is not
-    corrected for the exploration noise; at DDPG's replay ratio and settings on HalfCheetah-v4,
-    1-step returns (DDPG's) evaluated at 5,317 after 256k steps and 3-step ones at 2,662 (seed 1;
-    benchmark/results/learning_apex_dpg_cpu.md)"""
+    corrected for the exploration noise: 1 is DDPG's"""
     noise_std: float = 0.3
     """the standard deviation of the Gaussian noise added to every action, in units of half the
     action range (the paper's 0.3; these tasks' actions range over [-1, 1]); the noisy action is
@@ -135,10 +140,9 @@ class Args(DeviceArgs):
     """optimizer steps compiled into one learner call (a scan over batches sampled beforehand); it
     must divide --updates-per-rollout and sets the priority lag: a step's TD errors reach the
     sampler K to 2K - 1 steps late (8 to 15 at the default; Ape-X DQN's script, one step per call:
-    1; see `learn`). Measured on 2 CPU cores, a HalfCheetah step at the defaults costs 6.1 ms of CPU
-    at 1 step per call, 4.5 at 8 and 4.1 at 16: the call's dispatch and the replay's per-call work
-    are shared. The paper's Atari learner prefetched up to 16 batches (its section 4.1), so its
-    priorities came at least as late"""
+    1). More steps per call share the call's dispatch and the replay's per-call work; the paper's
+    Atari learner prefetched up to 16 batches (its section 4.1), so its priorities came at least as
+    late"""
     priority_exponent: float = 0.6
     """alpha: a transition is sampled in proportion to its priority ** alpha (the paper's)"""
     importance_sampling_exponent: float = 0.4
@@ -149,9 +153,8 @@ class Args(DeviceArgs):
     paper's)"""
     actor_grad_clip: float = 1.0
     """the gradient the actor follows, dq/da, is clipped element-wise to [-actor_grad_clip,
-    actor_grad_clip] (the paper's 1; DeepMind's DPG losses clip dq/da: a clip of the parameters'
-    batch-mean gradient would barely bind, measured on 0.02 % of its components at 600k steps of
-    HalfCheetah-v4)"""
+    actor_grad_clip] (the paper's 1; DeepMind's DPG losses clip dq/da, not the parameters'
+    batch-mean gradient)"""
     max_grad_norm: float = 40.0
     """the maximum global norm of the critic's gradient (Ape-X DQN's 40: the paper's DPG keeps
     DQN's hyperparameters where appendix D names none)"""
@@ -162,17 +165,15 @@ class Args(DeviceArgs):
     """the actor's layers (the paper's 300 and 200): --first-activation after the first, relu after
     the others"""
     first_activation: Literal["tanh", "relu"] = "tanh"
-    """the activation after both networks' first layer: the paper's tanh, or DDPG's relu. tanh
-    saturates on observations of large magnitude, as gym MuJoCo's unnormalized velocities: on
-    HalfCheetah-v4 they reach ±27, and at 600k steps 59 % of the critic's first-layer outputs on its
-    replay were beyond ±0.99"""
+    """the activation after both networks' first layer: the paper's tanh, or DDPG's relu (tanh
+    saturates on observations of large magnitude, as gym MuJoCo's unnormalized velocities)"""
     pipeline: bool = True
     """sample the next batches and write the priorities in a background thread while the learner
     computes; --no-pipeline waits for them (the same run, slower)"""
     checkpoint_replay: bool = True
-    """save the replay with every checkpoint, so that --resume continues with it (at 1M HalfCheetah
-    transitions, about 190 MB a checkpoint); --no-checkpoint-replay: a resumed run refills an empty
-    replay to --learning-starts before it learns again"""
+    """save the replay with every checkpoint, so that --resume continues with it (its observations
+    make most of a checkpoint); --no-checkpoint-replay: a resumed run refills an empty replay to
+    --learning-starts before it learns again"""
 
 
 # The options that act only in some configurations, with what each needs: `validate` refuses one
@@ -189,26 +190,13 @@ NEEDS = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Sizes:
-    num_envs: int
-    steps_per_update: int
-    """environment steps of one learner update: num_envs x num_steps (--batch-size is the number of
-    transitions of one optimizer step)"""
-    num_updates: int
-    """rollouts per actor thread, each followed by --updates-per-rollout optimizer steps"""
-
-
 def sizes_of(args: Args, num_processes: int) -> Sizes:
+    """One learner update: a rollout of --num-steps of every environment, then
+    --updates-per-rollout optimizer steps of --batch-size transitions."""
     num_envs = (
         args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids) * num_processes
     )
-    steps_per_update = num_envs * args.num_steps
-    return Sizes(
-        num_envs=num_envs,
-        steps_per_update=steps_per_update,
-        num_updates=args.total_timesteps // steps_per_update,
-    )
+    return rollout_sizes(num_envs, args.num_steps, args.total_timesteps)
 
 
 def parse_args(argv=None) -> Args:
@@ -611,21 +599,15 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     envs = make_env(args, seed, num_episodes)
     actor_network = networks_of(args, spaces_of(args.env_id)).actor
     act = jax.jit(actor_network.apply)
-    obs, _ = envs.reset()
-    returns = np.zeros(num_episodes)
-    finished = np.zeros(num_episodes, bool)
-    while not finished.all():
-        action = np.asarray(act(params["actor"], flat_observation(obs)))
-        obs, reward, terminated, truncated, _ = envs.step(action)
-        returns += reward * ~finished
-        finished |= terminated | truncated
+    returns = play_episodes(
+        envs, num_episodes, lambda obs, _: act(params["actor"], flat_observation(obs))
+    )
     envs.close()
-    return returns.tolist()
+    return returns
 
 
 # === Replay ===
 
-PRIORITY_EPSILON = 1e-6  # keeps a transition with zero TD error sampleable
 MEMORY_RESERVE_BYTES = 2 * 2**30  # for the rest of the process: networks, environments, batches
 
 
@@ -699,26 +681,6 @@ def replay_sample(replay: PrioritizedReplay, batch_size: int, rng, beta: float):
 
 
 # === Loss ===
-
-
-def n_step_transitions(rewards, terminations, truncations, is_reset, gamma: float, n: int):
-    """Transitions of steps 0 .. L - 1 of env-major windows (envs, L + n): the return of up to n
-    rewards, the bootstrap's discount (0 after a termination, gamma ** offset otherwise, truncations
-    included) and offset. None spans two episodes; envpool's reset steps (after an episode's end;
-    the action is ignored) are not valid."""
-    length = rewards.shape[1] - n
-    returns = np.zeros((len(rewards), length), np.float32)
-    offsets = np.full((len(rewards), length), n, np.uint8)
-    open_ = np.ones(returns.shape, bool)
-    terminated = np.zeros(returns.shape, bool)
-    for k in range(n):
-        returns += open_ * np.float32(gamma**k) * rewards[:, k : k + length]
-        ends = open_ & (terminations[:, k : k + length] | truncations[:, k : k + length])
-        offsets[ends] = k + 1
-        terminated |= open_ & terminations[:, k : k + length]
-        open_ &= ~ends
-    discounts = np.where(terminated, 0.0, np.float32(gamma) ** offsets).astype(np.float32)
-    return returns, discounts, offsets, ~is_reset[:, :length]
 
 
 class Batch(NamedTuple):
@@ -795,19 +757,6 @@ class LearnerState(struct.PyTreeNode):
 
     def params(self) -> dict:
         return {"actor": self.actor.params, "critic": self.critic.params}
-
-
-class PendingPriorities(NamedTuple):
-    """A learner call whose priorities are not written yet: its batches' slots, the number of
-    transitions inserted before they were sampled, and the TD errors (steps, batch): a device array,
-    maybe still being computed."""
-
-    slots: np.ndarray
-    inserted: int
-    td: Any
-
-
-NO_PENDING = PendingPriorities(slots=np.zeros(0, np.int64), inserted=0, td=np.zeros(0, np.float32))
 
 
 class Saved(NamedTuple):
@@ -931,42 +880,6 @@ def make_update(args: Args, learner_devices):
 # === Learner loop ===
 
 
-@dataclasses.dataclass
-class Tally:
-    """The learner's running counts."""
-
-    learner_updates: int
-    """optimizer steps so far (a resumed run continues the count)"""
-    replay_size: int = 0
-    """transitions in the replay"""
-    inserted: int = 0
-    """transitions inserted in this session"""
-    sampled: int = 0
-    """transitions sampled in this session"""
-
-
-class LearnStats(NamedTuple):
-    """The optimizer steps of one learner update: the importance weights of the last batch, the
-    seconds spent sampling and writing priorities, and the optimizer steps per second."""
-
-    is_weight_min: float
-    is_weight_max: float
-    replay_time: float
-    learner_updates_per_second: float
-
-
-class LoopStats(NamedTuple):
-    """One learner update's waits and times, and the policy versions of actor and learner."""
-
-    rollout_queue_get_time: float
-    insert_time: float
-    learn_time: float
-    """seconds of the update once its rollouts arrived: the insertion (insert_time), the optimizer
-    steps and the priority writes"""
-    actor_policy_version: int
-    learner_policy_version: int
-
-
 def start_actors(args, sizes, run, networks, first_update, actor_devices, saved):
     """One param queue, one rollout queue and one thread per actor thread of every local actor
     device; with `saved` (a resumed run) each thread gets its environments' record and tail."""
@@ -1011,39 +924,20 @@ def gather_rollouts(args, rollouts) -> tuple[Transitions, EnvRecord, Played]:
     data = Transitions(*[np.concatenate(fields) for fields in zip(*[r.data for r in rollouts])])
     record = concatenated([r.record for r in rollouts])
     tail = Played(*[np.concatenate(fields) for fields in zip(*[r.tail for r in rollouts])])
-    if args.distributed:
-        gathered = multihost_utils.process_allgather((data, record, tail))
-        data, record, tail = jax.tree.map(
-            lambda v: np.asarray(v).reshape(-1, *v.shape[2:]), gathered
-        )
-    return data, record, tail
+    return gathered((data, record, tail), args.distributed)
 
 
-def insert_and_count(args, replay: PrioritizedReplay, data: Transitions, update: int):
-    """Inserts a rollout, evicting with a generator seeded by (seed, update); returns its valid
-    transitions and the replay's."""
-    rng = np.random.default_rng([args.seed, 4, update])
-    inserted = replay_insert(replay, data, rng)
-    return inserted, replay.num_sampleable()
+def insert_and_count(args, replay: PrioritizedReplay, data: Transitions, update: int) -> int:
+    """Inserts a rollout, evicting with a generator seeded by (seed, update); returns the number of
+    transitions in the replay."""
+    replay_insert(replay, data, rng=np.random.default_rng([args.seed, 4, update]))
+    return replay.num_sampleable()
 
 
-class Sampled(NamedTuple):
-    """The batches of one learner call ready for the learner devices, and what their priority update
-    needs."""
-
-    shards: Batch
-    """this process's learner devices' slices (device, step, transition)"""
-    slots: np.ndarray
-    """(step, transition)"""
-    inserted: int
-    """the transitions inserted before the batches were sampled"""
-    seconds: float
-
-
-def sample_batches(args, replay: PrioritizedReplay, sharding, first_step: int) -> Sampled:
+def sample_batches(args, replay: PrioritizedReplay, learner_devices, first_step: int) -> Sampled:
     """The batches of optimizer steps first_step .. first_step + --steps-per-call - 1, each drawn
     with a generator seeded by (seed, its step): the same batches on every layout. They are put on
-    this process's learner devices (`sharding`) here, in the background: a pmap'd call given host
+    this process's learner devices here, in the background: a pmap'd call given host
     arrays spends milliseconds of the learner's thread copying them."""
     tic = time.time()
     batches = []
@@ -1056,12 +950,9 @@ def sample_batches(args, replay: PrioritizedReplay, sharding, first_step: int) -
         batches.append(batch)
         samples.append(sample)
     stacked = Batch(*[np.stack(field) for field in zip(*batches)])
-    num_local = len(args.learner_device_ids)
-    num_global = num_local * jax.process_count()
-    local = slice(jax.process_index() * num_local, (jax.process_index() + 1) * num_local)
-    shards = jax.tree.map(
-        lambda v: np.moveaxis(v.reshape(v.shape[0], num_global, -1, *v.shape[2:]), 1, 0)[local],
-        stacked,
+    shards = local_shares(stacked, len(args.learner_device_ids), batch_axis=1)
+    sharding = NamedSharding(
+        Mesh(np.array(learner_devices), ("devices",)), PartitionSpec("devices")
     )
     return Sampled(
         shards=jax.device_put(shards, sharding),
@@ -1069,66 +960,6 @@ def sample_batches(args, replay: PrioritizedReplay, sharding, first_step: int) -
         inserted=samples[0].inserted,
         seconds=time.time() - tic,
     )
-
-
-def write_priorities(replay: PrioritizedReplay, pending: PendingPriorities) -> float:
-    """Waits for the call's TD errors and writes |TD| + PRIORITY_EPSILON as their transitions'
-    priorities (not those evicted since the sample); a transition drawn by several of the call's
-    steps gets the last one's. Returns the seconds spent writing."""
-    td = np.asarray(jax.device_get(first_replica(pending.td))).ravel()
-    tic = time.time()
-    slots = pending.slots.ravel()
-    _, last_from_end = np.unique(slots[::-1], return_index=True)
-    last = len(slots) - 1 - last_from_end
-    replay.update_priorities(
-        slots[last], np.abs(td[last]) + PRIORITY_EPSILON, sampled_at=pending.inserted
-    )
-    return time.time() - tic
-
-
-def learn(args, replay, jobs: BackgroundJobs, state, update_fn, tally: Tally, pending, sharding):
-    """--updates-per-rollout optimizer steps in calls of K = --steps-per-call. The replay's work
-    runs in `jobs`, in one fixed order: the K batches of call c + 1 are drawn after the priorities
-    of call c - 1 are written and before those of call c (across updates too: `pending` is the last
-    call's). So a step's TD errors reach the sampler K to 2K - 1 steps late: K = 1 is Ape-X DQN's
-    one-step lag. With --pipeline, call c + 1's batches are sampled and call c - 1's priorities
-    written while call c runs; without, the learner waits for them. The order, and so the run, is
-    the same either way. Returns the state, the last call's metrics, the `LearnStats` and the new
-    `pending`."""
-    learn_start = time.time()
-    first = tally.learner_updates
-    last = first + args.updates_per_rollout
-    sample = functools.partial(sample_batches, args, replay, sharding)
-    next_batches = jobs.submit(functools.partial(sample, first))
-    writes = []
-    sample_seconds = 0.0
-    for call_start in range(first, last, args.steps_per_call):
-        sampled = jobs.wait(next_batches)
-        sample_seconds += sampled.seconds
-        submitted = []
-        if pending is not None:
-            writes.append(jobs.submit(functools.partial(write_priorities, replay, pending)))
-            submitted.append(writes[-1])
-        if call_start + args.steps_per_call < last:
-            next_batches = jobs.submit(functools.partial(sample, call_start + args.steps_per_call))
-            submitted.append(next_batches)
-        if not args.pipeline:
-            for job in submitted:
-                jobs.wait(job)
-        state, metrics, td = update_fn(state, sampled.shards)
-        if not args.pipeline:
-            jax.block_until_ready(td)
-        pending = PendingPriorities(slots=sampled.slots, inserted=sampled.inserted, td=td)
-        tally.learner_updates += args.steps_per_call
-        tally.sampled += args.steps_per_call * args.batch_size
-    write_seconds = sum(jobs.wait(write) for write in writes)
-    stats = LearnStats(
-        is_weight_min=float(sampled.shards.weights[:, -1].min()),
-        is_weight_max=float(sampled.shards.weights[:, -1].max()),
-        replay_time=sample_seconds + write_seconds,
-        learner_updates_per_second=args.updates_per_rollout / (time.time() - learn_start),
-    )
-    return state, metrics, stats, pending
 
 
 class Checkpointable(NamedTuple):
@@ -1165,35 +996,67 @@ def saved_of(args, empty_replay: dict, checkpointable: Checkpointable) -> Saved:
     return Saved(state=state, replay=replay, pending=saved_pending, **actors)
 
 
+def model_params(state: LearnerState) -> dict:
+    """What the model file saves, evaluation plays and the fingerprint hashes: the actor's and the
+    critic's parameters (this process's first replica)."""
+    return jax.device_get(first_replica(state.params()))
+
+
+def resumed_pending(saved: Saved | None, learner_devices: list) -> PendingPriorities | None:
+    """A resumed run's pending priorities, their TD errors on the learner devices (None: none)."""
+    if saved is None or not len(saved.pending.slots):
+        return None
+    return saved.pending._replace(td=replicate(saved.pending.td, learner_devices))
+
+
+def receive(args, jobs: BackgroundJobs, replay, rollouts, update: int, learner_policy_version):
+    """Checks which policy played the rollouts of `update` and inserts them (in `jobs`, in turn
+    with the sampler); returns every environment's record and tail, and the replay's size and the
+    seconds the insertion took."""
+    tic = time.time()
+    # The policy history goes on across a resume (the checkpoint holds the version the actors play
+    # with next), so the lag is checked as in an uninterrupted run.
+    check_policy_lag(
+        rollouts,
+        update=update,
+        learner_policy_version=learner_policy_version,
+        concurrency=args.concurrency,
+        first_update=1,
+    )
+    data, env_record, tail = gather_rollouts(args, rollouts)
+    insert = functools.partial(insert_and_count, args, replay=replay, data=data, update=update)
+    replay_size = jobs.wait(jobs.submit(insert))
+    return env_record, tail, dict(replay_size=replay_size, insert_time=time.time() - tic)
+
+
 def log_update(
-    args, sizes, run, update, rollouts, read_priorities, metrics, learn_stats, tally, loop_stats
+    args, sizes, run, update, rollouts, learner_stats, learned, optimizer_steps, read_priorities
 ):
-    """TensorBoard every update; priorities (an O(N) pass), losses and a console line every
-    --log-frequency. `metrics` and `learn_stats` are those of the last update that learned (None
+    """`Run.log_update` with Ape-X DPG's statistics: the policy lag, the exploration noise, the
+    actors' steps per second and the last batch's importance weights every update, the priorities
+    (an O(N) pass) every --log-frequency. `learned` is that of the last update that learned (None
     before the first)."""
-    global_step = update * sizes.steps_per_update
-    elapsed = time.time() - run.start_time
-    timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
     stds = noise_stds_of(
         np.arange(sizes.num_envs), sizes.num_envs, args.noise_std, args.noise_alpha
     )
-    param_lag = loop_stats.learner_policy_version - 1 - loop_stats.actor_policy_version
-    stats = {
-        **timing,
-        **loop_stats._asdict(),
-        **dataclasses.asdict(tally),
-        **(learn_stats._asdict() if learn_stats is not None else {}),
-        "param_lag": param_lag,
-        "noise_std_min": stds.min(),
-        "noise_std_max": stds.max(),
-        "actor_sps": args.local_num_envs * args.num_steps / timing["rollout_time"],
-        "replay_insert_per_second": tally.inserted / elapsed,
-        "replay_sample_per_second": tally.sampled / elapsed,
-    }
-    run.log(
-        {f"stats/{key}": value for key, value in stats.items()}
-        | {"charts/SPS": run.sps(global_step)},
-        global_step,
+    rollout_time = np.mean([r.timing["rollout_time"] for r in rollouts])
+    stats = dict(
+        learner_stats,
+        param_lag=learner_stats["learner_policy_version"] - 1 - rollouts[0].policy_version,
+        noise_std_min=stds.min(),
+        noise_std_max=stds.max(),
+        actor_sps=args.local_num_envs * args.num_steps / rollout_time,
+    )
+    if learned is not None:
+        stats.update(is_weight_min=learned.is_weight_min, is_weight_max=learned.is_weight_max)
+        stats.update(replay_time=learned.replay_time)
+    run.log_update(
+        update,
+        rollouts=rollouts,
+        metrics=None if learned is None else learned.metrics,
+        learner_stats=stats,
+        optimizer_steps=optimizer_steps,
+        details=f"replay={stats['replay_size']} policy lag={stats['param_lag']}",
     )
     if update % args.log_frequency and update != sizes.num_updates:
         return
@@ -1201,17 +1064,8 @@ def log_update(
     if priorities.size and args.priority_exponent:
         run.log(
             {"stats/priority_mean": priorities.mean(), "stats/priority_max": priorities.max()},
-            global_step,
+            update * sizes.steps_per_update,
         )
-    if metrics is not None:
-        losses = jax.device_get(first_replica(metrics))
-        run.log({f"losses/{key}": value for key, value in losses.items()}, global_step)
-    details = (
-        f"learner updates={tally.learner_updates} replay={tally.replay_size} policy lag={param_lag}"
-        " wait rollout="
-        f"{loop_stats.rollout_queue_get_time:.2f}s param={timing['param_queue_get_time']:.2f}s"
-    )
-    run.print_progress(update, global_step, details)
 
 
 def train(args: Args):
@@ -1222,7 +1076,6 @@ def train(args: Args):
     replay = make_replay(args, spaces_of(args.env_id))
     empty_replay = replay.snapshot()
     networks, state, counters, saved = init_state(args, sizes, replay)
-    pending = None if saved is None or not len(saved.pending.slots) else saved.pending
     run = open_run(
         args=args,
         sizes=sizes,
@@ -1232,14 +1085,10 @@ def train(args: Args):
     )
     run.host_copy = functools.partial(saved_of, args, empty_replay)
     run.frozen_by.append(replay.lock)
-    tally = Tally(learner_updates=int(state.critic.step), replay_size=replay.num_sampleable())
+    optimizer_steps = int(state.critic.step)
     state = replicate(state, learner_devices)
-    if pending is not None:
-        pending = pending._replace(td=replicate(pending.td, learner_devices))
+    pending = resumed_pending(saved, learner_devices)
     update_fn = make_update(args, global_learner_devices)
-    learner_sharding = NamedSharding(
-        Mesh(np.array(learner_devices), ("devices",)), PartitionSpec("devices")
-    )
     learner_policy_version = counters["update"]
     first_update = counters["update"] + 1
     param_queues, rollout_queues, threads = start_actors(
@@ -1252,61 +1101,45 @@ def train(args: Args):
         saved=saved,
     )
     jobs = BackgroundJobs("replay", run.stop, run.failures)
-    metrics = None
-    learn_stats = None
-    host_params = lambda: jax.device_get(first_replica(state.params()))
-    send = lambda params, version: send_params(
-        params,
-        policy_version=version,
-        actor_devices=actor_devices,
-        param_queues=param_queues,
-        stop=run.stop,
+    learned = None
+    send = functools.partial(
+        send_params, actor_devices=actor_devices, param_queues=param_queues, stop=run.stop
     )
     with run.learner_loop([*threads, jobs.thread]) as end:
-        # The parameters last sent: under --concurrency the actors' next rollout is played with
-        # them, so a resumed run sends the checkpoint's first.
+        # A resumed concurrent run's next rollout is played with the version before the last.
         if saved is not None and args.concurrency and first_update <= sizes.num_updates:
             send(saved.acting_params, learner_policy_version - 1)
-        last_sent = first_replica(state.params())
-        send(last_sent, learner_policy_version)
         for update in range(first_update, sizes.num_updates + 1):
+            last_sent = first_replica(state.params())
+            send(last_sent, learner_policy_version)
             wait_start = time.time()
             rollouts = [queue_get(q, run.stop) for q in rollout_queues]
-            rollout_queue_get_time = time.time() - wait_start
-            # The policy history goes on across a resume (the checkpoint holds the version the
-            # actors play with next), so the lag is checked as in an uninterrupted run.
-            check_policy_lag(
-                rollouts,
+            learn_start = time.time()
+            env_record, tail, insert_stats = receive(
+                args,
+                jobs=jobs,
+                replay=replay,
+                rollouts=rollouts,
                 update=update,
                 learner_policy_version=learner_policy_version,
-                concurrency=args.concurrency,
-                first_update=1,
             )
-            learn_start = time.time()
-            data, env_record, tail = gather_rollouts(args, rollouts)
-            insert = jobs.submit(
-                functools.partial(insert_and_count, args, replay=replay, data=data, update=update)
-            )
-            inserted, tally.replay_size = jobs.wait(insert)
-            tally.inserted += inserted
-            insert_time = time.time() - learn_start
-            if tally.replay_size >= max(args.learning_starts, 1):
-                state, metrics, learn_stats, pending = learn(
+            if insert_stats["replay_size"] >= max(args.learning_starts, 1):
+                state, learned, pending = learn(
                     args,
-                    replay=replay,
                     jobs=jobs,
+                    replay=replay,
                     state=state,
                     update_fn=update_fn,
-                    tally=tally,
+                    sample=functools.partial(sample_batches, args, replay, learner_devices),
+                    first_step=optimizer_steps,
                     pending=pending,
-                    sharding=learner_sharding,
                 )
+                optimizer_steps += args.updates_per_rollout
             learner_policy_version += 1
-            loop_stats = LoopStats(
-                rollout_queue_get_time=rollout_queue_get_time,
-                insert_time=insert_time,
+            learner_stats = dict(
+                insert_stats,
+                rollout_queue_get_time=learn_start - wait_start,
                 learn_time=time.time() - learn_start,
-                actor_policy_version=rollouts[0].policy_version,
                 learner_policy_version=learner_policy_version,
             )
             log_update(
@@ -1315,14 +1148,13 @@ def train(args: Args):
                 run=run,
                 update=update,
                 rollouts=rollouts,
+                learner_stats=learner_stats,
+                learned=learned,
+                optimizer_steps=optimizer_steps,
                 read_priorities=lambda: jobs.wait(jobs.submit(replay.priorities)),
-                metrics=metrics,
-                learn_stats=learn_stats,
-                tally=tally,
-                loop_stats=loop_stats,
             )
             if run.evaluation_due(update):
-                run.evaluate(update, host_params(), tally.learner_updates, evaluate)
+                run.evaluate(update, model_params(state), optimizer_steps, evaluate)
             checkpointable = Checkpointable(
                 state=state,
                 replay=replay,
@@ -1335,10 +1167,7 @@ def train(args: Args):
             end.exit_code = run.after_update(checkpointable, update)
             if end.exit_code:
                 break
-            if update < sizes.num_updates:
-                last_sent = first_replica(state.params())
-                send(last_sent, learner_policy_version)
-    run.finish(host_params(), learner_policy_version, evaluate, tally.learner_updates)
+    run.finish(model_params(state), learner_policy_version, evaluate, optimizer_steps)
 
 
 # === Main ===

@@ -13,7 +13,6 @@ import queue
 import time
 from typing import Any, Literal, NamedTuple
 
-import envpool
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -25,7 +24,7 @@ from flax.training.train_state import TrainState
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
-from cleanba_utils.envs import MACHADO_ATARI, envpool_num_threads, is_atari
+from cleanba_utils.envs import make_envs
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.frame_ring import FrameRing, frame_ring_bytes, frame_spec, make_frame_ring
 from cleanba_utils.handoff import check_policy_lag, send_params
@@ -194,21 +193,9 @@ def validate_layout(args: Args):
 
 def make_env(args: Args, seed: int, num_envs: int):
     """envpool seeds its environment i with `seed + i`; Atari follows Machado et al. (2018)
-    (`MACHADO_ATARI`)."""
-    num_threads = envpool_num_threads(
-        args.envpool_num_threads,
-        num_envs=num_envs,
-        instances=args.num_actor_threads * len(args.actor_device_ids),
-    )
-    options = MACHADO_ATARI if is_atari(args.env_id) else {}
-    return envpool.make(
-        args.env_id,
-        env_type="gymnasium",
-        num_envs=num_envs,
-        seed=seed,
-        num_threads=num_threads,
-        **options,
-    )
+    (`MACHADO_ATARI`). One envpool instance per actor thread."""
+    instances = args.num_actor_threads * len(args.actor_device_ids)
+    return make_envs(args, seed, num_envs, instances)
 
 
 # === Network ===

@@ -15,7 +15,6 @@ import queue
 import time
 from typing import NamedTuple
 
-import envpool
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -28,7 +27,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, replicate
-from cleanba_utils.envs import MACHADO_ATARI, envpool_num_threads, is_atari
+from cleanba_utils.envs import make_envs
+from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.microbatches import microbatch_update
 from cleanba_utils.parsing import fail
@@ -161,21 +161,9 @@ def validate_layout(args: Args):
 
 def make_env(args: Args, seed: int, num_envs: int):
     """envpool seeds its environment i with `seed + i`; Atari follows Machado et al. (2018)
-    (`MACHADO_ATARI`)."""
-    num_threads = envpool_num_threads(
-        args.envpool_num_threads,
-        num_envs=num_envs,
-        instances=args.num_actor_threads * len(args.actor_device_ids),
-    )
-    options = MACHADO_ATARI if is_atari(args.env_id) else {}
-    return envpool.make(
-        args.env_id,
-        env_type="gymnasium",
-        num_envs=num_envs,
-        seed=seed,
-        num_threads=num_threads,
-        **options,
-    )
+    (`MACHADO_ATARI`). One envpool instance per actor thread."""
+    instances = args.num_actor_threads * len(args.actor_device_ids)
+    return make_envs(args, seed, num_envs, instances)
 
 
 # === Network ===
@@ -376,16 +364,7 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
             network.apply(p, o)[0], jax.random.PRNGKey(seed), step, env_ids
         )
     )
-    obs, _ = envs.reset()
-    returns = np.zeros(num_episodes)
-    finished = np.zeros(num_episodes, dtype=bool)
-    step = 0
-    while not finished.all():
-        obs, reward, terminated, truncated, info = envs.step(np.asarray(act(params, obs, step)))
-        returns += info.get("reward", reward) * ~finished
-        finished |= terminated | truncated
-        step += 1
-    return returns.tolist()
+    return play_episodes(envs, num_episodes, lambda obs, step: act(params, obs, step))
 
 
 # === Loss ===

@@ -32,11 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.experimental import multihost_utils
 
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
-from cleanba_utils.devices import first_replica, replicate
+from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
 from cleanba_utils.env_records import (
     EnvRecord,
     concatenated,
@@ -47,12 +46,12 @@ from cleanba_utils.env_records import (
     record_step,
 )
 from cleanba_utils.envs import envpool_num_threads, flat_observation, is_continuous
+from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.parsing import fail
 from cleanba_utils.replay import Mark, PrioritizedReplay
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
-from cleanba_utils.run_files import add_to_summary
 from cleanba_utils.threads import queue_get, queue_put, start_thread
 
 # === Args ===
@@ -517,16 +516,11 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     actor_network = Actor(args.hiddens, envs.action_space.shape[0])
     bounds = bounds_of(envs.action_space)
     act = jax.jit(lambda p, o: deterministic_action(actor_network.apply(p, o)[0], bounds))
-    obs, _ = envs.reset()
-    returns = np.zeros(num_episodes)
-    finished = np.zeros(num_episodes, bool)
-    while not finished.all():
-        action = np.asarray(act(params["actor"], flat_observation(obs)))
-        obs, reward, terminated, truncated, _ = envs.step(action)
-        returns += reward * ~finished
-        finished |= terminated | truncated
+    returns = play_episodes(
+        envs, num_episodes, lambda obs, _: act(params["actor"], flat_observation(obs))
+    )
     envs.close()
-    return returns.tolist()
+    return returns
 
 
 # === Replay ===
@@ -577,20 +571,6 @@ def sample_batches(args: Args, replay: PrioritizedReplay, first: int, count: int
     update), so it depends on nothing but the replay's content and its index."""
     rngs = [np.random.default_rng([args.seed, 3, index]) for index in range(first, first + count)]
     return replay.sample_many(args.batch_size, rngs, beta=0.0).items
-
-
-def local_shards(batches: "Batch", num_local: int) -> "Batch":
-    """This process's learner devices' shares of stacked batches, (devices, count, batch / all
-    learner devices, ...): global learner device d takes samples d x share .. (d + 1) x share - 1 of
-    every batch."""
-    num_global = num_local * jax.process_count()
-    local = slice(jax.process_index() * num_local, (jax.process_index() + 1) * num_local)
-    return Batch(
-        *[
-            np.swapaxes(v.reshape(v.shape[0], num_global, -1, *v.shape[2:])[:, local], 0, 1)
-            for v in batches
-        ]
-    )
 
 
 # === Loss ===
@@ -889,7 +869,7 @@ def start_actors(args, sizes, run, networks, first_update, actor_devices, env_re
     return param_queues, rollout_queues, threads
 
 
-def gradient_steps_before(args: Args, sizes: Sizes, update: int) -> int:
+def optimizer_steps_before(args: Args, sizes: Sizes, update: int) -> int:
     """The gradient updates of the run before `update`: those of every earlier update that
     `learns`."""
     first_learning = max(1, -(-args.learning_starts // sizes.steps_per_update))
@@ -898,16 +878,13 @@ def gradient_steps_before(args: Args, sizes: Sizes, update: int) -> int:
 
 class Incoming(NamedTuple):
     """The rollouts of one update, inserted, and the batches of its gradient updates (None before
-    learning starts), with the replay's size after the insertion and the seconds spent waiting,
-    inserting and sampling."""
+    learning starts), with the learner's statistics so far: the replay's size after the insertion,
+    the seconds spent waiting, inserting and sampling, and the actors' steps per second."""
 
     rollouts: list
     env_record: EnvRecord
     batches: Batch | None
-    replay_size: int
-    rollout_queue_get_time: float
-    insert_time: float
-    sample_time: float
+    stats: dict
 
 
 def gather(args, rollouts):
@@ -915,10 +892,7 @@ def gather(args, rollouts):
     process holds the whole replay)."""
     data = Transitions(*[np.concatenate(fields) for fields in zip(*[r.data for r in rollouts])])
     record = concatenated([r.record for r in rollouts])
-    if args.distributed:
-        gathered = multihost_utils.process_allgather((data, record))
-        data, record = jax.tree.map(lambda v: np.asarray(v).reshape(-1, *v.shape[2:]), gathered)
-    return data, record
+    return gathered((data, record), args.distributed)
 
 
 def learns(args: Args, sizes: Sizes, update: int) -> bool:
@@ -952,87 +926,44 @@ def receive(args, sizes, update, rollout_queues, run, replay, learner_policy_ver
         stacked = sample_batches(
             args,
             replay,
-            first=gradient_steps_before(args, sizes, update) + 1,
+            first=optimizer_steps_before(args, sizes, update) + 1,
             count=sizes.gradient_steps_per_update,
         )
-        batches = local_shards(stacked, len(args.learner_device_ids))
-    return Incoming(
-        rollouts=rollouts,
-        env_record=env_record,
-        batches=batches,
+        batches = local_shares(stacked, len(args.learner_device_ids), batch_axis=1)
+    rollout_time = np.mean([r.timing["rollout_time"] for r in rollouts])
+    stats = dict(
         replay_size=replay.size,
         rollout_queue_get_time=rollout_queue_get_time,
         insert_time=insert_time,
         sample_time=time.time() - tic,
+        actor_sps=args.local_num_envs * args.num_steps / rollout_time,
     )
+    return Incoming(rollouts=rollouts, env_record=env_record, batches=batches, stats=stats)
 
 
-class LoopStats(NamedTuple):
-    """One learner update: its counts, waits and times, and the policy versions of actor and
-    learner."""
-
-    gradient_steps: int
-    """gradient updates so far (a resumed run continues the count)"""
-    replay_size: int
-    rollout_queue_get_time: float
-    insert_time: float
-    sample_time: float
-    learn_time: float
-    """seconds from the update's start until its parameters are ready, a checkpoint's write
-    included (with --concurrency, the next update's wait, insertion and sampling overlap it)"""
-    actor_policy_version: int
-    learner_policy_version: int
-
-
-@dataclasses.dataclass
-class Rate:
-    """Gradient updates per second since a count and a time: between two console lines, or over the
-    session's learning."""
-
-    gradient_steps: int
-    time: float
-
-    def since(self, gradient_steps: int, restart: bool = True) -> float:
-        now = time.time()
-        rate = (gradient_steps - self.gradient_steps) / max(now - self.time, 1e-9)
-        if restart:
-            self.gradient_steps = gradient_steps
-            self.time = now
-        return rate
-
-
-def log_update(args, sizes, run, update, rollouts, metrics, loop_stats: LoopStats, rate):
-    """TensorBoard every update; losses, the gradient updates per second and a console line every
-    --log-frequency. `metrics` are those of the last update that learned (None before the
+def log_update(
+    run, update, current: Incoming, metrics, learn_time, learner_policy_version, optimizer_steps
+):
+    """`Run.log_update` with SAC's statistics: the replay's size, the seconds of the update's
+    insertion, sampling and learning (from its start until its parameters are ready, a checkpoint's
+    write included; with --concurrency the next update's wait, insertion and sampling overlap it),
+    and the policy lag. `metrics` are those of the last update that learned (None before the
     first)."""
-    global_step = update * sizes.steps_per_update
-    timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
-    param_lag = loop_stats.learner_policy_version - 1 - loop_stats.actor_policy_version
-    stats = {
-        **timing,
-        **loop_stats._asdict(),
-        "param_lag": param_lag,
-        "actor_sps": args.local_num_envs * args.num_steps / timing["rollout_time"],
-    }
-    run.log(
-        {f"stats/{key}": value for key, value in stats.items()}
-        | {"charts/SPS": run.sps(global_step)},
-        global_step,
+    param_lag = learner_policy_version - 1 - current.rollouts[0].policy_version
+    learner_stats = dict(
+        current.stats,
+        learn_time=learn_time,
+        learner_policy_version=learner_policy_version,
+        param_lag=param_lag,
     )
-    if update % args.log_frequency and update != sizes.num_updates:
-        return
-    updates_per_second = rate.since(loop_stats.gradient_steps)
-    run.log({"stats/updates_per_second": updates_per_second}, global_step)
-    if metrics is not None:
-        losses = jax.device_get(first_replica(metrics))
-        run.log({f"losses/{key}": value for key, value in losses.items()}, global_step)
-    details = (
-        f"gradient updates={loop_stats.gradient_steps} ({updates_per_second:.0f}/s) "
-        f"replay={loop_stats.replay_size} policy lag={param_lag} wait "
-        f"rollout={loop_stats.rollout_queue_get_time:.2f}s "
-        f"param={timing['param_queue_get_time']:.2f}s"
+    run.log_update(
+        update,
+        rollouts=current.rollouts,
+        metrics=metrics,
+        learner_stats=learner_stats,
+        optimizer_steps=optimizer_steps,
+        details=f"replay={current.stats['replay_size']} policy lag={param_lag}",
     )
-    run.print_progress(update, global_step, details)
 
 
 def model_params(state: SACState) -> dict:
@@ -1088,8 +1019,7 @@ def train(args: Args):
     )
     run.host_copy = saved_of
     run.frozen_by.append(replay.lock)
-    gradient_steps = int(state.step)
-    env_record = None if saved is None else saved.env_record
+    optimizer_steps = int(state.step)
     state = replicate(state, learner_devices)
     update_fn = make_update(args, global_learner_devices, networks)
     learner_policy_version = counters["update"]
@@ -1101,7 +1031,7 @@ def train(args: Args):
         networks=networks,
         first_update=first_update,
         actor_devices=actor_devices,
-        env_record=env_record,
+        env_record=None if saved is None else saved.env_record,
     )
     receive_update = lambda update: receive(
         args,
@@ -1112,17 +1042,11 @@ def train(args: Args):
         replay=replay,
         learner_policy_version=learner_policy_version,
     )
-    send = lambda params, version: send_params(
-        params,
-        policy_version=version,
-        actor_devices=actor_devices,
-        param_queues=param_queues,
-        stop=run.stop,
+    send = functools.partial(
+        send_params, actor_devices=actor_devices, param_queues=param_queues, stop=run.stop
     )
     metrics = None
     incoming = None
-    console_rate = Rate(gradient_steps=gradient_steps, time=time.time())
-    session_rate = None
     with run.learner_loop(threads) as end:
         # The actor parameters last sent: under --concurrency the actors' next rollout is played
         # with them, so a resumed run sends the checkpoint's first.
@@ -1135,9 +1059,8 @@ def train(args: Args):
                 incoming = receive_update(update)
             learn_start = time.time()
             if incoming.batches is not None:
-                session_rate = session_rate or Rate(gradient_steps, time.time())
                 state, metrics = update_fn(state, incoming.batches)
-                gradient_steps += sizes.gradient_steps_per_update
+                optimizer_steps += sizes.gradient_steps_per_update
             learner_policy_version += 1
             current = incoming
             incoming = None
@@ -1155,43 +1078,23 @@ def train(args: Args):
             if args.concurrency and update < sizes.num_updates and not end.exit_code:
                 incoming = receive_update(update + 1)
             jax.block_until_ready(state)
-            loop_stats = LoopStats(
-                gradient_steps=gradient_steps,
-                replay_size=current.replay_size,
-                rollout_queue_get_time=current.rollout_queue_get_time,
-                insert_time=current.insert_time,
-                sample_time=current.sample_time,
-                learn_time=time.time() - learn_start,
-                actor_policy_version=current.rollouts[0].policy_version,
-                learner_policy_version=learner_policy_version,
-            )
             log_update(
-                args,
-                sizes=sizes,
-                run=run,
+                run,
                 update=update,
-                rollouts=current.rollouts,
+                current=current,
                 metrics=metrics,
-                loop_stats=loop_stats,
-                rate=console_rate,
+                learn_time=time.time() - learn_start,
+                learner_policy_version=learner_policy_version,
+                optimizer_steps=optimizer_steps,
             )
             if run.evaluation_due(update):
-                run.evaluate(update, model_params(state), gradient_steps, evaluate)
+                run.evaluate(update, model_params(state), optimizer_steps, evaluate)
             if end.exit_code:
                 break
             if update < sizes.num_updates:
                 last_sent = first_replica(state.actor_params)
                 send(last_sent, learner_policy_version)
-    session_updates_per_second = (
-        session_rate.since(gradient_steps, restart=False) if session_rate else 0.0
-    )
-    run.finish(model_params(state), learner_policy_version, evaluate, gradient_steps)
-    if run.is_main:
-        # The session's gradient updates per second from its first one (evaluations included).
-        add_to_summary(
-            run.dir,
-            dict(gradient_updates=gradient_steps, updates_per_second=session_updates_per_second),
-        )
+    run.finish(model_params(state), learner_policy_version, evaluate, optimizer_steps)
 
 
 # === Main ===

@@ -41,6 +41,21 @@ def envpool_num_threads(requested: int | None, num_envs: int, instances: int) ->
     return max(1, min(num_envs, cpus_per_instance))
 
 
+def make_envs(args, seed: int, num_envs: int, instances: int):
+    """`num_envs` gymnasium environments of --env-id, environment i seeded with `seed + i`, worker
+    threads as `envpool_num_threads` gives them to one of `instances` envpool instances; Atari
+    follows Machado et al. (2018) (`MACHADO_ATARI`)."""
+    options = MACHADO_ATARI if is_atari(args.env_id) else {}
+    return envpool.make(
+        args.env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        num_threads=envpool_num_threads(args.envpool_num_threads, num_envs, instances),
+        **options,
+    )
+
+
 def is_continuous(env_id: str) -> bool:
     """Tasks whose actions are vectors of reals (MuJoCo, dm_control), not the index of a choice."""
     return np.issubdtype(envpool.make_spec(env_id).action_space.dtype, np.floating)

@@ -31,6 +31,7 @@ from scipy import stats
 from cleanba import cleanba_apex_dpg as dpg
 from cleanba_utils import checkpoints
 from cleanba_utils.devices import replicate
+from cleanba_utils.prioritized_learning import PendingPriorities, write_priorities
 
 SPACES = dpg.Spaces(obs_dim=3, action_low=(-1.0, -2.0), action_high=(1.0, 0.0))
 
@@ -446,10 +447,10 @@ def test_only_valid_transitions_enter_and_a_full_replay_evicts_by_the_written_pr
     # A call of two steps whose batches drew slot 1 twice: the second step's TD error counts.
     slots = np.array([[0, 1, 2], [1, 3, 4]])
     td = np.array([[0.5, -3.0, 0.2], [-2.0, 1.5, -0.05]], np.float32)
-    pending = dpg.PendingPriorities(
+    pending = PendingPriorities(
         slots=slots, inserted=replay.inserted, td=replicate(td, jax.local_devices()[:1])
     )
-    dpg.write_priorities(replay, pending)
+    write_priorities(replay, pending)
     priorities = np.array([0.5, 2.0, 0.2, 1.5, 0.05, 0.7]) + dpg.PRIORITY_EPSILON
     np.testing.assert_allclose(replay.priorities(), priorities, rtol=1e-6)
     expected = priorities**-0.4 / (priorities**-0.4).sum()
@@ -596,9 +597,9 @@ PROCESSES = [
 
 
 def readme_command() -> list[str]:
-    """The Ape-X DPG command of the README, as the script's arguments."""
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Ape-X DPG") :]
+    """The Ape-X DPG command of docs/apex_dpg.md, as the script's arguments."""
+    readme = (REPO / "docs" / "apex_dpg.md").read_text()
+    section = readme[readme.index("## Running it") :]
     block = section[section.index("```bash") + len("```bash") : section.index("```\n", 10)]
     lines = block.replace("\\\n", " ").splitlines()
     command = next(line.split() for line in lines if "cleanba_apex_dpg.py" in line)
@@ -672,10 +673,8 @@ def test_the_run_logs_its_diagnostics_and_keeps_the_policy_lag(runs):
         "charts/SPS",
         "charts/episodic_return",
         "stats/actor_sps",
-        "stats/learner_updates_per_second",
+        "stats/optimizer_steps_per_second",
         "stats/replay_size",
-        "stats/replay_insert_per_second",
-        "stats/replay_sample_per_second",
         "stats/priority_mean",
         "stats/priority_max",
         "stats/is_weight_min",
@@ -692,7 +691,7 @@ def test_the_run_logs_its_diagnostics_and_keeps_the_policy_lag(runs):
     # reset steps never enter: the replay grows by at most 32 an update until it holds 256.
     sizes = [v for _, v in scalars(run_dir, "stats/replay_size")]
     assert sizes[0] <= 20 and sizes[-1] == 256 and all(np.diff(sizes) <= 32)
-    updates = [v for _, v in scalars(run_dir, "stats/learner_updates")]
+    updates = [v for _, v in scalars(run_dir, "stats/optimizer_steps")]
     assert updates[-1] == 4 * sum(size >= 64 for size in sizes)
 
 
@@ -744,9 +743,9 @@ def test_resume_continues_with_the_checkpointed_replay(runs):
     # Resumed after update 8 with its replay, the run learns at update 9 as the uninterrupted run
     # did; with an empty replay it waits until the replay holds 64 transitions again.
     assert "resuming resumed from update 8" in stdout
-    one = dict(scalars(run_dirs / "one", "stats/learner_updates"))
-    resumed = dict(scalars(run_dirs / "resumed", "stats/learner_updates"))
-    empty = dict(scalars(run_dirs / "resumed_empty", "stats/learner_updates"))
+    one = dict(scalars(run_dirs / "one", "stats/optimizer_steps"))
+    resumed = dict(scalars(run_dirs / "resumed", "stats/optimizer_steps"))
+    empty = dict(scalars(run_dirs / "resumed_empty", "stats/optimizer_steps"))
     assert resumed[9 * 32] == one[9 * 32] == one[8 * 32] + 4
     assert empty[9 * 32] == one[8 * 32]
     assert resumed[16 * 32] == one[16 * 32]
@@ -766,7 +765,7 @@ def test_a_preempted_and_resumed_run_repeats_the_uninterrupted_one(runs, name, s
 def test_the_readme_command_runs_with_its_defaults_for_fewer_steps(runs):
     run_dir = runs[0] / "readme"
     assert summary(run_dir)["global_step"] == 7680
-    assert scalars(run_dir, "stats/learner_updates")[-1][1] == 32
+    assert scalars(run_dir, "stats/optimizer_steps")[-1][1] == 32
 
 
 def test_a_crashing_actor_ends_the_process(tmp_path):

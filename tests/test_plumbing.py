@@ -319,9 +319,9 @@ def test_a_mujoco_environment_comes_back_from_its_resets_and_its_episodes_action
 
 
 def test_an_atari_environment_with_sticky_actions_does_not():
-    # The measurement behind docs/checkpoints.md's "What a resumed run is": with sticky actions the emulator draws
-    # a random number at every step, so only the whole history comes back; without them the
-    # resets and the current episode's actions suffice.
+    # The measurement behind docs/checkpoints.md's "What a resumed run is": with sticky actions the
+    # emulator draws a random number at every step, so only the whole history comes back; without
+    # them the resets and the current episode's actions suffice.
     actions = np.random.default_rng(0).integers(0, 18, (700, 2))  # Breakout: episodes of ~200
     _, sticky_obs, sticky_record = played_envs("Breakout-v5", actions, **MACHADO_ATARI)
     assert not np.array_equal(

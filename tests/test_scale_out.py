@@ -253,8 +253,8 @@ def test_sigterm_saves_and_resume_finishes_the_run(preempted_run, tmp_path):
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    # What docs/checkpoints.md says a resumed Atari run is: the learner of the checkpoint, with environments
-    # made anew from the run's seeds, which start where the run's environments started.
+    # What docs/checkpoints.md says a resumed Atari run is: the learner of the checkpoint, with
+    # environments made anew from the run's seeds, which start where the run's environments started.
     module = importlib.import_module("cleanba." + script[:-3])
     parsed = module.parse_args(list(map(str, args)))
     first = np.load(cwd / "first_observations.npz")
