@@ -45,7 +45,7 @@ from cleanba_utils.env_records import (
     part,
     record_step,
 )
-from cleanba_utils.envs import envpool_num_threads, flat_observation, is_continuous
+from cleanba_utils.envs import flat_observation, is_continuous, make_envs
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.parsing import fail
@@ -221,13 +221,7 @@ def make_env(args: Args, seed: int, num_envs: int):
     """envpool seeds its environment i with `seed + i`. Episodes end on termination or at the task's
     time limit (1000 steps for MuJoCo and dm_control), which envpool reports as a truncation."""
     instances = args.num_actor_threads * len(args.actor_device_ids)
-    return envpool.make(
-        args.env_id,
-        env_type="gymnasium",
-        num_envs=num_envs,
-        seed=seed,
-        num_threads=envpool_num_threads(args.envpool_num_threads, num_envs, instances),
-    )
+    return make_envs(args, seed, num_envs, instances)
 
 
 def observation_size(spec) -> int:
