@@ -1,23 +1,19 @@
 """Cleanba SAC: Soft Actor-Critic (Haarnoja et al., 2018) for envpool's MuJoCo and dm_control tasks,
-with the algorithm and hyperparameters of CleanRL's `sac_continuous_action.py`, in Cleanba's
+with the algorithm and hyperparameters of CleanRL's `sac_continuous_action.py` in Cleanba's
 actor-learner shape.
 
 Actor threads play rollouts of --local-num-envs x --num-steps steps with a tanh-squashed Gaussian
-policy (uniform random actions for the first --learning-starts steps of the run) and hand them to
-the learner through queues of size 1. The learner inserts each rollout into a uniform replay, then
-makes exactly --replay-ratio gradient updates per environment step of the rollout (one per step, as
-CleanRL's), each on a batch drawn with a generator seeded by (seed, gradient update), all of one
-rollout's updates in one compiled call (a scan). With `--concurrency` (the default) the actors play
-with the parameters exactly one version behind, as in Cleanba's IMPALA: the next rollout is
-played, inserted and its batches drawn while the learner trains on the last one.
+policy (uniform random actions for the first --learning-starts steps) and hand them to the learner
+through queues of size 1. The learner inserts each rollout into a uniform replay, then makes
+--replay-ratio gradient updates per environment step (CleanRL: one per step), all of a rollout's in
+one compiled scan, each on a batch drawn with a generator seeded by (seed, gradient update). With
+--concurrency (the default) the actors play with parameters one version behind, as in Cleanba's
+IMPALA: the next rollout is played, inserted and sampled while the learner trains on the last.
 
-Which data a gradient sees never depends on timing: the rollouts and the policy that played each
-are fixed by the protocol, the replay's content by the rollouts in global environment order, each
-batch by its seed. So the same seed gives the same `params_fingerprint` on every layout (learner
-devices, actor threads, processes) up to float rounding, with or without evaluation, and a run
-resumed from a checkpoint repeats the uninterrupted one exactly: the checkpoint holds the learner,
-the replay, the policy the actors play next with, and what each environment did since its last
-reset, from which the resumed actors bring their environments back to the same state."""
+Which data a gradient sees never depends on timing, so a seed gives the same `params_fingerprint`
+on every layout (learner devices, actor threads, processes) up to float rounding, with or without
+evaluation; a run resumed from a checkpoint (the learner, the replay, the policy the actors play
+next, what each environment did since its reset) repeats the uninterrupted one exactly."""
 
 import dataclasses
 import functools
@@ -52,6 +48,8 @@ from cleanba_utils.parsing import fail
 from cleanba_utils.replay import Mark, PrioritizedReplay
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
+from cleanba_utils.sizes import Sizes as RolloutSizes
+from cleanba_utils.sizes import rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put, start_thread
 
 # === Args ===
@@ -64,8 +62,7 @@ class Args(DeviceArgs):
     eval_every: int = 100
     concurrency: bool = True
     checkpoint_every: int = 0
-    """save a checkpoint every this many updates (0: only at the end and on SIGTERM / SIGUSR1); it
-    holds the replay"""
+    """checkpoint (with the replay) every this many updates (0: at the end, SIGTERM, SIGUSR1)"""
 
     env_id: str = "HalfCheetah-v4"
     """the id of the envpool environment (continuous actions: MuJoCo or dm_control)"""
@@ -76,8 +73,7 @@ class Args(DeviceArgs):
     gamma: float = 0.99
     """the discount factor"""
     tau: float = 0.005
-    """the target critics move this fraction of the way to the critics after every gradient update
-    (Polyak averaging)"""
+    """the target critics' Polyak step: the fraction they move to the critics per gradient update"""
     batch_size: int = 256
     """the transitions of one gradient update, split equally over the learner devices"""
     learning_starts: int = 5000
@@ -88,8 +84,7 @@ class Args(DeviceArgs):
     q_lr: float = 1e-3
     """the learning rate of the twin critics' Adam"""
     alpha_lr: float = 1e-3
-    """the learning rate of the temperature's Adam (CleanRL's script gives the temperature its
-    q_lr, 1e-3, although its docs name 3e-4)"""
+    """the learning rate of the temperature's Adam (CleanRL's script: q_lr, 1e-3; its docs: 3e-4)"""
     policy_frequency: int = 2
     """update the actor and the temperature every this many gradient updates, this many times
     each (making up for the skipped ones), as CleanRL's delayed policy update"""
@@ -98,8 +93,7 @@ class Args(DeviceArgs):
     alpha: float = 0.2
     """the temperature with --no-autotune"""
     replay_ratio: float = 1.0
-    """gradient updates per environment step: each update of the learner makes replay_ratio x
-    num_envs x num_steps of them (CleanRL's: 1)"""
+    """gradient updates per environment step (CleanRL's: 1)"""
     hiddens: tuple[int, ...] = (256, 256)
     """the ReLU hidden layers of the actor and of each critic"""
     local_num_envs: int = 1
@@ -107,14 +101,11 @@ class Args(DeviceArgs):
     num_actor_threads: int = 1
     """the number of actor threads per actor device"""
     num_steps: int = 64
-    """the number of steps each environment runs per rollout (one update of the learner). CleanRL
-    makes a gradient update after every step; here a learner update makes a whole rollout's in one
-    compiled call, and with --concurrency the actors play with parameters one learner update (64
-    gradient updates at the defaults) behind"""
+    """the steps of each environment per rollout, one learner update, which makes the rollout's
+    gradient updates in one compiled call; with --concurrency the actors are one update behind"""
 
 
-# The options that act only in some configurations, with what each needs: `validate` refuses one
-# set away from its default where its need does not hold.
+# Options that act only in some configurations: `validate` refuses one set where its need fails.
 NEEDS = {
     **RUN_NEEDS,
     "alpha": parsing.Need(lambda args: not args.autotune, "--no-autotune"),
@@ -123,26 +114,16 @@ NEEDS = {
 
 
 @dataclasses.dataclass(frozen=True)
-class Sizes:
-    num_envs: int
-    steps_per_update: int
-    """environment steps of one learner update: num_envs x num_steps"""
+class Sizes(RolloutSizes):
     gradient_steps_per_update: int
-    """gradient updates of one learner update, once learning has started: replay_ratio x
-    steps_per_update"""
-    num_updates: int
+    """gradient updates per learner update once learning starts: replay_ratio x steps_per_update"""
 
 
 def sizes_of(args: Args, num_processes: int) -> Sizes:
     num_envs = args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids)
-    num_envs *= num_processes
-    steps_per_update = num_envs * args.num_steps
-    return Sizes(
-        num_envs=num_envs,
-        steps_per_update=steps_per_update,
-        gradient_steps_per_update=round(args.replay_ratio * steps_per_update),
-        num_updates=args.total_timesteps // steps_per_update,
-    )
+    base = rollout_sizes(num_envs * num_processes, args.num_steps, args.total_timesteps)
+    gradient_steps = round(args.replay_ratio * base.steps_per_update)
+    return Sizes(**dataclasses.asdict(base), gradient_steps_per_update=gradient_steps)
 
 
 def parse_args(argv=None) -> Args:
@@ -152,8 +133,7 @@ def parse_args(argv=None) -> Args:
 
 
 def validate(args: Args):
-    """Checks every argument that needs no device, before any other work; exits 2 on the first
-    problem."""
+    """Checks every argument that needs no device, first; exits 2 on the first problem."""
     positive = (
         "total_timesteps buffer_size batch_size policy_lr q_lr alpha_lr policy_frequency alpha"
         " replay_ratio local_num_envs num_actor_threads num_steps log_frequency"
@@ -163,10 +143,7 @@ def validate(args: Args):
     parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
     parsing.check_in(args, "tau", low=0, high=1, low_open=True)
     if args.env_id not in envpool.list_all_envs():
-        fail(
-            f"--env-id {args.env_id} is not an envpool environment; try HalfCheetah-v4 or "
-            "CheetahRun-v1"
-        )
+        fail(f"--env-id {args.env_id} is not in envpool; try HalfCheetah-v4 or CheetahRun-v1")
     if not is_continuous(args.env_id):
         fail(
             f"--env-id {args.env_id} has discrete actions; train it with cleanba_apex_dqn.py or "
@@ -183,8 +160,7 @@ def validate(args: Args):
 
 
 def validate_layout(args: Args):
-    """The checks that need the devices (and, with --distributed, the number of processes) or the
-    machine."""
+    """The checks that need the devices, the process count (--distributed) or the machine."""
     sizes = sizes_of(args, jax.process_count())
     parsing.check_devices(args, sizes.num_updates, sizes.steps_per_update, split_rollouts=False)
     num_learner_devices = len(args.learner_device_ids) * jax.process_count()
@@ -206,12 +182,8 @@ def validate_layout(args: Args):
             f"({sizes.num_envs} envs x {args.num_steps} steps); raise it"
         )
     spec = envpool.make_spec(args.env_id)
-    parsing.check_memory(
-        args,
-        "buffer_size",
-        replay_bytes(args, observation_size(spec), spec.action_space.shape[0]),
-        MEMORY_RESERVE_BYTES,
-    )
+    needed = replay_bytes(args, observation_size(spec), spec.action_space.shape[0])
+    parsing.check_memory(args, "buffer_size", needed, MEMORY_RESERVE_BYTES)
 
 
 # === Environment ===
@@ -220,12 +192,11 @@ def validate_layout(args: Args):
 def make_env(args: Args, seed: int, num_envs: int):
     """envpool seeds its environment i with `seed + i`. Episodes end on termination or at the task's
     time limit (1000 steps for MuJoCo and dm_control), which envpool reports as a truncation."""
-    instances = args.num_actor_threads * len(args.actor_device_ids)
-    return make_envs(args, seed, num_envs, instances)
+    return make_envs(args, seed, num_envs, args.num_actor_threads * len(args.actor_device_ids))
 
 
 def observation_size(spec) -> int:
-    """Features of a flat observation (`flat_observation`) of an envpool spec's task."""
+    """Features of a `flat_observation` of an envpool spec's task."""
     space = spec.observation_space
     spaces = space.spaces.values() if hasattr(space, "spaces") else [space]
     return sum(int(np.prod(s.shape)) for s in spaces)
@@ -251,12 +222,9 @@ LOG_STD_MAX = 2.0
 
 
 def dense(features: int, fan_in: int) -> nn.Dense:
-    """A dense layer initialized as PyTorch's (CleanRL's networks): kernel and bias uniform in
-    +-1/sqrt(fan_in)."""
+    """A dense layer initialized as PyTorch's (CleanRL's): kernel and bias U(+-1/sqrt(fan_in))."""
     bound = 1.0 / np.sqrt(fan_in)
-    init = lambda key, shape, dtype=jnp.float32: jax.random.uniform(
-        key, shape, dtype, minval=-bound, maxval=bound
-    )
+    init = lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound)
     return nn.Dense(features, kernel_init=init, bias_init=init)
 
 
@@ -316,31 +284,22 @@ class Networks(NamedTuple):
 
 
 def squashed_gaussian(mean, log_std, noise, bounds: Bounds):
-    """The action a = tanh(u) * scale + bias for u = mean + std * noise, and its log-density: the
-    Gaussian's of u, minus log |da/du| = log(scale (1 - tanh(u)^2)) per dimension (+1e-6 inside the
-    log, CleanRL's guard), summed over the dimensions."""
-    pre_tanh = mean + jnp.exp(log_std) * noise
-    squashed = jnp.tanh(pre_tanh)
+    """a = tanh(u) * scale + bias for u = mean + std * noise, and log pi(a): the Gaussian's of u
+    minus log |da/du| = log(scale (1 - tanh(u)^2) + 1e-6, CleanRL's guard), summed over dims."""
+    squashed = jnp.tanh(mean + jnp.exp(log_std) * noise)
     gaussian = -0.5 * noise**2 - log_std - 0.5 * jnp.log(2 * jnp.pi)
     log_prob = gaussian - jnp.log(bounds.scale * (1.0 - squashed**2) + 1e-6)
     return squashed * bounds.scale + bounds.bias, log_prob.sum(-1)
-
-
-def deterministic_action(mean, bounds: Bounds):
-    """The evaluation action: tanh of the mean, scaled to the task's box."""
-    return jnp.tanh(mean) * bounds.scale + bounds.bias
 
 
 # === Actor ===
 
 
 class Transitions(NamedTuple):
-    """One rollout as an actor thread played it, env-major (envs, steps, ...): each step's
-    observation, action (in the task's units), reward, next observation and termination. `valid`
-    is False on envpool's reset steps (the step after an episode's end: it ignores the action and
-    returns the next episode's first observation), which are no transitions. On a truncating step
-    the next observation is the episode's last (envpool returns it there and resets on the next
-    step): the target bootstraps from it."""
+    """One rollout of an actor thread, env-major (envs, steps, ...), actions in the task's units.
+    `valid` is False on envpool's reset steps (after an episode's end it ignores the action and
+    returns the next episode's first observation): no transitions. On a truncating step `next_obs`
+    is the episode's last (envpool resets on the next step), which the target bootstraps from."""
 
     obs: np.ndarray
     actions: np.ndarray
@@ -351,9 +310,8 @@ class Transitions(NamedTuple):
 
 
 class Rollout(NamedTuple):
-    """What an actor thread puts on its rollout queue: the learner update it is for, the version of
-    the parameters that played it, its transitions, its environments' record after it, and the
-    seconds the actor spent waiting for parameters, playing, stepping and inferring."""
+    """An actor thread's queue item: the update it is for, the parameters' version that played it,
+    its transitions, its environments' record after it, and its timings in seconds."""
 
     update: int
     policy_version: int
@@ -372,30 +330,20 @@ class Draws(NamedTuple):
 
 def rollout_draws(key, first_step, num_steps: int, env_ids, action_dim: int) -> Draws:
     """The draws of steps first_step .. first_step + num_steps - 1, keyed by (step, global env
-    index): the same whatever the layout. Drawn for a whole rollout at once, since one small
-    call of the threefry generator costs several times the policy's forward pass on a CPU."""
+    index): the same on every layout. Drawn per rollout: small threefry calls are slow on a CPU."""
+    normal = lambda k: jax.random.normal(jax.random.fold_in(k, 0), (action_dim,))
+    uniform = lambda k: jax.random.uniform(jax.random.fold_in(k, 1), (action_dim,), minval=-1)
 
     def of_step(step):
-        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
-            jax.random.fold_in(key, step), env_ids
-        )
-        return Draws(
-            normal=jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, 0), (action_dim,)))(
-                keys
-            ),
-            uniform=jax.vmap(
-                lambda k: jax.random.uniform(
-                    jax.random.fold_in(k, 1), (action_dim,), minval=-1, maxval=1
-                )
-            )(keys),
-        )
+        step_key = jax.random.fold_in(key, step)
+        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_key, env_ids)
+        return Draws(normal=jax.vmap(normal)(keys), uniform=jax.vmap(uniform)(keys))
 
     return jax.vmap(of_step)(first_step + jnp.arange(num_steps))
 
 
 def explore(networks: Networks, params, obs, draws: Draws, step, random_actions):
-    """Per environment, the policy's sampled action, or with `random_actions` a uniform one in the
-    task's box, from the rollout's draws of its `step`."""
+    """The policy's sampled actions or (`random_actions`) uniform ones, from `draws` of `step`."""
     mean, log_std = networks.actor.apply(params, obs)
     action, _ = squashed_gaussian(mean, log_std, draws.normal[step], networks.bounds)
     random = draws.uniform[step] * networks.bounds.scale + networks.bounds.bias
@@ -405,24 +353,17 @@ def explore(networks: Networks, params, obs, draws: Draws, step, random_actions)
 def actor(
     args, sizes, run, networks, first_update, env_offset, device, param_queue, rollout_queue, record
 ):
-    """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs
-    - 1. `record` (on a resumed run) is their `EnvRecord` at the checkpoint.
-
-    The rollout of update u is played by the parameters of version u - 1, or u - 2 with
-    --concurrency (version 0 for the first two): the actor takes parameters from its queue before
-    every rollout but the second of a fresh concurrent run."""
+    """One actor thread, playing the environments env_offset .. env_offset + local_num_envs - 1
+    (from `record`, their `EnvRecord` at a resumed run's checkpoint). Update u's rollout is played
+    by parameters version u - 1, or u - 2 with --concurrency (0 for the first two): the actor takes
+    parameters before every rollout but the second of a fresh concurrent run."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
-    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
-    env_ids_on_device = jax.device_put(env_ids, device)
+    env_ids = jax.device_put(env_offset + np.arange(args.local_num_envs, dtype=np.int32), device)
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     action_dim = len(networks.bounds.scale)
     draw = jax.jit(
         lambda first_step: rollout_draws(
-            action_key,
-            first_step=first_step,
-            num_steps=args.num_steps,
-            env_ids=env_ids_on_device,
-            action_dim=action_dim,
+            action_key, first_step, num_steps=args.num_steps, env_ids=env_ids, action_dim=action_dim
         )
     )
     act = jax.jit(functools.partial(explore, networks))
@@ -443,17 +384,16 @@ def actor(
         rollout_start = time.time()
         inference_time = 0.0
         env_step_time = 0.0
-        num_envs = args.local_num_envs
-        obs = np.zeros((num_envs, args.num_steps + 1, next_obs.shape[1]), np.float32)
-        actions = np.zeros((num_envs, args.num_steps, action_dim), np.float32)
-        rewards = np.zeros((num_envs, args.num_steps), np.float32)
-        terminations = np.zeros((num_envs, args.num_steps), np.float32)
-        is_reset = np.zeros((num_envs, args.num_steps), bool)
+        shape = (args.local_num_envs, args.num_steps)
+        obs = np.zeros((args.local_num_envs, args.num_steps + 1, next_obs.shape[1]), np.float32)
+        actions = np.zeros((*shape, action_dim), np.float32)
+        rewards = np.zeros(shape, np.float32)
+        terminations = np.zeros(shape, np.float32)
+        is_reset = np.zeros(shape, bool)
         draws = draw((update - 1) * args.num_steps)
         for step in range(args.num_steps):
             tic = time.time()
-            policy_step = (update - 1) * args.num_steps + step
-            global_step = policy_step * sizes.num_envs
+            global_step = ((update - 1) * args.num_steps + step) * sizes.num_envs
             action = np.asarray(
                 act(
                     params=params,
@@ -479,37 +419,35 @@ def actor(
             next_is_reset = done
         obs[:, -1] = next_obs
 
-        data = Transitions(
-            obs=obs[:, :-1],
-            actions=actions,
-            rewards=rewards,
-            next_obs=obs[:, 1:],
-            terminations=terminations,
-            valid=~is_reset,
-        )
-        timing = dict(
-            param_queue_get_time=param_queue_get_time,
-            rollout_time=time.time() - rollout_start,
-            inference_time=inference_time,
-            env_step_time=env_step_time,
-        )
         rollout = Rollout(
             update=update,
             policy_version=policy_version,
-            data=data,
+            data=Transitions(
+                obs=obs[:, :-1],
+                actions=actions,
+                rewards=rewards,
+                next_obs=obs[:, 1:],
+                terminations=terminations,
+                valid=~is_reset,
+            ),
             record=copy_of(record),
-            timing=timing,
+            timing=dict(
+                param_queue_get_time=param_queue_get_time,
+                rollout_time=time.time() - rollout_start,
+                inference_time=inference_time,
+                env_step_time=env_step_time,
+            ),
         )
         queue_put(rollout_queue, rollout, run.stop)
 
 
 def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
-    """Plays one episode in each of `num_episodes` fresh environments with the deterministic action;
-    `params` are the model's (`params["actor"]` plays)."""
+    """Plays one episode in each of `num_episodes` fresh environments with the deterministic action
+    (tanh of the mean, in the task's box); `params` are the model's (`params["actor"]` plays)."""
     envs = make_env(args, seed, num_episodes)
     actor_network = Actor(args.hiddens, envs.action_space.shape[0])
     bounds = bounds_of(envs.action_space)
-    act = jax.jit(lambda p, o: deterministic_action(actor_network.apply(p, o)[0], bounds))
+    act = jax.jit(lambda p, o: jnp.tanh(actor_network.apply(p, o)[0]) * bounds.scale + bounds.bias)
     returns = play_episodes(
         envs, num_episodes, lambda obs, _: act(params["actor"], flat_observation(obs))
     )
@@ -532,8 +470,7 @@ def replay_bytes(args: Args, obs_size: int, action_size: int) -> int:
 
 
 def make_replay(args: Args, obs_size: int, action_size: int) -> PrioritizedReplay:
-    """A uniform, first-in-first-out store of `Batch` records: one transition each, its next
-    observation stored beside its observation."""
+    """A uniform, first-in-first-out store of `Batch` records, one transition each."""
     example = Batch(
         obs=np.zeros(obs_size, np.float32),
         actions=np.zeros(action_size, np.float32),
@@ -545,24 +482,14 @@ def make_replay(args: Args, obs_size: int, action_size: int) -> PrioritizedRepla
 
 
 def replay_insert(replay: PrioritizedReplay, data: Transitions):
-    """Inserts the valid transitions of a rollout of every environment (env-major, in global env
-    order: the same order whatever the layout); reset steps are left out."""
-    valid = data.valid
-    replay.insert(
-        Batch(
-            obs=data.obs[valid],
-            actions=data.actions[valid],
-            rewards=data.rewards[valid],
-            next_obs=data.next_obs[valid],
-            terminations=data.terminations[valid],
-        )
-    )
+    """Inserts the valid transitions (no reset steps), env-major in global env order: the same order
+    whatever the layout."""
+    replay.insert(Batch(**{name: getattr(data, name)[data.valid] for name in Batch._fields}))
 
 
 def sample_batches(args: Args, replay: PrioritizedReplay, first: int, count: int) -> "Batch":
-    """The batches of gradient updates first .. first + count - 1 (1-based, counted over the run),
-    stacked (count, batch, ...): each drawn uniformly with a generator seeded by (seed, its gradient
-    update), so it depends on nothing but the replay's content and its index."""
+    """The batches of gradient updates first .. first + count - 1 (1-based, over the run), stacked
+    (count, batch, ...), each drawn uniformly with a generator seeded by (seed, its index)."""
     rngs = [np.random.default_rng([args.seed, 3, index]) for index in range(first, first + count)]
     return replay.sample_many(args.batch_size, rngs, beta=0.0).items
 
@@ -589,8 +516,7 @@ def soft_target(batch: Batch, next_q_target, next_log_prob, alpha, gamma: float)
 
 
 def critic_loss(critic_params, critic_apply, batch: Batch, target):
-    """The sum over the twin critics of the mean squared error to the soft target; also each
-    critic's loss and mean Q-value."""
+    """The twin critics' summed MSE to the soft target; also each critic's loss and mean Q-value."""
     q_values = critic_apply(critic_params, batch.obs, batch.actions)
     losses = ((q_values - target) ** 2).mean(axis=1)
     return losses.sum(), (losses, q_values.mean(axis=1))
@@ -635,17 +561,12 @@ class Optimizers(NamedTuple):
 
 def optimizers_of(args: Args) -> Optimizers:
     """Adam with PyTorch's defaults (betas 0.9 and 0.999, eps 1e-8), as CleanRL's."""
-    return Optimizers(
-        actor=optax.adam(args.policy_lr),
-        critic=optax.adam(args.q_lr),
-        alpha=optax.adam(args.alpha_lr),
-    )
+    return Optimizers(optax.adam(args.policy_lr), optax.adam(args.q_lr), optax.adam(args.alpha_lr))
 
 
 class Saved(NamedTuple):
-    """A checkpoint: the learner's state, the actor parameters of the version before (the actors'
-    next rollout is played with them under --concurrency), every environment's `EnvRecord` in
-    global env order, and the replay's snapshot."""
+    """A checkpoint: the learner, the actor parameters last sent (the actors' next rollout plays
+    them under --concurrency), every environment's `EnvRecord` in global order, the replay."""
 
     learner: SACState
     acting_params: Any
@@ -698,14 +619,12 @@ def init_state(args: Args, sizes: Sizes, replay: PrioritizedReplay):
 
 
 def make_update(args: Args, learner_devices: list, networks: Networks):
-    """`update_fn(state, batches) -> (state, metrics)`, pmap'd over the learner devices: one
-    gradient update per batch of `batches` (count, this device's share of the batch, ...), in a
-    `lax.scan`. An update: the critics on the soft target; every --policy-frequency updates (by
-    the update's index over the run, so however updates are grouped into calls), that many steps
-    of the actor, each followed by one of the temperature; last the target critics' Polyak step.
-    Gradients are means over the device's share, averaged over devices (pmean: the global batch's
-    mean). The noise of the sampled actions is drawn for the global batch from a key of (seed,
-    gradient update) and sliced, so it does not depend on the layout either."""
+    """`update_fn(state, batches) -> (state, metrics)`, pmap'd over the learner devices: a
+    `lax.scan` of gradient updates, one per batch of `batches` (count, device's share, ...). Each:
+    the critics on the soft target; every --policy-frequency updates (by index over the run), that
+    many actor steps, each followed by a temperature step; last the target critics' Polyak step.
+    Gradients are pmean'd (the global batch's mean); action noise is drawn for the global batch
+    from a (seed, gradient update) key and sliced, so it does not depend on the layout either."""
     learner_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 2)
     optimizers = optimizers_of(args)
     share = args.batch_size // len(learner_devices)
@@ -735,23 +654,19 @@ def make_update(args: Args, learner_devices: list, networks: Networks):
             optimizers.actor, grads, state.actor_opt_state, state.actor_params
         )
         state = state._replace(actor_params=actor_params, actor_opt_state=actor_opt_state)
-        if not args.autotune:
-            metrics = dict(actor_loss=loss, alpha_loss=jnp.float32(0.0))
-            return state, jax.lax.pmean(metrics, "devices")
-        mean, log_std = networks.actor.apply(state.actor_params, batch.obs)
-        _, log_prob = squashed_gaussian(
-            mean, log_std, device_noise(jax.random.fold_in(key, 2 + 2 * iteration)), networks.bounds
-        )
-        log_prob = jax.lax.stop_gradient(log_prob)
-        alpha_loss, grad = jax.value_and_grad(temperature_loss)(
-            state.log_alpha, log_prob, target_entropy
-        )
-        log_alpha, alpha_opt_state = apply(
-            optimizers.alpha, grad, state.alpha_opt_state, state.log_alpha
-        )
-        state = state._replace(log_alpha=log_alpha, alpha_opt_state=alpha_opt_state)
-        metrics = dict(actor_loss=loss, alpha_loss=alpha_loss)
-        return state, jax.lax.pmean(metrics, "devices")
+        alpha_loss = jnp.float32(0.0)
+        if args.autotune:
+            mean, log_std = networks.actor.apply(state.actor_params, batch.obs)
+            noise = device_noise(jax.random.fold_in(key, 2 + 2 * iteration))
+            _, log_prob = squashed_gaussian(mean, log_std, noise, networks.bounds)
+            alpha_loss, grad = jax.value_and_grad(temperature_loss)(
+                state.log_alpha, jax.lax.stop_gradient(log_prob), target_entropy
+            )
+            log_alpha, alpha_opt_state = apply(
+                optimizers.alpha, grad, state.alpha_opt_state, state.log_alpha
+            )
+            state = state._replace(log_alpha=log_alpha, alpha_opt_state=alpha_opt_state)
+        return state, jax.lax.pmean(dict(actor_loss=loss, alpha_loss=alpha_loss), "devices")
 
     def gradient_step(state: SACState, batch: Batch):
         step = state.step + 1
@@ -786,8 +701,8 @@ def make_update(args: Args, learner_devices: list, networks: Networks):
             )
             return state, jax.tree.map(lambda m: m[-1], metrics)
 
-        def no_policy_step(state):
-            return state, dict(actor_loss=jnp.float32(0.0), alpha_loss=jnp.float32(0.0))
+        zero = jnp.float32(0.0)
+        no_policy_step = lambda state: (state, dict(actor_loss=zero, alpha_loss=zero))
 
         is_policy_step = step % args.policy_frequency == 0
         state, policy_metrics = jax.lax.cond(is_policy_step, policy_steps, no_policy_step, state)
@@ -811,19 +726,16 @@ def make_update(args: Args, learner_devices: list, networks: Networks):
         return state, metrics
 
     def update_on_device(state: SACState, batches: Batch):
+        """Means over the scan's updates (the policy losses: over those that update the policy;
+        alpha: the last)."""
         state, metrics = jax.lax.scan(gradient_step, state, batches)
-        policy_steps = jnp.maximum(metrics["policy_updated"].sum(), 1.0)
-        policy_mean = lambda m: (m * metrics["policy_updated"]).sum() / policy_steps
-        return state, dict(
-            qf1_loss=metrics["qf1_loss"].mean(),
-            qf2_loss=metrics["qf2_loss"].mean(),
-            qf_loss=metrics["qf_loss"].mean(),
-            qf1_values=metrics["qf1_values"].mean(),
-            qf2_values=metrics["qf2_values"].mean(),
-            actor_loss=policy_mean(metrics["actor_loss"]),
-            alpha_loss=policy_mean(metrics["alpha_loss"]),
-            alpha=metrics["alpha"][-1],
-        )
+        policy_updated = metrics.pop("policy_updated")
+        policy_steps = jnp.maximum(policy_updated.sum(), 1.0)
+        summary = {name: values.mean() for name, values in metrics.items()}
+        for name in ("actor_loss", "alpha_loss"):
+            summary[name] = (metrics[name] * policy_updated).sum() / policy_steps
+        summary["alpha"] = metrics["alpha"][-1]
+        return state, summary
 
     return jax.pmap(update_on_device, axis_name="devices", devices=learner_devices)
 
@@ -864,16 +776,14 @@ def start_actors(args, sizes, run, networks, first_update, actor_devices, env_re
 
 
 def optimizer_steps_before(args: Args, sizes: Sizes, update: int) -> int:
-    """The gradient updates of the run before `update`: those of every earlier update that
-    `learns`."""
+    """The gradient updates of the run before `update`: those of the earlier ones that `learns`."""
     first_learning = max(1, -(-args.learning_starts // sizes.steps_per_update))
     return sizes.gradient_steps_per_update * max(0, update - first_learning)
 
 
 class Incoming(NamedTuple):
-    """The rollouts of one update, inserted, and the batches of its gradient updates (None before
-    learning starts), with the learner's statistics so far: the replay's size after the insertion,
-    the seconds spent waiting, inserting and sampling, and the actors' steps per second."""
+    """The rollouts of one update, inserted, the batches of its gradient updates (None before
+    learning starts) and stats: replay size, seconds waiting, inserting and sampling, actor SPS."""
 
     rollouts: list
     env_record: EnvRecord
@@ -890,19 +800,16 @@ def gather(args, rollouts):
 
 
 def learns(args: Args, sizes: Sizes, update: int) -> bool:
-    """Gradient updates start with the first update whose rollouts complete --learning-starts
-    environment steps."""
+    """Gradient updates start with the first update completing --learning-starts env steps."""
     return update * sizes.steps_per_update >= args.learning_starts
 
 
 def receive(args, sizes, update, rollout_queues, run, replay, learner_policy_version):
-    """Takes the rollouts of `update` (checking which policy played them), inserts them and draws
-    the batches of its gradient updates."""
+    """Takes `update`'s rollouts (checking which policy played them), inserts them, samples."""
     wait_start = time.time()
     rollouts = [queue_get(q, run.stop) for q in rollout_queues]
     rollout_queue_get_time = time.time() - wait_start
-    # The policy history goes on across a resume (the checkpoint holds the version the actors play
-    # with next), so the lag is checked as in an uninterrupted run.
+    # Policy versions go on across a resume, so the lag is checked as in an uninterrupted run.
     check_policy_lag(
         rollouts,
         update=update,
@@ -917,12 +824,8 @@ def receive(args, sizes, update, rollout_queues, run, replay, learner_policy_ver
     tic = time.time()
     batches = None
     if learns(args, sizes, update):
-        stacked = sample_batches(
-            args,
-            replay,
-            first=optimizer_steps_before(args, sizes, update) + 1,
-            count=sizes.gradient_steps_per_update,
-        )
+        first = optimizer_steps_before(args, sizes, update) + 1
+        stacked = sample_batches(args, replay, first, sizes.gradient_steps_per_update)
         batches = local_shares(stacked, len(args.learner_device_ids), batch_axis=1)
     rollout_time = np.mean([r.timing["rollout_time"] for r in rollouts])
     stats = dict(
@@ -938,47 +841,39 @@ def receive(args, sizes, update, rollout_queues, run, replay, learner_policy_ver
 def log_update(
     run, update, current: Incoming, metrics, learn_time, learner_policy_version, optimizer_steps
 ):
-    """`Run.log_update` with SAC's statistics: the replay's size, the seconds of the update's
-    insertion, sampling and learning (from its start until its parameters are ready, a checkpoint's
-    write included; with --concurrency the next update's wait, insertion and sampling overlap it),
-    and the policy lag. `metrics` are those of the last update that learned (None before the
-    first)."""
+    """`Run.log_update` with the replay's size, the policy lag and the seconds of insertion,
+    sampling and learning (until the parameters are ready, a checkpoint included; with --concurrency
+    the next update's receive overlaps it). `metrics`: the last learning update's (None before)."""
     param_lag = learner_policy_version - 1 - current.rollouts[0].policy_version
-    learner_stats = dict(
-        current.stats,
-        learn_time=learn_time,
-        learner_policy_version=learner_policy_version,
-        param_lag=param_lag,
-    )
     run.log_update(
         update,
         rollouts=current.rollouts,
         metrics=metrics,
-        learner_stats=learner_stats,
+        learner_stats=dict(
+            current.stats,
+            learn_time=learn_time,
+            learner_policy_version=learner_policy_version,
+            param_lag=param_lag,
+        ),
         optimizer_steps=optimizer_steps,
         details=f"replay={current.stats['replay_size']} policy lag={param_lag}",
     )
 
 
 def model_params(state: SACState) -> dict:
-    """What the model file saves and the fingerprint hashes: every parameter of the learner (this
-    process's first replica), not the optimizer states."""
-    return jax.device_get(
-        first_replica(
-            dict(
-                actor=state.actor_params,
-                critic=state.critic_params,
-                target_critic=state.target_critic_params,
-                log_alpha=state.log_alpha,
-            )
-        )
+    """What the model file saves and the fingerprint hashes: parameters, not optimizer states."""
+    params = dict(
+        actor=state.actor_params,
+        critic=state.critic_params,
+        target_critic=state.target_critic_params,
+        log_alpha=state.log_alpha,
     )
+    return jax.device_get(first_replica(params))
 
 
 class Checkpointable(NamedTuple):
-    """What `Run.after_update` gets: the replicated learner state and the rest of a checkpoint,
-    copied to the host (`saved_of`) only when a checkpoint is written; the replay as it was at the
-    update's end (`replay_mark`: the next rollouts may be in it by then)."""
+    """What `Run.after_update` gets, copied to the host (`saved_of`) only for a checkpoint; the
+    replay as at the update's end (`replay_mark`: the next rollouts may be in it by then)."""
 
     state: SACState
     acting_params: Any
@@ -1066,9 +961,8 @@ def train(args: Args):
                 replay_mark=replay.mark(),
             )
             end.exit_code = run.after_update(checkpointable, update)
-            # With --concurrency the next rollouts were played with parameters the actors have:
-            # take, insert and sample them while the device trains on these (after the
-            # checkpoint, which holds the replay as this update left it).
+            # With --concurrency take, insert and sample the next rollouts while the device trains
+            # on these (after the checkpoint, which holds the replay as this update left it).
             if args.concurrency and update < sizes.num_updates and not end.exit_code:
                 incoming = receive_update(update + 1)
             jax.block_until_ready(state)
