@@ -1,32 +1,19 @@
 """Cleanba Ape-X DPG (Horgan et al., 2018, "Distributed Prioritized Experience Replay", section 3.2
-and appendix D): deterministic policy gradients with distributed prioritized replay, for envpool's
-MuJoCo and DeepMind Control suite tasks. Actor threads play the policy with Gaussian exploration
-noise and compute n-step transitions with their initial priorities; the learner keeps one
-prioritized replay, inserts each rollout in global environment order, makes exactly
---updates-per-rollout sampled optimizer steps of the critic and of the actor (pmap'd) and publishes
-the parameters. One learner update is one rollout of every actor thread and these optimizer steps.
-With `--concurrency` (the default) actors play with parameters exactly one version behind, as in
-Cleanba.
+and appendix D) for envpool's MuJoCo and DeepMind Control tasks. Actor threads play the policy with
+Gaussian noise and compute n-step transitions with initial priorities; each learner update inserts
+every rollout into one prioritized replay (global env order), makes --updates-per-rollout optimizer
+steps of the critic and the actor (pmap'd) and publishes the parameters. With --concurrency (the
+default) actors play with parameters one version behind, as in Cleanba.
 
-The replay's work runs in a background thread in one fixed order, with every random choice drawn
-from a generator seeded by the run's seed and a counter (the optimizer step for a batch, the update
-for an eviction), so the same seed gives the same run on every layout, pipelined or not, evaluated
-or not. The learner compiles --steps-per-call optimizer steps into one call (a scan over batches
-sampled beforehand); the TD errors of a call become priorities after the next call's batches are
-drawn: see `prioritized_learning.learn` for the lag this fixes.
-
-How this differs from Ape-X DQN's script besides the algorithm: a transition stores its observation
-and its bootstrap observation (as the paper's replay did: a few hundred bytes on these tasks, where
-DQN's script keeps each Atari frame once), so the replay holds valid transitions only: envpool's
-reset steps (the step after an episode's end, whose action is ignored) start no transition and the n
-steps that wait for their rewards enter with the next rollout, instead of DQN's placeholders of
-priority 0; eviction is by priority (exponent -0.4, the paper's choice for DPG) or first in first
-out. A checkpoint saves the replay with the learner (--checkpoint-replay) and what the actors
-continue from (each environment's resets and current episode's actions, which bring it back, and
-its last n steps), so a resumed run repeats the uninterrupted one.
-
-The defaults are the paper's (appendix D, and Ape-X DQN's where it names none; each field says
-which). benchmark/results/learning_apex_dpg_cpu.md holds the results and the ablations.
+The replay's work runs in a background thread in a fixed order, every random draw seeded by the seed
+and a counter: a seed gives the same run on every layout. A learner call scans --steps-per-call
+steps over batches sampled beforehand; its TD errors become priorities after the next call's batches
+are drawn (`prioritized_learning.learn`). Unlike Ape-X DQN's script, a transition stores its
+observation and its bootstrap observation (as the paper did), so the replay holds valid transitions
+only, and eviction is by priority (the paper's choice for DPG) or FIFO. A checkpoint saves the
+replay and what the actors continue from: a resumed run repeats the uninterrupted one. Defaults are
+the paper's, or Ape-X DQN's where it names none (each field says which); results and ablations:
+benchmark/results/learning_apex_dpg_cpu.md.
 """
 
 import dataclasses
@@ -46,18 +33,10 @@ from flax import struct
 from flax.training.train_state import TrainState
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from cleanba_utils import distributed, parsing
+from cleanba_utils import distributed, env_records, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
-from cleanba_utils.env_records import (
-    EnvRecord,
-    concatenated,
-    copy_of,
-    empty_record,
-    fast_forward,
-    part,
-    record_step,
-)
+from cleanba_utils.env_records import EnvRecord
 from cleanba_utils.envs import flat_observation, is_continuous, make_envs
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.handoff import check_policy_lag, send_params
@@ -76,108 +55,80 @@ from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put, start_thread
 
+
 # === Args ===
-
-
 @dataclasses.dataclass
 class Args(DeviceArgs):
     # The run options of `DeviceArgs` whose default or meaning differ here.
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     eval_every: int = 100
     concurrency: bool = True
-
     env_id: str = "HalfCheetah-v4"
-    """the id of the envpool environment (continuous actions: MuJoCo or dm_control, e.g. the
-    paper's HumanoidStand-v1, HumanoidWalk-v1, HumanoidRun-v1, ManipulatorBringBall-v1; the
-    default is the gym task the other continuous-control scripts start from)"""
+    """a MuJoCo or dm_control task (the paper's HumanoidStand/Walk/Run, ManipulatorBringBall-v1)"""
     total_timesteps: int = 10_000_000
     """total environment steps of the run (the paper gives wall time, not steps)"""
     learning_rate: float = 1e-4
-    """the learning rate of Adam, for the actor and the critic alike (the paper's)"""
+    """Adam's learning rate, for the actor and the critic (the paper's)"""
     local_num_envs: int = 32
     """the number of environments of each actor thread (2 threads x 32: the paper's 64 actors)"""
     num_actor_threads: int = 2
     """the number of actor threads per actor device"""
     num_steps: int = 40
-    """the number of steps each environment runs per rollout (one update of the learner); with 64
-    environments and 16 batches of 256 per update, 1.6 samples per inserted transition, the
-    paper's 86 batches of 256 per 14k transitions"""
+    """the number of steps each environment runs per rollout (one learner update)"""
     gamma: float = 0.99
     """the discount factor"""
     n_step: int = 3
-    """the number of rewards in a transition's return before it bootstraps (Ape-X DQN's 3: the
-    paper's DPG keeps DQN's hyperparameters where appendix D names none). The return is not
-    corrected for the exploration noise: 1 is DDPG's"""
+    """the rewards in a return before it bootstraps (Ape-X DQN's 3; no off-policy correction)"""
     noise_std: float = 0.3
-    """the standard deviation of the Gaussian noise added to every action, in units of half the
-    action range (the paper's 0.3; these tasks' actions range over [-1, 1]); the noisy action is
-    clipped to the bounds"""
+    """the Gaussian action noise's std in half action ranges (the paper's); clipped to the bounds"""
     random_steps: int = 0
-    """environment steps of uniformly random actions (over all actors) before the policy acts (the
-    paper's 0: its actors always act with the noisy policy; CleanRL's DDPG and TD3 play their
-    learning_starts, 25,000). The replay of a policy near its initial output (the middle of the
-    action range) plus noise covers few actions, and the critic extrapolates to the rest"""
+    """environment steps (over all actors) of uniformly random actions before the policy acts (the
+    paper's 0; CleanRL's DDPG and TD3 play 25,000): widens the actions the critic first sees"""
     noise_alpha: float = 0.0
-    """a per-environment noise schedule like Ape-X DQN's epsilons: environment g of N explores with
-    noise_std ** (1 + noise_alpha g / (N - 1)), fixed for the run (0, the paper's DPG: all
-    noise_std)"""
+    """env g of N explores with noise_std ** (1 + noise_alpha g / (N - 1)) (the paper's 0)"""
     buffer_size: int = 1_000_000
     """the replay capacity in transitions (the paper's)"""
     eviction: Literal["prioritized", "fifo"] = "prioritized"
-    """how a full replay makes room: "prioritized", transitions drawn in proportion to priority **
-    --eviction-exponent (the paper's choice for DPG), or "fifo", the oldest first (Ape-X DQN's)"""
+    """how a full replay makes room: "prioritized", drawn in proportion to priority **
+    --eviction-exponent (the paper's choice for DPG), or "fifo", oldest first (Ape-X DQN's)"""
     eviction_exponent: float = -0.4
-    """the exponent of prioritized eviction (the paper's -0.4: low priorities leave first)"""
+    """the exponent of prioritized eviction (the paper's: low priorities leave first)"""
     learning_starts: int = 50_000
-    """the number of transitions in the replay before the learner starts updating (Ape-X DQN's)"""
+    """the transitions in the replay before the learner starts updating (Ape-X DQN's)"""
     batch_size: int = 256
     """the number of transitions of one optimizer step (the paper's)"""
     updates_per_rollout: int = 16
-    """optimizer steps per learner update: a fixed replay ratio of steps x batch / (num envs x num
-    steps) samples per inserted transition (1.6 at the defaults; the paper's learner sampled 86
-    batches of 256 per second while its actors inserted 14k transitions: 1.57)"""
+    """optimizer steps per learner update: a replay ratio of steps x batch / (envs x num_steps)
+    samples per inserted transition (1.6 at the defaults; the paper's learner: 1.57)"""
     steps_per_call: int = 8
-    """optimizer steps compiled into one learner call (a scan over batches sampled beforehand); it
-    must divide --updates-per-rollout and sets the priority lag: a step's TD errors reach the
-    sampler K to 2K - 1 steps late (8 to 15 at the default; Ape-X DQN's script, one step per call:
-    1). More steps per call share the call's dispatch and the replay's per-call work; the paper's
-    Atari learner prefetched up to 16 batches (its section 4.1), so its priorities came at least as
-    late"""
+    """optimizer steps compiled into one learner call; it must divide --updates-per-rollout and
+    sets the priority lag: a step's TD errors reach the sampler K to 2K - 1 steps late (the paper's
+    learner prefetched up to 16 batches, so its priorities came as late)"""
     priority_exponent: float = 0.6
     """alpha: a transition is sampled in proportion to its priority ** alpha (the paper's)"""
     importance_sampling_exponent: float = 0.4
-    """beta: the critic's loss is weighted by (1 / probability) ** beta, normalized by the batch
-    maximum (Ape-X DQN's)"""
+    """beta: the critic's loss weights, (1 / probability) ** beta / batch max (Ape-X DQN's)"""
     target_update_period: int = 100
-    """copy the actor and the critic to their target networks every this many optimizer steps (the
-    paper's)"""
+    """optimizer steps between copies to the target networks (the paper's)"""
     actor_grad_clip: float = 1.0
-    """the gradient the actor follows, dq/da, is clipped element-wise to [-actor_grad_clip,
-    actor_grad_clip] (the paper's 1; DeepMind's DPG losses clip dq/da, not the parameters'
-    batch-mean gradient)"""
+    """dq/da, which the actor follows, is clipped element-wise to ± this (the paper's)"""
     max_grad_norm: float = 40.0
-    """the maximum global norm of the critic's gradient (Ape-X DQN's 40: the paper's DPG keeps
-    DQN's hyperparameters where appendix D names none)"""
+    """the maximum global norm of the critic's gradient (Ape-X DQN's)"""
     critic_hiddens: tuple[int, ...] = (400, 300)
-    """the critic's layers (the paper's 400 and 300): --first-activation after the first, which the
-    action joins, relu after the others"""
+    """the critic's layers (the paper's); the action joins after the first"""
     actor_hiddens: tuple[int, ...] = (300, 200)
-    """the actor's layers (the paper's 300 and 200): --first-activation after the first, relu after
-    the others"""
+    """the actor's layers (the paper's)"""
     first_activation: Literal["tanh", "relu"] = "tanh"
-    """the activation after both networks' first layer: the paper's tanh, or DDPG's relu (tanh
-    saturates on observations of large magnitude, as gym MuJoCo's unnormalized velocities)"""
+    """after both networks' first layer (relu after the others): the paper's tanh, or DDPG's relu
+    (tanh saturates on large observations, as gym MuJoCo's unnormalized velocities)"""
     pipeline: bool = True
-    """sample the next batches and write the priorities in a background thread while the learner
-    computes; --no-pipeline waits for them (the same run, slower)"""
+    """sample batches and write priorities while the learner computes (--no-pipeline: same run)"""
     checkpoint_replay: bool = True
-    """save the replay with every checkpoint, so that --resume continues with it (its observations
-    make most of a checkpoint); --no-checkpoint-replay: a resumed run refills an empty replay to
-    --learning-starts before it learns again"""
+    """save the replay with every checkpoint (most of its size); --no-checkpoint-replay: a resumed
+    run refills an empty replay to --learning-starts before it learns again"""
 
 
-# The options that act only in some configurations, with what each needs: `validate` refuses one
-# set away from its default where its need does not hold.
+# Options that act only in some configurations: `validate` refuses one set where its need fails.
 NEEDS = {
     **RUN_NEEDS,
     "eviction_exponent": parsing.Need(
@@ -191,12 +142,9 @@ NEEDS = {
 
 
 def sizes_of(args: Args, num_processes: int) -> Sizes:
-    """One learner update: a rollout of --num-steps of every environment, then
-    --updates-per-rollout optimizer steps of --batch-size transitions."""
-    num_envs = (
-        args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids) * num_processes
-    )
-    return rollout_sizes(num_envs, args.num_steps, args.total_timesteps)
+    """One learner update: a rollout of every environment, then --updates-per-rollout steps."""
+    threads = args.num_actor_threads * len(args.actor_device_ids) * num_processes
+    return rollout_sizes(args.local_num_envs * threads, args.num_steps, args.total_timesteps)
 
 
 def parse_args(argv=None) -> Args:
@@ -206,8 +154,7 @@ def parse_args(argv=None) -> Args:
 
 
 def validate(args: Args):
-    """Checks every argument that needs no device, before any other work; exits 2 on the first
-    problem."""
+    """Checks every argument that needs no device; exits 2 on the first problem."""
     positive = (
         "total_timesteps learning_rate local_num_envs num_actor_threads num_steps n_step"
         " buffer_size batch_size updates_per_rollout steps_per_call target_update_period"
@@ -220,36 +167,23 @@ def validate(args: Args):
     parsing.check_in(args, "noise_std", 0, 1)
     parsing.check_in(args, "importance_sampling_exponent", 0, 1)
     if args.eviction_exponent > 0:
-        fail(
-            f"--eviction-exponent must be at most 0 (low priorities leave first), got "
-            f"{args.eviction_exponent}"
-        )
+        fail(f"--eviction-exponent must be at most 0, got {args.eviction_exponent}")
     if args.env_id not in envpool.list_all_envs():
-        fail(
-            f"--env-id {args.env_id} is not an envpool environment; try HalfCheetah-v4 or "
-            "HumanoidStand-v1"
-        )
+        fail(f"--env-id {args.env_id} is not an envpool environment; try HalfCheetah-v4")
     if not is_continuous(args.env_id):
         fail(f"--env-id {args.env_id} has discrete actions; train it with cleanba_apex_dqn.py")
     parsing.check_run_options(args)
-    parsing.check_layers(args, ["critic_hiddens"])
-    parsing.check_layers(args, ["actor_hiddens"])
+    for layers in ("critic_hiddens", "actor_hiddens"):
+        parsing.check_layers(args, [layers])
     parsing.check_needs(args, NEEDS)
     if args.learning_starts > args.buffer_size:
-        fail(
-            f"--learning-starts {args.learning_starts} exceeds --buffer-size {args.buffer_size}: "
-            "it would never start"
-        )
+        fail(f"--learning-starts {args.learning_starts} exceeds --buffer-size {args.buffer_size}")
     if args.updates_per_rollout % args.steps_per_call:
-        fail(
-            f"--updates-per-rollout {args.updates_per_rollout} must be divisible by "
-            f"--steps-per-call {args.steps_per_call}"
-        )
+        fail(f"--steps-per-call must divide --updates-per-rollout {args.updates_per_rollout}")
 
 
 def validate_layout(args: Args):
-    """The checks that need the devices (and, with --distributed, the number of processes) or the
-    machine."""
+    """The checks that need the devices, the number of processes or the machine's memory."""
     sizes = sizes_of(args, jax.process_count())
     parsing.check_devices(args, sizes.num_updates, sizes.steps_per_update)
     num_learner_devices = len(args.learner_device_ids) * jax.process_count()
@@ -262,13 +196,9 @@ def validate_layout(args: Args):
 
 
 # === Environment ===
-
-
 def make_env(args: Args, seed: int, num_envs: int):
-    """envpool seeds its environment i with `seed + i`. Episodes end on termination or at the task's
-    time limit (1000 steps for MuJoCo and dm_control), which envpool reports as a truncation."""
-    instances = args.num_actor_threads * len(args.actor_device_ids)
-    return make_envs(args, seed, num_envs, instances)
+    """Environment i has seed `seed + i`; the time limit (1000 steps) is a truncation."""
+    return make_envs(args, seed, num_envs, args.num_actor_threads * len(args.actor_device_ids))
 
 
 class Spaces(NamedTuple):
@@ -280,8 +210,7 @@ class Spaces(NamedTuple):
 
 
 def spaces_of(env_id: str) -> Spaces:
-    """From envpool's spec, without making an environment; dm_control's dict observations count
-    every feature of every key (`flat_observation`)."""
+    """From envpool's spec; dm_control's dict observations count every key's features."""
     spec = envpool.make_spec(env_id)
     space = spec.observation_space
     shapes = [s.shape for s in space.spaces.values()] if hasattr(space, "spaces") else [space.shape]
@@ -293,11 +222,8 @@ def spaces_of(env_id: str) -> Spaces:
 
 
 # === Network ===
-
-
 def small_uniform(key, shape, dtype=jnp.float32):
-    """DDPG's initialization of the output layers (Lillicrap et al., 2016): uniform in ±3e-3, so
-    that the first actions are near the middle of their range and the first values near 0."""
+    """DDPG's output init (Lillicrap et al., 2016): first actions central, first values near 0."""
     return jax.random.uniform(key, shape, dtype, minval=-3e-3, maxval=3e-3)
 
 
@@ -305,10 +231,7 @@ ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
 
 
 class Critic(nn.Module):
-    """q(s, a): a layer of hiddens[0] units on the observation, its activation (the paper's tanh);
-    the action joins its features there, as in DDPG (Lillicrap et al., 2016, on which the paper
-    builds: the action enters at the second layer), then the other layers with relu, and a linear
-    output."""
+    """q(s, a): the action joins the first layer's features (as in DDPG), relu after the others."""
 
     hiddens: tuple[int, ...]
     first_activation: str
@@ -323,8 +246,7 @@ class Critic(nn.Module):
 
 
 class Actor(nn.Module):
-    """π(s): a layer of hiddens[0] units, its activation (the paper's tanh), the other layers with
-    relu, then a tanh output scaled to the action bounds: center + half range x tanh."""
+    """π(s): the first activation, relu after the other layers, then tanh scaled to the bounds."""
 
     hiddens: tuple[int, ...]
     first_activation: str
@@ -360,14 +282,9 @@ def networks_of(args: Args, spaces: Spaces) -> Networks:
 
 
 # === Actor ===
-
-
 class Played(NamedTuple):
-    """Steps as an actor thread played them, env-major (envs, steps): the flat observation, the
-    action taken (noisy, clipped), the actor's q of that action and of the noiseless policy's
-    action, the reward and the episode's end. `is_reset` marks envpool's reset steps (the step after
-    an episode's end, whose action is ignored). A rollout's last n steps are kept as the tail: their
-    transitions wait for the next rollout's rewards."""
+    """Steps as an actor played them (envs, steps); `is_reset`: envpool's reset steps, whose action
+    is ignored. A rollout's last n steps, its tail, wait for the next rollout's rewards."""
 
     obs: np.ndarray
     actions: np.ndarray
@@ -380,10 +297,8 @@ class Played(NamedTuple):
 
 
 class Transitions(NamedTuple):
-    """What a rollout adds to the replay, env-major (envs, steps): the n-step transitions of the L
-    steps that start n steps earlier (the last n of the previous rollout, all but the last n of this
-    one) with their initial priorities; `valid` is False where a step starts no transition (a reset
-    step, or the padding before the first rollout)."""
+    """The n-step transitions of the previous tail and all but the rollout's last n steps (envs,
+    steps); `valid` is False where a step starts none (a reset step, padding)."""
 
     obs: np.ndarray
     actions: np.ndarray
@@ -395,10 +310,7 @@ class Transitions(NamedTuple):
 
 
 class Rollout(NamedTuple):
-    """What an actor thread puts on its rollout queue: the learner update it is for, the version of
-    the parameters that played it, its transitions, what a checkpoint needs to continue its
-    environments (their record and the tail after the rollout), and the seconds the actor spent
-    waiting for parameters, playing, stepping and inferring."""
+    """An actor thread's rollout, with what a checkpoint needs to continue its environments."""
 
     update: int
     policy_version: int
@@ -424,18 +336,16 @@ def padding_tail(num_envs: int, n: int, spaces: "Spaces") -> Played:
 
 
 def noise_stds_of(env_ids, num_envs: int, std: float, alpha: float) -> np.ndarray:
-    """Environment g of N explores with std ** (1 + alpha g / (N - 1)), fixed for the run."""
+    """Environment g of N explores with std ** (1 + alpha g / (N - 1))."""
     return std ** (1.0 + alpha * np.asarray(env_ids, np.float64) / max(num_envs - 1, 1))
 
 
 def explore(policy_actions, stds, bounds: tuple, key, step, env_ids, random_actions):
-    """The policy's actions plus Gaussian noise of standard deviation std_g x half the action range,
-    clipped to the `bounds` (low, high), or with `random_actions` uniform draws within them; the
-    draws are keyed by (step, global env index), so they do not depend on the layout."""
+    """The actions plus noise of std_g x half the range, clipped to `bounds`, or `random_actions`
+    uniform; keyed by (step, global env index), so the draws do not depend on the layout."""
     low = jnp.asarray(bounds[0])
     high = jnp.asarray(bounds[1])
-    step_key = jax.random.fold_in(key, step)
-    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_key, env_ids)
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.fold_in(key, step), env_ids)
     shape = policy_actions.shape[1:]
     noise = jax.vmap(lambda k: jax.random.normal(k, shape))(keys)
     noisy = policy_actions + stds[:, None] * (high - low) / 2 * noise
@@ -457,19 +367,14 @@ def actor(
     rollout_queue,
     resumed,
 ):
-    """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs
-    - 1. `resumed` (on a resumed run) is their `EnvRecord` and tail at the checkpoint.
-
-    The rollout of update u is played by the parameters of version u - 1, or u - 2 with
-    --concurrency (version 0 for the first two): the actor takes parameters from its queue before
-    every rollout but the second of a fresh concurrent run."""
+    """One actor thread, global envs from env_offset; `resumed`: their record and tail at the
+    checkpoint. Update u is played by version u - 1, or u - 2 with --concurrency (0 for the first
+    two): the actor takes parameters before every rollout but a fresh concurrent run's second."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
-    stds = jax.device_put(
-        noise_stds_of(env_ids, sizes.num_envs, args.noise_std, args.noise_alpha), device
-    )
+    stds = noise_stds_of(env_ids, sizes.num_envs, args.noise_std, args.noise_alpha)
+    stds = jax.device_put(stds, device)
     env_ids_on_device = jax.device_put(env_ids, device)
-    bounds = (networks.actor.action_low, networks.actor.action_high)
     noise_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
 
     @jax.jit
@@ -478,7 +383,7 @@ def actor(
         action = explore(
             policy_action,
             stds=stds,
-            bounds=bounds,
+            bounds=(networks.actor.action_low, networks.actor.action_high),
             key=noise_key,
             step=step,
             env_ids=env_ids_on_device,
@@ -490,20 +395,21 @@ def actor(
 
     episodes = run.episodes(args.local_num_envs)
     if resumed is None:
-        record = empty_record(args.local_num_envs, args.env_id)
+        record = env_records.empty_record(args.local_num_envs, args.env_id)
         tail = padding_tail(args.local_num_envs, args.n_step, spaces_of(args.env_id))
         next_obs = flat_observation(envs.reset()[0])
         next_is_reset = np.zeros(args.local_num_envs, bool)
     else:
         record, tail = resumed
-        record = copy_of(record)
-        next_obs, next_is_reset = fast_forward(envs, record, on_step=episodes.replayed_step)
+        record = env_records.copy_of(record)
+        next_obs, next_is_reset = env_records.fast_forward(
+            envs, record, on_step=episodes.replayed_step
+        )
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
         if update == first_update or not (args.concurrency and update == 2):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
-
         rollout_start = time.time()
         inference_time = 0.0
         env_step_time = 0.0
@@ -518,7 +424,7 @@ def actor(
             tic = time.time()
             obs, reward, terminated, truncated, _ = envs.step(action)
             env_step_time += time.time() - tic
-            record_step(record, action, next_is_reset)
+            env_records.record_step(record, action, next_is_reset)
             played_step = Played(
                 obs=next_obs,
                 actions=action,
@@ -534,29 +440,26 @@ def actor(
             episodes.step(reward, done, next_is_reset, policy_step * sizes.num_envs)
             next_obs = flat_observation(obs)
             next_is_reset = done
-
         played = Played(*[np.stack(field, axis=1) for field in zip(*steps)])
         data, tail = rollout_data(played=played, tail=tail, gamma=args.gamma, n=args.n_step)
-        timing = dict(
-            param_queue_get_time=param_queue_get_time,
-            rollout_time=time.time() - rollout_start,
-            inference_time=inference_time,
-            env_step_time=env_step_time,
-        )
         rollout = Rollout(
             update=update,
             policy_version=policy_version,
             data=data,
-            record=copy_of(record),
+            record=env_records.copy_of(record),
             tail=tail,
-            timing=timing,
+            timing=dict(
+                param_queue_get_time=param_queue_get_time,
+                rollout_time=time.time() - rollout_start,
+                inference_time=inference_time,
+                env_step_time=env_step_time,
+            ),
         )
         queue_put(rollout_queue, rollout, run.stop)
 
 
 def rollout_data(played: Played, tail: Played, gamma: float, n: int):
-    """The rollout's `Transitions` and the new tail (its last n steps; before the first rollout,
-    `padding_tail`)."""
+    """The rollout's `Transitions` after `tail` (first `padding_tail`) and the new tail."""
     length = played.rewards.shape[1]
     window = Played(*[np.concatenate([old, new], axis=1) for old, new in zip(tail, played)])
     returns, discounts, offsets, valid = n_step_transitions(
@@ -567,12 +470,10 @@ def rollout_data(played: Played, tail: Played, gamma: float, n: int):
         gamma=gamma,
         n=n,
     )
-    # The bootstrap observation: the one after the transition's last reward, which for a truncated
-    # episode is its last (envpool returns it on the truncating step and resets on the next one).
+    # The bootstrap observation follows the last reward (a truncated episode's last observation).
     bootstrap = np.arange(length) + offsets.astype(np.int64)
     next_obs = np.take_along_axis(window.obs, bootstrap[:, :, None], axis=1)
-    # Initial priority: |n-step TD error| under the actor's parameters, which serve as its online
-    # and its target networks: the bootstrap is q(s', π(s')).
+    # Initial priority: |n-step TD error| under the actor's parameters, online and target alike.
     q_bootstrap = np.take_along_axis(window.q_policy, bootstrap, axis=1)
     td = returns + discounts * q_bootstrap - window.q_taken[:, :length]
     data = Transitions(
@@ -588,11 +489,9 @@ def rollout_data(played: Played, tail: Played, gamma: float, n: int):
 
 
 def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
-    """Plays one episode in each of `num_episodes` fresh environments with the noiseless policy;
-    `params` holds the actor's and the critic's parameters (the model file's)."""
+    """One episode in each of `num_episodes` fresh environments with the noiseless policy."""
     envs = make_env(args, seed, num_episodes)
-    actor_network = networks_of(args, spaces_of(args.env_id)).actor
-    act = jax.jit(actor_network.apply)
+    act = jax.jit(networks_of(args, spaces_of(args.env_id)).actor.apply)
     returns = play_episodes(
         envs, num_episodes, lambda obs, _: act(params["actor"], flat_observation(obs))
     )
@@ -616,9 +515,7 @@ class Stored(NamedTuple):
 
 
 def replay_bytes(args: Args) -> int:
-    """The stored transitions (float32 fields, an int64 insertion count) and the sum trees (2
-    float64 nodes per leaf, leaves a power of two): the sampling tree, and the eviction tree of
-    --eviction prioritized. Twice with --checkpoint-replay: a checkpoint serializes a copy."""
+    """Transitions, insertion counts and sum trees; twice with --checkpoint-replay (a copy)."""
     spaces = spaces_of(args.env_id)
     transition = 4 * (2 * spaces.obs_dim + len(spaces.action_low) + 2) + 8
     tree_bytes = 2 * 8 * (1 << max(0, args.buffer_size - 1).bit_length())
@@ -644,42 +541,23 @@ def make_replay(args: Args, spaces: Spaces) -> PrioritizedReplay:
 
 
 def replay_insert(replay: PrioritizedReplay, data: Transitions, rng) -> int:
-    """Stores the valid transitions of one rollout of every environment (env-major, in global env
-    order); a full replay evicts with `rng`. Returns their number."""
+    """Stores a rollout's valid transitions, evicting with `rng`; returns their number."""
     valid = data.valid.ravel()
     flat = lambda x: x.reshape(-1, *x.shape[2:])[valid]
-    stored = Stored(
-        obs=flat(data.obs),
-        actions=flat(data.actions),
-        returns=flat(data.returns),
-        discounts=flat(data.discounts),
-        next_obs=flat(data.next_obs),
-    )
+    stored = Stored(*[flat(getattr(data, field)) for field in Stored._fields])
     replay.insert(stored, flat(data.priorities) + PRIORITY_EPSILON, rng=rng)
     return int(valid.sum())
 
 
 def replay_sample(replay: PrioritizedReplay, batch_size: int, rng, beta: float):
-    """A prioritized `Batch` (host NumPy) and the `Sample` it came from (its slots, for the priority
-    update); the importance weights are normalized by the batch maximum."""
+    """A prioritized `Batch` and its `Sample` (the slots, for the priority update)."""
     sample = replay.sample(batch_size, rng, beta)
-    batch = Batch(
-        obs=sample.items.obs,
-        actions=sample.items.actions,
-        returns=sample.items.returns,
-        discounts=sample.items.discounts,
-        next_obs=sample.items.next_obs,
-        weights=sample.weights,
-    )
-    return batch, sample
+    return Batch(*sample.items, weights=sample.weights), sample
 
 
 # === Loss ===
-
-
 class Batch(NamedTuple):
-    """Sampled transitions: the observation, the action, the n-step return, the bootstrap's discount
-    and observation, and the importance-sampling weight."""
+    """Sampled `Stored` transitions and their importance-sampling weights."""
 
     obs: Any
     actions: Any
@@ -690,17 +568,15 @@ class Batch(NamedTuple):
 
 
 def n_step_targets(batch: Batch, target_actor_apply, target_critic_apply, target_params):
-    """G = R_t+1 + ... + gamma^(n-1) R_t+n + gamma^n q(S_t+n, π(S_t+n; φ⁻); ψ⁻): the target
-    networks' value of the target policy's action (the discount is 0 after a termination, and
-    gamma ** k when the episode was truncated k steps on)."""
+    """G = R_t+1 + ... + gamma^(n-1) R_t+n + gamma^n q(S_t+n, π(S_t+n; φ⁻); ψ⁻) (the discount is 0
+    after a termination, gamma ** k after a truncation k steps on)."""
     next_actions = target_actor_apply(target_params["actor"], batch.next_obs)
     next_q = target_critic_apply(target_params["critic"], batch.next_obs, next_actions)
     return batch.returns + batch.discounts * next_q
 
 
 def critic_loss(critic_params, critic_apply, batch: Batch, targets, batch_size: int):
-    """Importance-weighted ½ (G - q(S_t, A_t; ψ))², this device's share of the global mean; also
-    returns the TD errors (the new priorities) and q."""
+    """Importance-weighted ½ (G - q(S_t, A_t; ψ))² (this device's share), the TD errors and q."""
     q = critic_apply(critic_params, batch.obs, batch.actions)
     td = targets - q
     return (batch.weights * 0.5 * td**2).sum() / batch_size, (td, q)
@@ -716,16 +592,12 @@ class ActorStats(NamedTuple):
 def actor_loss(
     actor_params, actor_apply, critic_apply, critic_params, batch: Batch, batch_size, dqda_clip
 ):
-    """The deterministic policy gradient with dq/da clipped element-wise to [-dqda_clip, dqda_clip],
-    as a surrogate whose gradient in φ is -Σ clip(∂q/∂a) ∂π/∂φ / batch: ascent on q, reaching φ only
-    through the action. Not importance-weighted: the weights correct the critic's TD targets for
-    prioritized sampling (as in Ape-X DQN); the paper names no correction of the actor's. Also
-    returns -q(S_t, π(S_t; φ); ψ) and the share of dq/da's components the clip changed; losses are
-    this device's share of the global mean."""
+    """The deterministic policy gradient, dq/da clipped element-wise to ±dqda_clip, as a surrogate
+    whose gradient in φ is -Σ clip(∂q/∂a) ∂π/∂φ / batch; not importance-weighted (the paper weights
+    only the critic's loss). Also -q(S_t, π(S_t)) and the share clipped (this device's shares)."""
     actions = actor_apply(actor_params, batch.obs)
     q, q_vjp = jax.vjp(lambda a: critic_apply(critic_params, batch.obs, a), actions)
-    # Each q depends on its own action only: the vector-Jacobian product with ones is every
-    # sample's dq/da.
+    # Each q depends on its own action only: the VJP with ones is every sample's dq/da.
     (dqda,) = q_vjp(jnp.ones_like(q))
     # rlax.dpg_loss clips dq/da by its L2 norm; the paper clips element-wise.
     clipped_dqda = jax.lax.stop_gradient(jnp.clip(dqda, -dqda_clip, dqda_clip))
@@ -738,11 +610,8 @@ def actor_loss(
 
 
 # === Update ===
-
-
 class LearnerState(struct.PyTreeNode):
-    """The actor's and the critic's train states (parameters, Adam, step counts) and their target
-    networks' parameters."""
+    """The actor's and the critic's train states and their target networks' parameters."""
 
     actor: TrainState
     critic: TrainState
@@ -754,10 +623,8 @@ class LearnerState(struct.PyTreeNode):
 
 
 class Saved(NamedTuple):
-    """A checkpoint: the learner's state (its first replica), the replay's snapshot, the last
-    call's pending priorities (host arrays; `NO_PENDING` when there are none), the actor
-    parameters of the version before (the actors' next rollout is played with them under
-    --concurrency), and in global env order every environment's `EnvRecord` and tail."""
+    """A checkpoint: the learner state, the replay, the pending priorities (`NO_PENDING`: none),
+    the parameters of the actors' next rollout under --concurrency, every env's record and tail."""
 
     state: LearnerState
     replay: dict
@@ -768,18 +635,15 @@ class Saved(NamedTuple):
 
 
 def init_state(args: Args, sizes: Sizes, replay: PrioritizedReplay):
-    """The networks, the learner state, the counters and the pending priorities: fresh, or with
-    --resume from the newest checkpoint, whose replay is loaded into `replay`."""
+    """Networks, state, counters, and the --resume checkpoint (else None), its replay restored."""
     spaces = spaces_of(args.env_id)
     networks = networks_of(args, spaces)
     init_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 0)
     obs = np.zeros((1, spaces.obs_dim), np.float32)
     actor_params = networks.actor.init(jax.random.fold_in(init_key, 0), obs)
-    critic_params = networks.critic.init(
-        jax.random.fold_in(init_key, 1), obs, np.zeros((1, len(spaces.action_low)), np.float32)
-    )
-    # Adam for both; the critic's gradient norm is clipped globally here, the actor's dq/da
-    # element-wise in its loss.
+    action = np.zeros((1, len(spaces.action_low)), np.float32)
+    critic_params = networks.critic.init(jax.random.fold_in(init_key, 1), obs, action)
+    # Adam for both; the critic's gradient norm is clipped here, the actor's dq/da in its loss.
     state = LearnerState(
         actor=TrainState.create(
             apply_fn=networks.actor.apply, params=actor_params, tx=optax.adam(args.learning_rate)
@@ -799,7 +663,7 @@ def init_state(args: Args, sizes: Sizes, replay: PrioritizedReplay):
         replay=replay.snapshot(),
         pending=NO_PENDING,
         acting_params=state.params(),
-        env_record=empty_record(sizes.num_envs, args.env_id),
+        env_record=env_records.empty_record(sizes.num_envs, args.env_id),
         tail=padding_tail(sizes.num_envs, args.n_step, spaces),
     )
     checkpoint = resume_from(run_dir_of(args), template, identity) if args.resume else None
@@ -814,16 +678,11 @@ def init_state(args: Args, sizes: Sizes, replay: PrioritizedReplay):
 
 
 def make_update(args: Args, learner_devices):
-    """--steps-per-call optimizer steps, pmap'd over the learner devices, each with its slice of
-    every batch (gradients summed); the targets are copied every --target-update-period steps; all
-    devices return the TD errors of every batch (steps, batch)."""
+    """--steps-per-call optimizer steps, pmap'd (gradients summed); returns all TD errors."""
 
     def update_step(state: LearnerState, batch: Batch):
         targets = n_step_targets(
-            batch,
-            target_actor_apply=state.actor.apply_fn,
-            target_critic_apply=state.critic.apply_fn,
-            target_params=state.target_params,
+            batch, state.actor.apply_fn, state.critic.apply_fn, state.target_params
         )
         (loss_critic, (td, q)), critic_grads = jax.value_and_grad(critic_loss, has_aux=True)(
             state.critic.params,
@@ -872,11 +731,8 @@ def make_update(args: Args, learner_devices):
 
 
 # === Learner loop ===
-
-
 def start_actors(args, sizes, run, networks, first_update, actor_devices, saved):
-    """One param queue, one rollout queue and one thread per actor thread of every local actor
-    device; with `saved` (a resumed run) each thread gets its environments' record and tail."""
+    """A param queue, a rollout queue and a thread per local actor thread (resumed from `saved`)."""
     param_queues = []
     rollout_queues = []
     threads = []
@@ -887,7 +743,7 @@ def start_actors(args, sizes, run, networks, first_update, actor_devices, saved)
         resumed = None
         if saved is not None:
             resumed = (
-                part(saved.env_record, own_envs),
+                env_records.part(saved.env_record, own_envs),
                 Played(*[np.array(field[own_envs]) for field in saved.tail]),
             )
         param_queues.append(queue.Queue(maxsize=1))
@@ -912,54 +768,26 @@ def start_actors(args, sizes, run, networks, first_update, actor_devices, saved)
     return param_queues, rollout_queues, threads
 
 
-def gather_rollouts(args, rollouts) -> tuple[Transitions, EnvRecord, Played]:
-    """Every process's transitions, environment records and tails, env-major in global env order
-    (each process holds the whole replay, and a checkpoint every environment)."""
-    data = Transitions(*[np.concatenate(fields) for fields in zip(*[r.data for r in rollouts])])
-    record = concatenated([r.record for r in rollouts])
-    tail = Played(*[np.concatenate(fields) for fields in zip(*[r.tail for r in rollouts])])
-    return gathered((data, record, tail), args.distributed)
-
-
-def insert_and_count(args, replay: PrioritizedReplay, data: Transitions, update: int) -> int:
-    """Inserts a rollout, evicting with a generator seeded by (seed, update); returns the number of
-    transitions in the replay."""
-    replay_insert(replay, data, rng=np.random.default_rng([args.seed, 4, update]))
-    return replay.num_sampleable()
-
-
 def sample_batches(args, replay: PrioritizedReplay, learner_devices, first_step: int) -> Sampled:
-    """The batches of optimizer steps first_step .. first_step + --steps-per-call - 1, each drawn
-    with a generator seeded by (seed, its step): the same batches on every layout. They are put on
-    this process's learner devices here, in the background: a pmap'd call given host
-    arrays spends milliseconds of the learner's thread copying them."""
+    """A call's batches, each seeded by (seed, step), put on the learner devices in the background
+    (sparing the learner's thread the copy)."""
     tic = time.time()
-    batches = []
-    samples = []
-    for step in range(first_step, first_step + args.steps_per_call):
-        rng = np.random.default_rng([args.seed, 3, step])
-        batch, sample = replay_sample(
-            replay, args.batch_size, rng, beta=args.importance_sampling_exponent
-        )
-        batches.append(batch)
-        samples.append(sample)
-    stacked = Batch(*[np.stack(field) for field in zip(*batches)])
-    shards = local_shares(stacked, len(args.learner_device_ids), batch_axis=1)
-    sharding = NamedSharding(
-        Mesh(np.array(learner_devices), ("devices",)), PartitionSpec("devices")
-    )
+    steps = range(first_step, first_step + args.steps_per_call)
+    rngs = [np.random.default_rng([args.seed, 3, step]) for step in steps]
+    sample = replay.sample_many(args.batch_size, rngs, beta=args.importance_sampling_exponent)
+    batches = Batch(*sample.items, weights=sample.weights)
+    shards = local_shares(batches, len(args.learner_device_ids), batch_axis=1)
+    mesh = Mesh(np.array(learner_devices), ("devices",))
     return Sampled(
-        shards=jax.device_put(shards, sharding),
-        slots=np.stack([sample.slots for sample in samples]),
-        inserted=samples[0].inserted,
+        shards=jax.device_put(shards, NamedSharding(mesh, PartitionSpec("devices"))),
+        slots=sample.slots,
+        inserted=sample.inserted,
         seconds=time.time() - tic,
     )
 
 
 class Checkpointable(NamedTuple):
-    """What `Run.after_update` gets: the replicated learner state, the replay as it was at the
-    update's end (`replay_mark`), the last call's pending priorities (None when written), and what
-    the actors continue from; copied to the host (`saved_of`) only when a checkpoint is written."""
+    """What `Run.after_update` gets: a `Saved` before its host copy (`saved_of`, when written)."""
 
     state: LearnerState
     replay: PrioritizedReplay
@@ -971,9 +799,7 @@ class Checkpointable(NamedTuple):
 
 
 def saved_of(args, empty_replay: dict, checkpointable: Checkpointable) -> Saved:
-    """The first replica of the state and, with --checkpoint-replay, the replay and the last call's
-    TD errors, which --resume writes as the uninterrupted run would have; without, an empty replay
-    (`empty_replay`, the snapshot of the replay before its first insert)."""
+    """With --checkpoint-replay, the replay and the pending TD errors; without, `empty_replay`."""
     actors = dict(
         acting_params=checkpointable.acting_params,
         env_record=checkpointable.env_record,
@@ -991,8 +817,7 @@ def saved_of(args, empty_replay: dict, checkpointable: Checkpointable) -> Saved:
 
 
 def model_params(state: LearnerState) -> dict:
-    """What the model file saves, evaluation plays and the fingerprint hashes: the actor's and the
-    critic's parameters (this process's first replica)."""
+    """The actor's and the critic's parameters: what the model file saves and evaluation plays."""
     return jax.device_get(first_replica(state.params()))
 
 
@@ -1004,12 +829,8 @@ def resumed_pending(saved: Saved | None, learner_devices: list) -> PendingPriori
 
 
 def receive(args, jobs: BackgroundJobs, replay, rollouts, update: int, learner_policy_version):
-    """Checks which policy played the rollouts of `update` and inserts them (in `jobs`, in turn
-    with the sampler); returns every environment's record and tail, and the replay's size and the
-    seconds the insertion took."""
+    """Checks the rollouts' policy lag and inserts them; returns the records, tails and stats."""
     tic = time.time()
-    # The policy history goes on across a resume (the checkpoint holds the version the actors play
-    # with next), so the lag is checked as in an uninterrupted run.
     check_policy_lag(
         rollouts,
         update=update,
@@ -1017,8 +838,16 @@ def receive(args, jobs: BackgroundJobs, replay, rollouts, update: int, learner_p
         concurrency=args.concurrency,
         first_update=1,
     )
-    data, env_record, tail = gather_rollouts(args, rollouts)
-    insert = functools.partial(insert_and_count, args, replay=replay, data=data, update=update)
+    # Every process's rollouts in global env order: each process holds the whole replay.
+    data = Transitions(*[np.concatenate(fields) for fields in zip(*[r.data for r in rollouts])])
+    record = env_records.concatenated([r.record for r in rollouts])
+    tail = Played(*[np.concatenate(fields) for fields in zip(*[r.tail for r in rollouts])])
+    data, env_record, tail = gathered((data, record, tail), args.distributed)
+
+    def insert():  # a full replay evicts with a generator seeded by (seed, update)
+        replay_insert(replay, data, rng=np.random.default_rng([args.seed, 4, update]))
+        return replay.num_sampleable()
+
     replay_size = jobs.wait(jobs.submit(insert))
     return env_record, tail, dict(replay_size=replay_size, insert_time=time.time() - tic)
 
@@ -1026,13 +855,9 @@ def receive(args, jobs: BackgroundJobs, replay, rollouts, update: int, learner_p
 def log_update(
     args, sizes, run, update, rollouts, learner_stats, learned, optimizer_steps, read_priorities
 ):
-    """`Run.log_update` with Ape-X DPG's statistics: the policy lag, the exploration noise, the
-    actors' steps per second and the last batch's importance weights every update, the priorities
-    (an O(N) pass) every --log-frequency. `learned` is that of the last update that learned (None
-    before the first)."""
-    stds = noise_stds_of(
-        np.arange(sizes.num_envs), sizes.num_envs, args.noise_std, args.noise_alpha
-    )
+    """`Run.log_update` with Ape-X DPG's statistics; the priorities (O(N)) every --log-frequency."""
+    env_ids = np.arange(sizes.num_envs)
+    stds = noise_stds_of(env_ids, sizes.num_envs, args.noise_std, args.noise_alpha)
     rollout_time = np.mean([r.timing["rollout_time"] for r in rollouts])
     stats = dict(
         learner_stats,
@@ -1084,7 +909,7 @@ def train(args: Args):
     pending = resumed_pending(saved, learner_devices)
     update_fn = make_update(args, global_learner_devices)
     learner_policy_version = counters["update"]
-    first_update = counters["update"] + 1
+    first_update = learner_policy_version + 1
     param_queues, rollout_queues, threads = start_actors(
         args=args,
         sizes=sizes,
@@ -1130,19 +955,18 @@ def train(args: Args):
                 )
                 optimizer_steps += args.updates_per_rollout
             learner_policy_version += 1
-            learner_stats = dict(
-                insert_stats,
-                rollout_queue_get_time=learn_start - wait_start,
-                learn_time=time.time() - learn_start,
-                learner_policy_version=learner_policy_version,
-            )
             log_update(
                 args,
                 sizes=sizes,
                 run=run,
                 update=update,
                 rollouts=rollouts,
-                learner_stats=learner_stats,
+                learner_stats=dict(
+                    insert_stats,
+                    rollout_queue_get_time=learn_start - wait_start,
+                    learn_time=time.time() - learn_start,
+                    learner_policy_version=learner_policy_version,
+                ),
                 learned=learned,
                 optimizer_steps=optimizer_steps,
                 read_priorities=lambda: jobs.wait(jobs.submit(replay.priorities)),
@@ -1165,8 +989,6 @@ def train(args: Args):
 
 
 # === Main ===
-
-
 def main(argv=None):
     args = parse_args(argv)
     distributed.join(args)
