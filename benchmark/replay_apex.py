@@ -32,7 +32,7 @@ import numpy as np
 from cleanba import cleanba_apex_dqn as apex
 from cleanba_utils import parsing
 from cleanba_utils.devices import first_replica, replicate
-from cleanba_utils.replay import BackgroundJobs
+from cleanba_utils.threads import BackgroundJobs
 
 REPO = Path(__file__).resolve().parents[1]
 STAND_IN_SECONDS = 0.02

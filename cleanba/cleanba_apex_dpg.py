@@ -49,11 +49,11 @@ from cleanba_utils.prioritized_learning import (
     Sampled,
     learn,
 )
-from cleanba_utils.replay import BackgroundJobs, Mark, PrioritizedReplay
+from cleanba_utils.replay import Mark, ReplayStore
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
-from cleanba_utils.threads import queue_get, queue_put, start_thread
+from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put, start_thread
 
 
 # === Args ===
@@ -524,7 +524,7 @@ def replay_bytes(args: Args) -> int:
     return 2 * replay if args.checkpoint_replay else replay
 
 
-def make_replay(args: Args, spaces: Spaces) -> PrioritizedReplay:
+def make_replay(args: Args, spaces: Spaces) -> ReplayStore:
     example = Stored(
         obs=np.zeros(spaces.obs_dim, np.float32),
         actions=np.zeros(len(spaces.action_low), np.float32),
@@ -532,7 +532,7 @@ def make_replay(args: Args, spaces: Spaces) -> PrioritizedReplay:
         discounts=np.float32(0),
         next_obs=np.zeros(spaces.obs_dim, np.float32),
     )
-    return PrioritizedReplay(
+    return ReplayStore(
         example,
         args.buffer_size,
         priority_exponent=args.priority_exponent,
@@ -540,7 +540,7 @@ def make_replay(args: Args, spaces: Spaces) -> PrioritizedReplay:
     )
 
 
-def replay_insert(replay: PrioritizedReplay, data: Transitions, rng) -> int:
+def replay_insert(replay: ReplayStore, data: Transitions, rng) -> int:
     """Stores a rollout's valid transitions, evicting with `rng`; returns their number."""
     valid = data.valid.ravel()
     flat = lambda x: x.reshape(-1, *x.shape[2:])[valid]
@@ -549,7 +549,7 @@ def replay_insert(replay: PrioritizedReplay, data: Transitions, rng) -> int:
     return int(valid.sum())
 
 
-def replay_sample(replay: PrioritizedReplay, batch_size: int, rng, beta: float):
+def replay_sample(replay: ReplayStore, batch_size: int, rng, beta: float):
     """A prioritized `Batch` and its `Sample` (the slots, for the priority update)."""
     sample = replay.sample(batch_size, rng, beta)
     return Batch(*sample.items, weights=sample.weights), sample
@@ -634,7 +634,7 @@ class Saved(NamedTuple):
     tail: Played
 
 
-def init_state(args: Args, sizes: Sizes, replay: PrioritizedReplay):
+def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
     """Networks, state, counters, and the --resume checkpoint (else None), its replay restored."""
     spaces = spaces_of(args.env_id)
     networks = networks_of(args, spaces)
@@ -768,7 +768,7 @@ def start_actors(args, sizes, run, networks, first_update, actor_devices, saved)
     return param_queues, rollout_queues, threads
 
 
-def sample_batches(args, replay: PrioritizedReplay, learner_devices, first_step: int) -> Sampled:
+def sample_batches(args, replay: ReplayStore, learner_devices, first_step: int) -> Sampled:
     """A call's batches, each seeded by (seed, step), put on the learner devices in the background
     (sparing the learner's thread the copy)."""
     tic = time.time()
@@ -790,7 +790,7 @@ class Checkpointable(NamedTuple):
     """What `Run.after_update` gets: a `Saved` before its host copy (`saved_of`, when written)."""
 
     state: LearnerState
-    replay: PrioritizedReplay
+    replay: ReplayStore
     replay_mark: Mark
     pending: PendingPriorities | None
     acting_params: Any

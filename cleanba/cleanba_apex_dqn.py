@@ -30,11 +30,11 @@ from cleanba_utils.frame_ring import FrameRing, frame_ring_bytes, frame_spec, ma
 from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.n_step import n_step_transitions
 from cleanba_utils.parsing import fail
-from cleanba_utils.replay import BackgroundJobs, PrioritizedReplay
+from cleanba_utils.replay import ReplayStore
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
-from cleanba_utils.threads import queue_get, queue_put, start_thread
+from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put, start_thread
 from cleanba_utils.torsos import ImpalaTorso, NatureTorso, check_torso_channels, torso_channels
 
 # === Args ===
@@ -487,7 +487,7 @@ class Replay(NamedTuple):
     steps of every environment, so its frames, from stack - 1 steps before it to n steps after, are
     within buffer_size // num_envs + num_steps + n + stack steps of the newest."""
 
-    transitions: PrioritizedReplay
+    transitions: ReplayStore
     frames: FrameRing
 
 
@@ -509,9 +509,7 @@ def make_replay(args: Args, num_envs: int) -> Replay:
         obs=np.int64(0),
         next_obs=np.int64(0),
     )
-    transitions = PrioritizedReplay(
-        example, args.buffer_size, priority_exponent=args.priority_exponent
-    )
+    transitions = ReplayStore(example, args.buffer_size, priority_exponent=args.priority_exponent)
     frames = make_frame_ring(args.env_id, num_envs, frame_ring_steps(args, num_envs))
     return Replay(transitions=transitions, frames=frames)
 

@@ -45,7 +45,7 @@ from cleanba_utils.envs import flat_observation, is_continuous, make_envs
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.parsing import fail
-from cleanba_utils.replay import Mark, PrioritizedReplay
+from cleanba_utils.replay import Mark, ReplayStore
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes as RolloutSizes
@@ -469,7 +469,7 @@ def replay_bytes(args: Args, obs_size: int, action_size: int) -> int:
     return 2 * (args.buffer_size * transition_bytes + tree_bytes)
 
 
-def make_replay(args: Args, obs_size: int, action_size: int) -> PrioritizedReplay:
+def make_replay(args: Args, obs_size: int, action_size: int) -> ReplayStore:
     """A uniform, first-in-first-out store of `Batch` records, one transition each."""
     example = Batch(
         obs=np.zeros(obs_size, np.float32),
@@ -478,16 +478,16 @@ def make_replay(args: Args, obs_size: int, action_size: int) -> PrioritizedRepla
         next_obs=np.zeros(obs_size, np.float32),
         terminations=np.float32(0),
     )
-    return PrioritizedReplay(example, args.buffer_size, uniform=True)
+    return ReplayStore(example, args.buffer_size, uniform=True)
 
 
-def replay_insert(replay: PrioritizedReplay, data: Transitions):
+def replay_insert(replay: ReplayStore, data: Transitions):
     """Inserts the valid transitions (no reset steps), env-major in global env order: the same order
     whatever the layout."""
     replay.insert(Batch(**{name: getattr(data, name)[data.valid] for name in Batch._fields}))
 
 
-def sample_batches(args: Args, replay: PrioritizedReplay, first: int, count: int) -> "Batch":
+def sample_batches(args: Args, replay: ReplayStore, first: int, count: int) -> "Batch":
     """The batches of gradient updates first .. first + count - 1 (1-based, over the run), stacked
     (count, batch, ...), each drawn uniformly with a generator seeded by (seed, its index)."""
     rngs = [np.random.default_rng([args.seed, 3, index]) for index in range(first, first + count)]
@@ -574,7 +574,7 @@ class Saved(NamedTuple):
     replay: dict
 
 
-def init_state(args: Args, sizes: Sizes, replay: PrioritizedReplay):
+def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
     """The networks, the learner state and counters, and with --resume the newest checkpoint's
     `Saved` (else None), whose replay snapshot `replay` is set to."""
     spec = envpool.make_spec(args.env_id)
@@ -878,7 +878,7 @@ class Checkpointable(NamedTuple):
     state: SACState
     acting_params: Any
     env_record: EnvRecord
-    replay: PrioritizedReplay
+    replay: ReplayStore
     replay_mark: Mark
 
 

@@ -10,7 +10,8 @@ import jax
 import numpy as np
 
 from cleanba_utils.devices import first_replica
-from cleanba_utils.replay import BackgroundJobs, PrioritizedReplay
+from cleanba_utils.replay import ReplayStore
+from cleanba_utils.threads import BackgroundJobs
 
 PRIORITY_EPSILON = 1e-6  # keeps a transition with zero TD error sampleable
 
@@ -52,7 +53,7 @@ class Learned(NamedTuple):
     replay_time: float
 
 
-def write_priorities(replay: PrioritizedReplay, pending: PendingPriorities) -> float:
+def write_priorities(replay: ReplayStore, pending: PendingPriorities) -> float:
     """Waits for the call's TD errors and writes |TD| + PRIORITY_EPSILON as their transitions'
     priorities (not those evicted since the sample); a transition drawn by several of the call's
     steps gets the last one's. Returns the seconds spent writing."""

@@ -20,8 +20,8 @@ the sums never drift). An item inserted with priority 0 is stored but never samp
 that keeps the FIFO order of a stream in which some steps start no transition.
 
 What an algorithm stores and how it builds its batch (n-step returns, frame stacks, priorities from
-TD errors) stays in its script; `BackgroundJobs` runs the replay's work in one background thread, in
-the order it was submitted, so a learner can sample the next batch while its update runs.
+TD errors) stays in its script; `threads.BackgroundJobs` runs the replay's work in one background
+thread, in the order it was submitted, so a learner can sample the next batch while its update runs.
 
 Why not flashbax (0.1.3: JAX-native and seedable, the candidate; reverb and cpprb cannot be seeded).
 Speed does not decide it (its jitted sample gathers faster than this store's NumPy one, its add is
@@ -35,14 +35,12 @@ slower: both measured in benchmark/results/replay_apex.md). Its model does:
 A NumPy store on the host does each of these in a few lines and leaves JAX the learner.
 """
 
-import queue
 import threading
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from cleanba_utils import sum_tree
-from cleanba_utils.threads import POLL_SECONDS, Stopped, queue_get, start_thread
 
 MIN_EVICTION_PRIORITY = 1e-6
 """The priority an item of priority 0 has for prioritized eviction (a negative exponent of 0 is
@@ -88,7 +86,7 @@ class Sample(NamedTuple):
     inserted: int
 
 
-class PrioritizedReplay:
+class ReplayStore:
     """`capacity` items of the record type of `example` (one item: a NamedTuple or dict of arrays
     whose shapes and dtypes the stored fields take)."""
 
@@ -360,43 +358,3 @@ class PrioritizedReplay:
         self.written_at[:size] = snapshot["written_at"]
         self.size = size
         self.inserted = int(snapshot["inserted"])
-
-
-class Job:
-    """A function submitted to `BackgroundJobs`, and its result once `done` is set."""
-
-    def __init__(self, function):
-        self.function = function
-        self.done = threading.Event()
-        self.result = None
-
-
-class BackgroundJobs:
-    """Runs functions in one daemon thread, one at a time in the order they were submitted. The
-    thread is started with `threads.start_thread`: an exception in a job stops the run (`stop` set,
-    the traceback in `failures`), and a learner waiting for a job raises `Stopped` within a poll
-    interval."""
-
-    def __init__(self, name: str, stop: threading.Event, failures: list):
-        self.stop = stop
-        self.jobs = queue.Queue()
-        self.thread = start_thread(target=self.work, name=name, stop=stop, failures=failures)
-
-    def work(self):
-        while True:
-            job = queue_get(self.jobs, self.stop)
-            job.result = job.function()
-            job.done.set()
-
-    def submit(self, function) -> Job:
-        """Queues `function()` after every job submitted before."""
-        job = Job(function)
-        self.jobs.put(job)
-        return job
-
-    def wait(self, job: Job):
-        """The result of `job`, once it has run."""
-        while not job.done.wait(POLL_SECONDS):
-            if self.stop.is_set():
-                raise Stopped
-        return job.result

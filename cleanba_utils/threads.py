@@ -1,5 +1,6 @@
-"""Threads that never hang: queue operations that give up once any thread has failed, and a runner
-that turns a thread's exception into a stop of the whole process."""
+"""Threads that never hang: queue operations that give up once any thread has failed, a runner that
+turns a thread's exception into a stop of the whole process, and `BackgroundJobs`, one thread that
+runs submitted functions in order (the replay's work while a learner update runs)."""
 
 import queue
 import threading
@@ -50,3 +51,43 @@ def start_thread(
     thread = threading.Thread(target=guarded, name=name, daemon=True)
     thread.start()
     return thread
+
+
+class Job:
+    """A function submitted to `BackgroundJobs`, and its result once `done` is set."""
+
+    def __init__(self, function):
+        self.function = function
+        self.done = threading.Event()
+        self.result = None
+
+
+class BackgroundJobs:
+    """Runs functions in one daemon thread, one at a time in the order they were submitted. The
+    thread is started with `threads.start_thread`: an exception in a job stops the run (`stop` set,
+    the traceback in `failures`), and a learner waiting for a job raises `Stopped` within a poll
+    interval."""
+
+    def __init__(self, name: str, stop: threading.Event, failures: list):
+        self.stop = stop
+        self.jobs = queue.Queue()
+        self.thread = start_thread(target=self.work, name=name, stop=stop, failures=failures)
+
+    def work(self):
+        while True:
+            job = queue_get(self.jobs, self.stop)
+            job.result = job.function()
+            job.done.set()
+
+    def submit(self, function) -> Job:
+        """Queues `function()` after every job submitted before."""
+        job = Job(function)
+        self.jobs.put(job)
+        return job
+
+    def wait(self, job: Job):
+        """The result of `job`, once it has run."""
+        while not job.done.wait(POLL_SECONDS):
+            if self.stop.is_set():
+                raise Stopped
+        return job.result

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from cleanba_utils.replay import BackgroundJobs, PrioritizedReplay
-from cleanba_utils.threads import Stopped
+from cleanba_utils.replay import ReplayStore
+from cleanba_utils.threads import BackgroundJobs, Stopped
 
 
 class Item(NamedTuple):
@@ -27,8 +27,8 @@ def items_of(ids) -> Item:
     )
 
 
-def store(capacity, **options) -> PrioritizedReplay:
-    return PrioritizedReplay(
+def store(capacity, **options) -> ReplayStore:
+    return ReplayStore(
         Item(obs=np.zeros((3, 2), np.uint8), action=np.int64(0)), capacity, **options
     )
 
@@ -202,7 +202,7 @@ def test_same_seed_same_samples_and_evictions():
 
 
 def test_a_dict_of_fields_of_any_shape():
-    replay = PrioritizedReplay({"x": np.zeros((2, 3), np.float32), "done": np.bool_(False)}, 5)
+    replay = ReplayStore({"x": np.zeros((2, 3), np.float32), "done": np.bool_(False)}, 5)
     replay.insert({"x": np.arange(24, dtype=np.float32).reshape(4, 2, 3), "done": np.ones(4, bool)})
     sample = replay.sample(3, np.random.default_rng(0), beta=1.0)
     assert sample.items["x"].shape == (3, 2, 3) and sample.items["done"].all()
