@@ -865,10 +865,8 @@ def log_update(
         noise_std_min=stds.min(),
         noise_std_max=stds.max(),
         actor_sps=args.local_num_envs * args.num_steps / rollout_time,
+        **({} if learned is None else learned.stats),
     )
-    if learned is not None:
-        stats.update(is_weight_min=learned.is_weight_min, is_weight_max=learned.is_weight_max)
-        stats.update(replay_time=learned.replay_time)
     run.log_update(
         update,
         rollouts=rollouts,

@@ -786,10 +786,14 @@ def log_update(
     epsilons = epsilons_of(
         np.arange(sizes.num_envs), sizes.num_envs, args.epsilon_base, args.epsilon_alpha
     )
-    stats = dict(learner_stats, epsilon_min=epsilons.min(), epsilon_max=epsilons.max())
     rollout_time = np.mean([r.timing["rollout_time"] for r in rollouts])
-    stats.update(actor_sps=args.local_num_envs * args.num_steps / rollout_time)
-    stats.update({} if learned is None else learned.stats)
+    stats = dict(
+        learner_stats,
+        epsilon_min=epsilons.min(),
+        epsilon_max=epsilons.max(),
+        actor_sps=args.local_num_envs * args.num_steps / rollout_time,
+        **({} if learned is None else learned.stats),
+    )
     schedule = learning_rate_of(args, sizes)
     run.log_update(
         update,

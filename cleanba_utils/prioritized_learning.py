@@ -44,13 +44,11 @@ NO_PENDING = PendingPriorities(slots=np.zeros(0, np.int64), inserted=0, td=np.ze
 
 
 class Learned(NamedTuple):
-    """The optimizer steps of one learner update: the last call's losses, the importance weights of
-    its last batch, and the seconds spent sampling and writing priorities."""
+    """The optimizer steps of one learner update: the last call's losses, and `stats`: the
+    importance weights of its last batch and the seconds spent sampling and writing priorities."""
 
     metrics: dict
-    is_weight_min: float
-    is_weight_max: float
-    replay_time: float
+    stats: dict
 
 
 def write_priorities(replay: ReplayStore, pending: PendingPriorities) -> float:
@@ -99,10 +97,10 @@ def learn(args, jobs: BackgroundJobs, replay, state, update_fn, sample, first_st
         if not args.pipeline:
             jax.block_until_ready(td)
         pending = PendingPriorities(slots=sampled.slots, inserted=sampled.inserted, td=td)
-    learned = Learned(
-        metrics=metrics,
+    stats = dict(
         is_weight_min=float(sampled.shards.weights[:, -1].min()),
         is_weight_max=float(sampled.shards.weights[:, -1].max()),
         replay_time=sample_seconds + sum(jobs.wait(write) for write in writes),
     )
+    learned = Learned(metrics=metrics, stats=stats)
     return state, learned, pending
