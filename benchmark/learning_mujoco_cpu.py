@@ -17,7 +17,6 @@ import csv
 import json
 import platform
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-from measure import command_line
+from measure import command_line, run_resumable
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,20 +74,7 @@ def run(name: str, work_dir: Path):
     if (run_dir / "summary.json").exists():
         print(f"{name}: already run", flush=True)
         return
-    resume = (run_dir / "checkpoints").exists()
-    command = command_of(name)
-    command[0] = str(REPO / command[0])
-    command += ["--resume"] if resume else []
-    print(f"{name}: {'resuming' if resume else 'running'}", flush=True)
-    with open(work_dir / f"{name}.log", "a") as log:
-        code = subprocess.run(
-            ["nice", "-n", "10", sys.executable, *command],
-            cwd=work_dir,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        ).returncode
-    if code:
-        sys.exit(f"{name} stopped (exit {code}); see {work_dir / name}.log")
+    run_resumable(name, command_of(name), work_dir, REPO)
 
 
 def scalar(run_dir: Path, tag: str) -> list[tuple[int, float]]:

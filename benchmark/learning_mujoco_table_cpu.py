@@ -19,7 +19,6 @@ import csv
 import json
 import platform
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from learning_mujoco_cpu import COMMON, LAST_EPISODES, REPO, SCRIPT, scalar
-from measure import command_line
+from measure import command_line, run_resumable
 
 LAYOUT_CLEANRL = ["--local-num-envs", "1", "--num-steps", "2048", "--num-actor-threads", "1"]
 MODES = {
@@ -118,20 +117,7 @@ def run(name: str, work_dir: Path):
     if (run_dir / "summary.json").exists():
         print(f"{name}: already run", flush=True)
         return
-    resume = (run_dir / "checkpoints").exists()
-    command = command_of(name)
-    command[0] = str(REPO / command[0])
-    command += ["--resume"] if resume else []
-    print(f"{name}: {'resuming' if resume else 'running'}", flush=True)
-    with open(work_dir / f"{name}.log", "a") as log:
-        code = subprocess.run(
-            ["nice", "-n", "10", sys.executable, *command],
-            cwd=work_dir,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        ).returncode
-    if code:
-        sys.exit(f"{name} stopped (exit {code}); see {work_dir / name}.log")
+    run_resumable(name, command_of(name), work_dir, REPO)
 
 
 def result_of(name: str, work_dir: Path) -> dict:

@@ -34,7 +34,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-from measure import command_line
+from measure import command_line, run_resumable
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -146,20 +146,7 @@ def run(env_id: str, seed: int, work_dir: Path):
     run_dir = work_dir / "runs" / name
     if not (run_dir / "summary.json").exists():
         measure_bare(work_dir, env_id)
-        resume = (run_dir / "checkpoints").exists()
-        command = command_of(env_id, seed)
-        command[0] = str(REPO / command[0])
-        command += ["--resume"] if resume else []
-        print(f"{name}: {'resuming' if resume else 'running'}", flush=True)
-        with open(work_dir / f"{name}.log", "a") as log:
-            code = subprocess.run(
-                ["nice", "-n", "10", sys.executable, *command],
-                cwd=work_dir,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            ).returncode
-        if code:
-            sys.exit(f"{name} stopped (exit {code}); run the same command to resume it")
+        run_resumable(name, command_of(env_id, seed), work_dir, REPO)
         measure_bare(work_dir, env_id)
     print(f"{name}: finished", flush=True)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)

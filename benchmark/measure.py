@@ -34,6 +34,24 @@ def run_measured(command: list[str], cwd: Path, log_path: Path, env: dict | None
     return dict(exit_code=exit_code, peak_rss_gib=peak_kib / 2**20, wall_time_s=time.time() - start)
 
 
+def run_resumable(name: str, command: list[str], work_dir: Path, repo: Path):
+    """Runs a training command (`cleanba/SCRIPT.py ARGS` from the repository root `repo`) as the run
+    `work_dir/runs/name` under `nice -n 10`, appending to `work_dir/name.log`; a run stopped before
+    its end (SIGTERM, or killed) continues from its newest checkpoint. Exits if the run fails."""
+    resume = (work_dir / "runs" / name / "checkpoints").exists()
+    command = [str(repo / command[0]), *command[1:], *(["--resume"] if resume else [])]
+    print(f"{name}: {'resuming' if resume else 'running'}", flush=True)
+    with open(work_dir / f"{name}.log", "a") as log:
+        code = subprocess.run(
+            ["nice", "-n", "10", sys.executable, *command],
+            cwd=work_dir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        ).returncode
+    if code:
+        sys.exit(f"{name} stopped (exit {code}); run the same command to resume it")
+
+
 def command_line(argv: list[str]) -> str:
     """The benchmark command a report quotes: `python SCRIPT ARGS` without the report's own prose
     (--note)."""
