@@ -33,7 +33,7 @@ from flax import struct
 from flax.training.train_state import TrainState
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from cleanba_utils import allocator, distributed, env_records, parsing
+from cleanba_utils import distributed, env_records, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
 from cleanba_utils.env_records import EnvRecord
@@ -988,7 +988,6 @@ def train(args: Args):
 
 # === Main ===
 def main(argv=None):
-    allocator.keep_freed_memory()
     args = parse_args(argv)
     distributed.join(args)
     validate_layout(args)

@@ -21,7 +21,7 @@ import optax
 import rlax
 from flax.training.train_state import TrainState
 
-from cleanba_utils import allocator, distributed, parsing
+from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
 from cleanba_utils.envs import make_envs
@@ -913,7 +913,6 @@ def train(args: Args):
 
 
 def main(argv=None):
-    allocator.keep_freed_memory()
     args = parse_args(argv)
     distributed.join(args)
     validate_layout(args)

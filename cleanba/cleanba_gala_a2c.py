@@ -24,7 +24,7 @@ import numpy as np
 import optax
 from flax.training.train_state import TrainState
 
-from cleanba_utils import allocator, distributed, parsing
+from cleanba_utils import distributed, parsing
 from cleanba_utils.agent_arrays import (
     agents_sharding,
     from_slices,
@@ -927,7 +927,6 @@ def train(args: Args):
 
 
 def main(argv=None):
-    allocator.keep_freed_memory()
     args = parse_args(argv)
     distributed.join(args)
     validate_layout(args)

@@ -22,7 +22,7 @@ import rlax
 from flax.training.train_state import TrainState
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from cleanba_utils import allocator, distributed, parsing
+from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.envs import make_envs
@@ -712,7 +712,6 @@ def train(args: Args):
 
 
 def main(argv=None):
-    allocator.keep_freed_memory()
     args = parse_args(argv)
     distributed.join(args)
     validate_layout(args)

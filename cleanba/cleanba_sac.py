@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from cleanba_utils import allocator, distributed, parsing
+from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
 from cleanba_utils.env_records import (
@@ -989,7 +989,6 @@ def train(args: Args):
 
 
 def main(argv=None):
-    allocator.keep_freed_memory()
     args = parse_args(argv)
     distributed.join(args)
     validate_layout(args)
