@@ -11,7 +11,9 @@ per environment step:
 - (b) `t_infer`: the actor's policy (network, action sampling, log-probabilities) at the actor's
   batch;
 - (c) `t_learn`: one learner update at the run's own batch and minibatches, on rollouts the script's
-  own actors played.
+  own actors played; with its FLOPs (XLA's cost analysis of the network's forward and backward
+  pass at the microbatch size, times the samples the update passes through it: the loss, the
+  returns and the optimizer add little) as a share of the CPU's FMA peak (see `fma_peak`).
 The ceiling: stages that share hardware add up, stages on separate hardware overlap, so on a CPU (or
 with the actor and the learner on one device) it is 1 / (t_env + t_infer + t_learn), and with the
 actor and the learner on separate accelerators 1 / max(t_env + t_infer, t_learn). Then the script
@@ -23,6 +25,7 @@ memory. Writes benchmark/results/throughput_<platform>.md.
 import argparse
 import dataclasses
 import importlib
+import os
 import platform
 import tempfile
 import threading
@@ -149,6 +152,7 @@ def stage_times(script, argv: list[str], repeats: int) -> dict:
         replicated, _ = update_fn(replicated, rollouts, np.int32(update))
         jax.block_until_ready(replicated)
     t_learn = (time.perf_counter() - start) / (repeats * sizes.steps_per_update)
+    learner_flops = update_flops(args, network, state.params, rollouts)
     separate = (
         not set(actor_devices) & set(learner_devices) and learner_devices[0].platform != "cpu"
     )
@@ -157,9 +161,50 @@ def stage_times(script, argv: list[str], repeats: int) -> dict:
         t_env=t_env,
         t_infer=t_infer,
         t_learn=t_learn,
+        learner_flops_per_second=learner_flops / (t_learn * sizes.steps_per_update),
         ceiling=ceiling,
         separate=separate,
         sizes=sizes,
+    )
+
+
+def update_flops(args, network, params, rollouts) -> float:
+    """The FLOPs of one learner update's network passes: XLA's count for the forward and backward
+    pass of one microbatch, times the microbatches of the update (every epoch's). Each environment
+    contributes the observations its rollout holds (IMPALA's include the bootstrap one)."""
+    obs = np.concatenate([np.concatenate(rollout.obs) for rollout in rollouts])
+    obs = obs.reshape(-1, *obs.shape[-3:])
+    epochs = getattr(args, "update_epochs", 1)
+    microbatches = args.num_minibatches * args.gradient_accumulation_steps
+    microbatch = obs[: len(obs) // microbatches]
+
+    def passes(params, obs):
+        logits, value = network.apply(params, obs)
+        return logits.sum() + value.sum()
+
+    compiled = jax.jit(jax.grad(passes)).lower(params, microbatch).compile()
+    analysis = compiled.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, list) else analysis
+    return analysis["flops"] * microbatches * epochs
+
+
+def fma_peak() -> tuple[float, str]:
+    """FLOP/s of this process's CPUs if every core retired two fused multiply-adds of its widest
+    vectors per cycle at its nominal clock (two FMA units, as on AMD Zen 2 and later and Intel's
+    server cores since Skylake-SP), and the line that says so."""
+    info = Path("/proc/cpuinfo").read_text()
+    megahertz = float(
+        next(line for line in info.splitlines() if line.startswith("cpu MHz")).split(":")[1]
+    )
+    flags = next(line for line in info.splitlines() if line.startswith("flags")).split()
+    lanes = 16 if "avx512f" in flags else 8 if "fma" in flags else 4
+    cores = len(os.sched_getaffinity(0))
+    model = next(line for line in info.splitlines() if line.startswith("model name")).split(":")[1]
+    peak = cores * megahertz * 1e6 * 2 * lanes * 2
+    return peak, (
+        f"{model.strip()}, {cores} cores at {megahertz:.0f} MHz, {lanes} float32 lanes per FMA "
+        f"({'AVX-512' if lanes == 16 else 'AVX2' if lanes == 8 else 'SSE'}): FMA peak "
+        f"{peak / 1e9:.0f} GFLOP/s (2 FMA units per core assumed)"
     )
 
 
@@ -215,6 +260,7 @@ def main():
     )
     options = parser.parse_args()
     platform_name = jax.devices()[0].platform
+    peak, peak_line = fma_peak()
     rows = []
     with tempfile.TemporaryDirectory() as work_dir:
         for script_name in options.scripts:
@@ -236,7 +282,8 @@ def main():
                     f"{100 * run['sps'] / stages['ceiling']:.0f} % | {us(stages['t_env'])} | "
                     f"{us(stages['t_infer'])} | {us(stages['t_learn'])} | {us(run['run_env'])} / "
                     f"{us(run['run_infer'])} / {us(actor_other)} / {us(run['run_learn'])} | "
-                    f"{run['peak_rss_gib']:.1f} |"
+                    f"{run['peak_rss_gib']:.1f} | {stages['learner_flops_per_second'] / 1e9:.1f} "
+                    f"({100 * stages['learner_flops_per_second'] / peak:.1f} %) |"
                 )
                 print(rows[-1], flush=True)
     formula = (
@@ -247,16 +294,19 @@ def main():
     out = options.out or REPO / "benchmark" / "results" / f"throughput_{platform_name}.md"
     out.write_text(
         f"# Throughput against the ceiling, {platform_name} ({time.strftime('%Y-%m-%d')})\n\n"
-        f"Machine: {platform.machine()}, {jax.device_count()} {platform_name} device(s). Made by "
+        f"Machine: {platform.machine()}, {jax.device_count()} {platform_name} device(s); "
+        f"{peak_line}. Made by "
         "`python benchmark/throughput.py`: Breakout-v5, 2 actor threads x 8 environments, 32 steps "
         f"per rollout, the script's other defaults; {options.updates} updates per whole run. "
         f"Ceiling = {formula}.\n\n"
         "Stage times are microseconds per environment step: alone (a, b, c), and as the run logged "
         "them (an actor thread's env step / inference / the rest of its rollout loop, and the "
-        "learner's update).\n\n"
+        "learner's update). The learner's GFLOP/s: its update's network passes alone, with the "
+        "share of the FMA peak.\n\n"
         "| script | network | SPS | ceiling | SPS / ceiling | t_env (a) | t_infer (b) "
-        "| t_learn (c) | in the run: env / infer / actor other / learn | peak RSS (GiB) |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
+        "| t_learn (c) | in the run: env / infer / actor other / learn | peak RSS (GiB) "
+        "| learner GFLOP/s (share of peak) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )
     print(out.read_text())
 
