@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from learning_sac_cpu import BARE_MEASURE
@@ -34,7 +35,18 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmark" / "results" / "speed_continuous_cpu"
 CLEANRL_LAYOUT = ["--local-num-envs", "1", "--num-steps", "2048", "--num-actor-threads", "1"]
-CSV_COLUMNS = ["what", "env_id", "steps", "sps", "updates_per_second", "wall_time_s"]
+CSV_COLUMNS = [
+    "script",
+    "mode",
+    "env_id",
+    "seed",
+    "steps",
+    "final_return",
+    "eval_return",
+    "sps",
+    "wall_time_s",
+    "updates_per_second",
+]
 
 SBX_PPO = """
 import sys, time
@@ -67,30 +79,61 @@ print((b_steps - a_steps) / (b_time - a_time), time.time() - start)
 """
 
 
-def ours_ppo(steps: int, work_dir: Path) -> dict:
+class Row(NamedTuple):
+    """One CSV row: a speed run, so no returns (final_return and eval_return stay empty)."""
+
+    script: str
+    mode: str
+    steps: int
+    sps: float | None
+    updates_per_second: float | None
+    wall_time_s: float
+
+
+def run_ours(script: str, arguments: list[str], run_name: str, work_dir: Path):
+    """Runs cleanba/<script>.py on HalfCheetah-v4 seed 1; its TensorBoard events and wall time."""
     command = [
         sys.executable,
-        str(REPO / "cleanba" / "cleanba_ppo_continuous.py"),
-        *["--env-id", "HalfCheetah-v4", *CLEANRL_LAYOUT, "--total-timesteps", str(steps)],
-        *["--log-frequency", "1", "--run-name", "ppo"],
+        str(REPO / "cleanba" / f"{script}.py"),
+        *["--env-id", "HalfCheetah-v4", "--seed", "1", "--run-name", run_name, *arguments],
     ]
     start = time.time()
     subprocess.run(command, cwd=work_dir, check=True, capture_output=True)
     wall = time.time() - start
-    events = EventAccumulator(str(work_dir / "runs" / "ppo"), size_guidance={"scalars": 0})
+    events = EventAccumulator(str(work_dir / "runs" / run_name), size_guidance={"scalars": 0})
     events.Reload()
+    return events, wall
+
+
+def ours_ppo(steps: int, work_dir: Path) -> Row:
+    arguments = [*CLEANRL_LAYOUT, "--total-timesteps", str(steps), "--log-frequency", "1"]
+    events, wall = run_ours("cleanba_ppo_continuous", arguments, "ppo", work_dir)
     versions = events.Scalars("stats/learner_policy_version")
     sps = (versions[-1].step - versions[1].step) / (versions[-1].wall_time - versions[1].wall_time)
-    return dict(what="cleanba_ppo_continuous, CleanRL's layout", steps=steps, sps=sps, wall=wall)
+    return Row(
+        script="cleanba_ppo_continuous",
+        mode="CleanRL's layout",
+        steps=steps,
+        sps=sps,
+        updates_per_second=None,
+        wall_time_s=wall,
+    )
 
 
-def sbx_ppo(python: str, steps: int) -> dict:
+def sbx_ppo(python: str, steps: int) -> Row:
     start = time.time()
     result = subprocess.run(
         [python, "-c", SBX_PPO, str(steps)], check=True, capture_output=True, text=True
     )
     sps = float(result.stdout.split()[0])
-    return dict(what="sbx PPO, same layout", steps=steps, sps=sps, wall=time.time() - start)
+    return Row(
+        script="sbx PPO 0.28",
+        mode="CleanRL's layout",
+        steps=steps,
+        sps=sps,
+        updates_per_second=None,
+        wall_time_s=time.time() - start,
+    )
 
 
 def bare_sac() -> float:
@@ -104,20 +147,16 @@ def bare_sac() -> float:
     return float(np.median(json.loads(result.stdout.strip().splitlines()[-1])["rates"]))
 
 
-def ours_sac(steps: int, work_dir: Path) -> dict:
-    command = [
-        sys.executable,
-        str(REPO / "cleanba" / "cleanba_sac.py"),
-        *["--env-id", "HalfCheetah-v4", "--total-timesteps", str(steps), "--run-name", "sac"],
-    ]
-    start = time.time()
-    subprocess.run(command, cwd=work_dir, check=True, capture_output=True)
-    wall = time.time() - start
-    events = EventAccumulator(str(work_dir / "runs" / "sac"), size_guidance={"scalars": 0})
-    events.Reload()
+def ours_sac(steps: int, work_dir: Path) -> Row:
+    events, wall = run_ours("cleanba_sac", ["--total-timesteps", str(steps)], "sac", work_dir)
     rates = [e.value for e in events.Scalars("stats/optimizer_steps_per_second")][2:]
-    return dict(
-        what="cleanba_sac, whole run", steps=steps, updates=float(np.median(rates)), wall=wall
+    return Row(
+        script="cleanba_sac",
+        mode="whole run",
+        steps=steps,
+        sps=None,
+        updates_per_second=float(np.median(rates)),
+        wall_time_s=wall,
     )
 
 
@@ -140,19 +179,33 @@ def main():
         bare_after = bare_sac()
         print(f"bare SAC update: {bare_after:.1f}/s", flush=True)
     bare = (bare_before + bare_after) / 2
-    rows.append(dict(what="SAC bare update", steps=0, updates=bare, wall=0.0))
+    rows.append(
+        Row(
+            script="cleanba_sac",
+            mode="bare update",
+            steps=0,
+            sps=None,
+            updates_per_second=bare,
+            wall_time_s=0.0,
+        ),
+    )
+    number = lambda value, digits: "" if value is None else f"{value:.{digits}f}"
     with open(OUT.with_suffix(".csv"), "w", newline="") as file:
         writer = csv.writer(file)
         writer.writerow(CSV_COLUMNS)
         for row in rows:
             writer.writerow(
                 [
-                    row["what"],
+                    row.script,
+                    row.mode,
                     "HalfCheetah-v4",
-                    row["steps"],
-                    f"{row['sps']:.1f}" if "sps" in row else "",
-                    f"{row['updates']:.1f}" if "updates" in row else "",
-                    f"{row['wall']:.0f}",
+                    1,
+                    row.steps,
+                    "",
+                    "",
+                    number(row.sps, 1),
+                    number(row.wall_time_s, 0),
+                    number(row.updates_per_second, 1),
                 ]
             )
     cpu = next(
@@ -160,17 +213,17 @@ def main():
         for line in Path("/proc/cpuinfo").read_text().splitlines()
         if line.startswith("model name")
     )
-    ppo_ratio = rows[0]["sps"] / rows[1]["sps"]
-    sac_share = rows[2]["updates"] / bare
+    ppo_ratio = rows[0].sps / rows[1].sps
+    sac_share = rows[2].updates_per_second / bare
     OUT.with_suffix(".md").write_text(
         f"# Continuous control speed, CPU ({time.strftime('%Y-%m-%d')})\n\n"
         f"Machine: {platform.machine()}, {cpu}, nothing else running. Made by "
         f"`python benchmark/speed_continuous_cpu.py --sbx-python PYTHON --ppo-steps "
         f"{options.ppo_steps} --sac-steps {options.sac_steps}`.\n\n"
         "| what | SPS | updates/s |\n|---|---|---|\n"
-        f"| continuous PPO, CleanRL's layout | {rows[0]['sps']:.0f} | |\n"
-        f"| sbx PPO, same layout | {rows[1]['sps']:.0f} | |\n"
-        f"| SAC, whole run | | {rows[2]['updates']:.1f} |\n"
+        f"| continuous PPO, CleanRL's layout | {rows[0].sps:.0f} | |\n"
+        f"| sbx PPO, same layout | {rows[1].sps:.0f} | |\n"
+        f"| SAC, whole run | | {rows[2].updates_per_second:.1f} |\n"
         f"| SAC, bare update (before / after the run) | | {bare_before:.1f} / {bare_after:.1f} |\n"
         f"\nPPO against sbx: {ppo_ratio:.2f}x. SAC's run at {sac_share:.0%} of its bare update.\n"
     )
