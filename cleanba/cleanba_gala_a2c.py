@@ -39,6 +39,7 @@ from cleanba_utils.envs import envpool_num_threads, is_atari
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.handoff import check_policy_lag
 from cleanba_utils.mailboxes import Mailbox, Message, broadcast, receive
+from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, RunArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
@@ -276,7 +277,7 @@ class ConvSequence(nn.Module):
     @nn.compact
     def __call__(self, x):
         x = nn.Conv(self.channels, (3, 3))(x)
-        x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+        x = max_pool_3x3_stride_2(x)
         for _ in range(2):
             # flax names a layer when it is built: the outer convolution is built first.
             x = x + nn.Conv(self.channels, (3, 3))(

@@ -28,6 +28,7 @@ from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.envs import make_envs
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.handoff import check_policy_lag, send_params
+from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.microbatches import microbatch_update
 from cleanba_utils.parsing import fail
 from cleanba_utils.run import open_run, run_dir_of
@@ -185,7 +186,7 @@ class ConvSequence(nn.Module):
     @nn.compact
     def __call__(self, x):
         x = nn.Conv(self.channels, (3, 3))(x)
-        x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+        x = max_pool_3x3_stride_2(x)
         return ResidualBlock(self.channels)(ResidualBlock(self.channels)(x))
 
 

@@ -5,6 +5,7 @@ from collections.abc import Callable
 
 import flax.linen as nn
 
+from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.parsing import fail
 
 TORSO_CHANNELS = {"nature": (32, 64, 64), "impala": (16, 32, 32)}
@@ -65,6 +66,6 @@ class ImpalaTorso(nn.Module):
     def __call__(self, x):
         for channels in self.channels:
             x = nn.Conv(channels, (3, 3))(x)
-            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+            x = max_pool_3x3_stride_2(x)
             x = ResidualBlock(channels)(ResidualBlock(channels)(x))
         return nn.relu(x).reshape(x.shape[0], -1)
