@@ -28,6 +28,7 @@ from cleanba_utils.envs import make_envs
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.frame_ring import FrameRing, frame_ring_bytes, frame_spec, make_frame_ring
 from cleanba_utils.handoff import check_policy_lag, send_params
+from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.n_step import n_step_transitions
 from cleanba_utils.parsing import fail
 from cleanba_utils.replay import ReplayStore
@@ -920,4 +921,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    restart_with_huge_pages()
     main()

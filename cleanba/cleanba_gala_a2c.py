@@ -38,6 +38,7 @@ from cleanba_utils.devices import first_replica
 from cleanba_utils.envs import envpool_num_threads, is_atari
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.handoff import check_policy_lag
+from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.mailboxes import Mailbox, Message, broadcast, receive
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.run import open_run, run_dir_of
@@ -935,4 +936,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    restart_with_huge_pages()
     main()

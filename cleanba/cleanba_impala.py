@@ -30,6 +30,7 @@ from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.envs import make_envs
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.handoff import check_policy_lag, send_params
+from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.microbatches import microbatch_update
 from cleanba_utils.parsing import fail
@@ -734,4 +735,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    restart_with_huge_pages()
     main()

@@ -23,7 +23,16 @@ from flax.training.train_state import TrainState
 from helpers import REPO, scalars
 from tensorboardX import SummaryWriter
 
-from cleanba_utils import checkpoints, devices, env_records, parsing, run_files, signals, threads
+from cleanba_utils import (
+    checkpoints,
+    devices,
+    env_records,
+    huge_pages,
+    parsing,
+    run_files,
+    signals,
+    threads,
+)
 from cleanba_utils.envs import MACHADO_ATARI, flat_observation
 from cleanba_utils.run import Episodes, Run, duration, open_run
 
@@ -475,3 +484,33 @@ def test_after_update_checkpoints_on_schedule_and_at_the_end_and_stops_on_a_sign
     assert os.listdir(tmp_path / "preempted" / "checkpoints") == ["update_000000003.ckpt"]
     # A signal during the last update lets the run finish.
     assert run.after_update(state, 5) == 0
+
+
+HUGE_PAGES_PROBE = """
+import os, sys
+from cleanba_utils.huge_pages import restart_with_huge_pages
+print(os.getpid(), os.environ.get("GLIBC_TUNABLES", ""), sys.argv[1:], flush=True)
+restart_with_huge_pages()
+"""
+
+
+@pytest.mark.skipif(
+    not (huge_pages.glibc_has_the_tunable() and huge_pages.madvised_huge_pages()),
+    reason="needs glibc >= 2.35 and transparent huge pages in madvise mode",
+)
+def test_a_script_restarts_once_with_huge_pages_unless_told_not_to(tmp_path):
+    """Same process, same arguments, the caller's tunables kept; no restart with the opt-out."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(HUGE_PAGES_PROBE)
+    env = dict(os.environ, GLIBC_TUNABLES="glibc.malloc.check=0")
+    env.pop(huge_pages.OPT_OUT, None)
+    command = [sys.executable, "-u", str(probe), "a b", "--c"]
+    lines = subprocess.run(command, env=env, capture_output=True, text=True).stdout.splitlines()
+    pid = lines[0].split()[0]
+    assert lines == [
+        f"{pid} glibc.malloc.check=0 ['a b', '--c']",
+        f"{pid} glibc.malloc.check=0:{huge_pages.TUNABLE} ['a b', '--c']",
+    ]
+    env[huge_pages.OPT_OUT] = "1"
+    lines = subprocess.run(command, env=env, capture_output=True, text=True).stdout.splitlines()
+    assert len(lines) == 1
