@@ -42,6 +42,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.handoff import send_params
+from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.run import Episodes
 from cleanba_utils.threads import queue_get
 
@@ -312,4 +313,6 @@ def main():
 
 
 if __name__ == "__main__":
+    # The stages alone run in this process: with the allocator the scripts give themselves.
+    restart_with_huge_pages()
     main()

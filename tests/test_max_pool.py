@@ -13,18 +13,20 @@ def flax_max_pool(x):
     return nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
 
 
-def gradient_of(pool, x, grad_pooled):
-    _, vjp = jax.vjp(pool, x)
-    return np.asarray(jax.jit(vjp)(grad_pooled)[0])
+def gradient_function(pool):
+    """x, the pool's output gradient -> x's gradient, compiled once per shape."""
+    return jax.jit(lambda x, grad_pooled: jax.vjp(pool, x)[1](grad_pooled)[0])
+
+
+OUR_GRADIENT = gradient_function(max_pool_3x3_stride_2)
+FLAX_GRADIENT = gradient_function(flax_max_pool)
 
 
 def bits(a):
     return np.asarray(a, np.float32).view(np.uint32)
 
 
-@pytest.mark.parametrize(
-    "shape", [(3, 84, 84, 4), (2, 42, 42, 8), (2, 21, 21, 5), (2, 10, 13, 2), (1, 1, 1, 1)]
-)
+@pytest.mark.parametrize("shape", [(3, 84, 84, 4), (2, 21, 21, 5), (2, 10, 13, 2), (1, 1, 1, 1)])
 @pytest.mark.parametrize("values", ["ties", "distinct"])
 def test_the_gradient_is_jaxs_bit_for_bit(shape, values):
     """Ties (few distinct values) decide which element a window's gradient goes to; gradients of
@@ -38,8 +40,8 @@ def test_the_gradient_is_jaxs_bit_for_bit(shape, values):
     assert np.array_equal(bits(pooled), bits(flax_max_pool(x)))
     grad_pooled = rng.normal(size=pooled.shape).astype(np.float32)
     grad_pooled[rng.random(pooled.shape) < 0.2] = -0.0
-    ours = gradient_of(max_pool_3x3_stride_2, x, grad_pooled)
-    assert np.array_equal(bits(ours), bits(gradient_of(flax_max_pool, x, grad_pooled)))
+    ours = OUR_GRADIENT(x, grad_pooled)
+    assert np.array_equal(bits(ours), bits(FLAX_GRADIENT(x, grad_pooled)))
 
 
 def test_the_gradient_of_a_plain_loop_over_the_windows():
@@ -60,7 +62,7 @@ def test_the_gradient_of_a_plain_loop_over_the_windows():
         values = [x[n, row, col, c] for row, col in window]
         row, col = window[values.index(max(values))]
         expected[n, row, col, c] += grad_pooled[n, i, j, c]
-    assert np.array_equal(gradient_of(max_pool_3x3_stride_2, x, grad_pooled), expected)
+    assert np.array_equal(np.asarray(OUR_GRADIENT(x, grad_pooled)), expected)
 
 
 def test_the_gradient_under_grad_of_a_network():
