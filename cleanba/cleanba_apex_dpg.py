@@ -417,9 +417,9 @@ def actor(
         for step in range(args.num_steps):
             tic = time.time()
             policy_step = (update - 1) * args.num_steps + step
-            action, q_taken, q_policy = jax.device_get(
-                act(params, jax.device_put(next_obs, device), policy_step)
-            )
+            # The NumPy observation goes to the parameters' device with the call itself: a
+            # `jax.device_put` of its own costs as much as the policy on a few environments.
+            action, q_taken, q_policy = jax.device_get(act(params, next_obs, policy_step))
             inference_time += time.time() - tic
             tic = time.time()
             obs, reward, terminated, truncated, _ = envs.step(action)

@@ -464,9 +464,9 @@ def actor(
         for step in range(args.num_steps):
             tic = time.time()
             policy_step = (update - 1) * args.num_steps + step
-            action, logprob, value = jax.device_get(
-                get_action(policy, jax.device_put(next_obs, actor_device), policy_step)
-            )
+            # The NumPy observation goes to the policy's device with the call itself: a
+            # `jax.device_put` of its own costs as much as the policy on one environment.
+            action, logprob, value = jax.device_get(get_action(policy, next_obs, policy_step))
             inference_time += time.time() - tic
             tic = time.time()
             env_action = np.clip(action, action_low, action_high)

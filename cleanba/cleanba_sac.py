@@ -394,10 +394,12 @@ def actor(
         for step in range(args.num_steps):
             tic = time.time()
             global_step = ((update - 1) * args.num_steps + step) * sizes.num_envs
+            # The NumPy observation goes to the parameters' device with the call itself: a
+            # `jax.device_put` of its own costs as much as the policy on a few environments.
             action = np.asarray(
                 act(
                     params=params,
-                    obs=jax.device_put(next_obs, device),
+                    obs=next_obs,
                     draws=draws,
                     step=step,
                     random_actions=global_step < args.learning_starts,
