@@ -30,6 +30,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from csv_columns import RUN_COLUMNS
 from measure import command_line
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -51,17 +52,6 @@ TABLE_HEADER = "\n".join(
         "|---|---|---|---|---|---|---|---|",
     ]
 )
-CSV_COLUMNS = [
-    "script",
-    "mode",
-    "env_id",
-    "seed",
-    "steps",
-    "final_return",
-    "eval_return",
-    "sps",
-    "wall_time_s",
-]
 
 
 def run(args: str, work_dir: Path) -> Path:
@@ -165,7 +155,7 @@ def main():
         rows.append(result_of(run_dirs[seed], seed))
     plot(run_dirs, options.out.with_suffix(".png"))
     with open(options.out.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=RUN_COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
 

@@ -54,6 +54,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from csv_columns import RUN_COLUMNS
 from measure import command_line
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -127,19 +128,7 @@ LAST_EPISODES = 100
 # (CleanRL's documentation, benchmark tables).
 CLEANRL_DDPG = {"HalfCheetah-v4": (8639, 1954), "Hopper-v4": (1209, 659)}
 CLEANRL_TD3 = {"HalfCheetah-v4": (9346, 771), "Hopper-v4": (2940, 656)}
-CSV_COLUMNS = [
-    "script",
-    "mode",
-    "env_id",
-    "seed",
-    "steps",
-    "final_return",
-    "eval_return",
-    "sps",
-    "wall_time_s",
-    "updates_per_second",
-    "status",
-]
+CSV_COLUMNS = [*RUN_COLUMNS, "updates_per_second", "status"]
 
 
 def plan(seeds: list[int], paper_env: str) -> dict:

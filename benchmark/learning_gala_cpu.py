@@ -29,6 +29,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from csv_columns import RUN_COLUMNS
 from measure import command_line
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -215,19 +216,7 @@ def main():
         key=lambda r: (modes.index(r["mode"]), r["seed"]),
     )
 
-    columns = [
-        "script",
-        "mode",
-        "env_id",
-        "seed",
-        "steps",
-        "final_return",
-        "eval_return",
-        "sps",
-        "wall_time_s",
-        "steps_to_475",
-        "epsilon_second_half",
-    ]
+    columns = [*RUN_COLUMNS, "steps_to_475", "epsilon_second_half"]
     with open(options.out_dir / "learning_gala_cpu.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()

@@ -34,6 +34,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from csv_columns import RUN_COLUMNS
 from measure import command_line, run_resumable
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -44,18 +45,7 @@ LAST_EPISODES = 100
 # CleanRL's sac_continuous_action.py, 1M steps, the v4 tasks: the mean and standard deviation over
 # seeds of the final episodic returns (CleanRL's documentation, "SAC: continuous action" benchmark).
 CLEANRL = {"HalfCheetah-v4": (9635, 1424), "Walker2d-v4": (3591, 911), "Hopper-v4": (2310, 343)}
-CSV_COLUMNS = [
-    "script",
-    "mode",
-    "env_id",
-    "seed",
-    "steps",
-    "final_return",
-    "eval_return",
-    "sps",
-    "wall_time_s",
-    "updates_per_second",
-]
+CSV_COLUMNS = [*RUN_COLUMNS, "updates_per_second"]
 BARE_CALLS = 20
 BARE_MEASURE = """
 import json

@@ -29,24 +29,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+from csv_columns import RUN_COLUMNS
 from learning_sac_cpu import BARE_MEASURE
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmark" / "results" / "speed_continuous_cpu"
 CLEANRL_LAYOUT = ["--local-num-envs", "1", "--num-steps", "2048", "--num-actor-threads", "1"]
-CSV_COLUMNS = [
-    "script",
-    "mode",
-    "env_id",
-    "seed",
-    "steps",
-    "final_return",
-    "eval_return",
-    "sps",
-    "wall_time_s",
-    "updates_per_second",
-]
+CSV_COLUMNS = [*RUN_COLUMNS, "updates_per_second"]
 
 SBX_PPO = """
 import sys, time
