@@ -418,7 +418,7 @@ def actor(
             tic = time.time()
             policy_step = (update - 1) * args.num_steps + step
             # The NumPy observation goes to the parameters' device with the call itself: a
-            # `jax.device_put` of its own costs as much as the policy on a few environments.
+            # `jax.device_put` of its own would be a second dispatch on every step.
             action, q_taken, q_policy = jax.device_get(act(params, next_obs, policy_step))
             inference_time += time.time() - tic
             tic = time.time()

@@ -465,7 +465,7 @@ def actor(
             tic = time.time()
             policy_step = (update - 1) * args.num_steps + step
             # The NumPy observation goes to the policy's device with the call itself: a
-            # `jax.device_put` of its own costs as much as the policy on one environment.
+            # `jax.device_put` of its own would be a second dispatch on every step.
             action, logprob, value = jax.device_get(get_action(policy, next_obs, policy_step))
             inference_time += time.time() - tic
             tic = time.time()

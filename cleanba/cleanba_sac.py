@@ -395,7 +395,7 @@ def actor(
             tic = time.time()
             global_step = ((update - 1) * args.num_steps + step) * sizes.num_envs
             # The NumPy observation goes to the parameters' device with the call itself: a
-            # `jax.device_put` of its own costs as much as the policy on a few environments.
+            # `jax.device_put` of its own would be a second dispatch on every step.
             action = np.asarray(
                 act(
                     params=params,
