@@ -565,7 +565,9 @@ def init_state(args: Args, sizes: Sizes):
         topology=args.topology,
         num_peers=args.num_peers,
     )
-    checkpoint = resume_from(run_dir_of(args), state, identity) if args.resume else None
+    checkpoint = (
+        resume_from(run_dir_of(args), state, identity, args, __file__) if args.resume else None
+    )
     state, counters = checkpoint or (state, dict(update=0, wall_time_s=0.0))
     return network, state, dict(counters, **identity)
 
@@ -930,7 +932,9 @@ def train(args: Args):
 
 def main(argv=None):
     args = parse_args(argv)
-    distributed.join(args)
+    # One device per agent of this process.
+    agents_per_process = -(-args.num_agents // distributed.num_processes_of(args))
+    distributed.join(args, num_layout_devices=agents_per_process)
     validate_layout(args)
     train(args)
 

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import io
 import math
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple, NoReturn
@@ -172,13 +173,15 @@ def check_devices(args, num_updates: int, steps_per_update: int, split_rollouts:
     environments (not so for a learner that trains on batches drawn from a replay)."""
     import jax
 
-    num_devices = len(jax.local_devices())
+    local_devices = jax.local_devices()
+    num_devices = len(local_devices)
     for name in ["actor_device_ids", "learner_device_ids"]:
         ids = getattr(args, name)
         if not ids or len(set(ids)) != len(ids) or not all(0 <= i < num_devices for i in ids):
             fail(
                 f"{flag(name)} must list distinct ids among the {num_devices} local devices "
-                f"(0..{num_devices - 1}), got {list(ids)}"
+                f"(0..{num_devices - 1}: {', '.join(map(str, local_devices))}), got {list(ids)}"
+                f"{slurm_devices_given()}"
             )
     if split_rollouts and args.local_num_envs % len(args.learner_device_ids):
         fail(
@@ -192,6 +195,20 @@ def check_devices(args, num_updates: int, steps_per_update: int, split_rollouts:
             f"({steps_per_update} steps = num envs x num steps); raise it or shrink "
             "--local-num-envs / --num-steps"
         )
+
+
+def slurm_devices_given() -> str:
+    """Under SLURM, what the task was given: its GPUs (CUDA_VISIBLE_DEVICES, which SLURM sets from
+    the job's GPU request) and its GPUs per task; else nothing."""
+    if "SLURM_JOB_ID" not in os.environ:
+        return ""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "none")
+    per_task = os.environ.get("SLURM_GPUS_PER_TASK", "not set")
+    return (
+        f"; this SLURM task (job {os.environ['SLURM_JOB_ID']}) was given the GPUs "
+        f"CUDA_VISIBLE_DEVICES={visible} (--gpus-per-task {per_task}): request as many as the "
+        "largest device id + 1 (the launcher's --slurm-gpus-per-task)"
+    )
 
 
 def available_memory() -> int | None:

@@ -115,3 +115,24 @@ def test_a_requeued_task_saves_resumes_and_ends_as_if_never_stopped(tmp_path):
     assert local.returncode == 0, local.stderr[-3000:]
     fingerprint = summary(tmp_path, "local")["params_fingerprint"]
     assert summary(tmp_path, "Hopper-v4__requeued__0__1")["params_fingerprint"] == fingerprint
+
+
+def test_each_srun_task_asks_jax_for_every_device_of_the_workstation_layout(tmp_path):
+    """The paper's a0-l1,2,3-d2 layout under a 2-task srun: each process asks JAX for devices 0 to
+    3, not for the one device of its SLURM_LOCALID (JAX's default under SLURM)."""
+    result = subprocess.run(
+        ["srun", "--ntasks", "2", "--cpus-per-task", "1", sys.executable]
+        + [str(REPO / "tests" / "device_probe.py"), "cleanba_ppo", "--env-id", "CartPole-v1"]
+        + ["--distributed", "--actor-device-ids", "0", "--learner-device-ids", "1", "2", "3"],
+        cwd=tmp_path,
+        env=dict(tasks_env(), XLA_FLAGS="--xla_force_host_platform_device_count=4"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("process "))
+    assert lines == [
+        "process 0/2: jax_cuda_visible_devices=0,1,2,3 local_devices=4",
+        "process 1/2: jax_cuda_visible_devices=0,1,2,3 local_devices=4",
+    ], result.stdout + result.stderr

@@ -1,0 +1,101 @@
+"""What a process of a --distributed run asks JAX to make visible. Under SLURM, JAX's default is one
+device per process (the one of its SLURM_LOCALID): the paper's a0-l1,2,3-d2 layout would start with
+one device instead of four. No GPU is needed to see what JAX was asked for: `jax.distributed`
+records it as `jax_cuda_visible_devices` (tests/device_probe.py prints it)."""
+
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO
+
+from cleanba_utils import distributed
+
+PROBE = [sys.executable, str(REPO / "tests" / "device_probe.py")]
+WORKSTATION = ["--distributed", "--actor-device-ids", "0", "--learner-device-ids", "1", "2", "3"]
+
+
+def test_the_original_readmes_two_terminal_run_sees_four_devices_per_process(tmp_path):
+    """The original cleanba README's two-terminal example: SLURM's variables set by hand, 4 GPUs per
+    process through CUDA_VISIBLE_DEVICES, both processes of local rank 0."""
+    job_id = random.randrange(10_000, 90_000)
+    processes = [
+        subprocess.Popen(
+            [*PROBE, "cleanba_ppo", "--env-id", "CartPole-v1", *WORKSTATION],
+            cwd=tmp_path,
+            env=dict(
+                os.environ,
+                CUDA_VISIBLE_DEVICES=",".join(str(4 * process + gpu) for gpu in range(4)),
+                SLURM_JOB_ID=str(job_id),
+                SLURM_STEP_NODELIST="localhost",
+                SLURM_NTASKS="2",
+                SLURM_PROCID=str(process),
+                SLURM_LOCALID="0",
+                SLURM_STEP_NUM_NODES="2",
+                XLA_FLAGS="--xla_force_host_platform_device_count=4",
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for process in range(2)
+    ]
+    outputs = [p.communicate(timeout=120) for p in processes]
+    for process, (p, (stdout, stderr)) in enumerate(zip(processes, outputs)):
+        assert p.returncode == 0, stderr[-3000:]
+        assert f"process {process}/2: jax_cuda_visible_devices=0,1,2,3 " in stdout, stdout
+
+
+@pytest.mark.parametrize(
+    "visible, num_layout_devices, expected",
+    [
+        ("4,5,6,7", 4, [0, 1, 2, 3]),  # every GPU SLURM gave the task, numbered from 0 by CUDA
+        ("2,3", 4, [0, 1]),  # fewer than the layout needs: the device check names them
+        ("", 3, [0, 1, 2]),  # no GPUs listed (hand-set variables, CPUs): 0 .. the largest id
+        (None, 1, [0]),
+    ],
+)
+def test_a_process_asks_for_every_gpu_of_its_task(
+    monkeypatch, visible, num_layout_devices, expected
+):
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert distributed.local_device_ids(num_layout_devices) == expected
+
+
+def test_the_layouts_devices_reach_its_largest_id():
+    class Layout:
+        actor_device_ids = (0,)
+        learner_device_ids = (2,)
+
+    assert distributed.layout_devices(Layout) == 3
+
+
+def test_a_device_the_task_was_not_given_is_named_with_what_slurm_gave(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "cleanba" / "cleanba_ppo.py"), "--env-id", "CartPole-v1"]
+        + ["--actor-device-ids", "0", "--learner-device-ids", "1", "2", "3"],
+        cwd=tmp_path,
+        env=dict(
+            os.environ,
+            SLURM_JOB_ID="4242",
+            CUDA_VISIBLE_DEVICES="3",
+            SLURM_GPUS_PER_TASK="1",
+            XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(
+        "error: --learner-device-ids must list distinct ids among the 1 local devices "
+        "(0..0: cpu:0), got [1, 2, 3]; this SLURM task (job 4242) was given the GPUs "
+        "CUDA_VISIBLE_DEVICES=3 (--gpus-per-task 1)"
+    ), lines[0]
