@@ -666,7 +666,9 @@ def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
         env_record=env_records.empty_record(sizes.num_envs, args.env_id),
         tail=padding_tail(sizes.num_envs, args.n_step, spaces),
     )
-    checkpoint = resume_from(run_dir_of(args), template, identity) if args.resume else None
+    checkpoint = (
+        resume_from(run_dir_of(args), template, identity, args, __file__) if args.resume else None
+    )
     if checkpoint is None:
         return networks, state, dict(update=0, wall_time_s=0.0, **identity), None
     saved, counters = checkpoint

@@ -601,7 +601,9 @@ def init_state(args: Args, sizes: Sizes):
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), rmsprop)
     state = QState.create(apply_fn=network.apply, params=params, target_params=params, tx=optimizer)
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
-    checkpoint = resume_from(run_dir_of(args), state, identity) if args.resume else None
+    checkpoint = (
+        resume_from(run_dir_of(args), state, identity, args, __file__) if args.resume else None
+    )
     state, counters = checkpoint or (state, dict(update=0, wall_time_s=0.0))
     return network, state, dict(counters, **identity)
 

@@ -456,7 +456,9 @@ def init_state(args: Args, sizes: Sizes):
     optimizer = optax.MultiSteps(optimizer, args.gradient_accumulation_steps, use_grad_mean=False)
     state = TrainState.create(apply_fn=network.apply, params=params, tx=optimizer)
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
-    checkpoint = resume_from(run_dir_of(args), state, identity) if args.resume else None
+    checkpoint = (
+        resume_from(run_dir_of(args), state, identity, args, __file__) if args.resume else None
+    )
     state, counters = checkpoint or (state, dict(update=0, wall_time_s=0.0))
     counters = dict(
         update=counters["update"],

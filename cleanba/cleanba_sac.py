@@ -612,7 +612,9 @@ def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
         replay=replay.snapshot(),
     )
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
-    checkpoint = resume_from(run_dir_of(args), template, identity) if args.resume else None
+    checkpoint = (
+        resume_from(run_dir_of(args), template, identity, args, __file__) if args.resume else None
+    )
     saved, counters = checkpoint or (None, dict(update=0, wall_time_s=0.0))
     if saved is not None:
         state = saved.learner

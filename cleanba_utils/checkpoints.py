@@ -2,16 +2,20 @@
 temporary name and renamed into place, so that a crash while writing leaves the previous one intact
 and a damaged file is recognized and skipped on resume."""
 
+import dataclasses
 import glob
 import hashlib
+import json
 import os
 import sys
 
 import flax.serialization
 import jax
+import numpy as np
 
 from cleanba_utils.devices import first_replica
 from cleanba_utils.parsing import fail
+from cleanba_utils.run_args import RESUMABLE_CHANGES
 
 CHECKSUM_BYTES = 64  # a hex sha256
 
@@ -35,9 +39,9 @@ def save_checkpoint(run_dir: str, state, counters: dict, keep: int = 2, host_cop
         os.remove(old)
 
 
-def load_checkpoint(run_dir: str, state):
-    """(state, counters) of the newest checkpoint whose checksum holds, or None when there is none.
-    `state` is an unreplicated template of the saved state."""
+def newest_checkpoint(run_dir: str):
+    """(path, contents) of the newest checkpoint of `run_dir` whose checksum holds, or None when
+    there is none; the contents hold "state" (a state dict) and "counters"."""
     for path in sorted(glob.glob(os.path.join(run_dir, "checkpoints", "*.ckpt")), reverse=True):
         with open(path, "rb") as f:
             data = f.read()
@@ -45,28 +49,145 @@ def load_checkpoint(run_dir: str, state):
         if hashlib.sha256(payload).hexdigest().encode() != data[:CHECKSUM_BYTES]:
             print(f"warning: checkpoint {path} is damaged; trying the one before", file=sys.stderr)
             continue
-        saved = flax.serialization.msgpack_restore(payload)
-        try:
-            restored = flax.serialization.from_state_dict(state, saved["state"])
-        except (ValueError, KeyError) as error:
-            fail(
-                f"--resume: {path} holds other contents than this script's checkpoints "
-                f"({error}); it was written by another version: resume with that version, or "
-                "start a new run"
-            )
-        return restored, saved["counters"]
+        return path, flax.serialization.msgpack_restore(payload)
     return None
 
 
-def resume_from(run_dir: str, state, identity: dict):
-    """Like `load_checkpoint`, but refuses (exit 2) a checkpoint whose `identity` (the global sizes
-    and the seed) differs from this run's: resuming it would silently change the experiment."""
-    checkpoint = load_checkpoint(run_dir, state)
-    if checkpoint:
-        saved = {key: checkpoint[1].get(key) for key in identity}
-        if saved != identity:
-            fail(
-                f"--resume: the checkpoint of {run_dir} is of another run ({saved}, "
-                f"this run {identity}); resume with the same global hyperparameters"
-            )
-    return checkpoint
+def restored_state(path: str, state, saved_state: dict):
+    """`state` (an unreplicated template) with the values of the checkpoint at `path`."""
+    try:
+        return flax.serialization.from_state_dict(state, saved_state)
+    except (ValueError, KeyError) as error:
+        fail(
+            f"--resume: {path} holds other contents than this script's checkpoints "
+            f"({error}); it was written by another version: resume with that version, or "
+            "start a new run"
+        )
+
+
+def load_checkpoint(run_dir: str, state):
+    """(state, counters) of the newest checkpoint whose checksum holds, or None when there is none.
+    `state` is an unreplicated template of the saved state."""
+    newest = newest_checkpoint(run_dir)
+    if newest is None:
+        return None
+    path, saved = newest
+    return restored_state(path, state, saved["state"]), saved["counters"]
+
+
+OPTIONS_RECORD = "options"
+"""the counters' key of the run's script and options (`options_record`)"""
+
+
+def options_record(args, script_path: str) -> dict:
+    """What a checkpoint records of its experiment: the script's file name and every option (msgpack
+    and JSON hold lists, not tuples)."""
+    return dict(
+        script=os.path.basename(script_path),
+        args=json.loads(json.dumps(dataclasses.asdict(args))),
+    )
+
+
+def option_value(value) -> str:
+    """An option's value as the command line gives it."""
+    if isinstance(value, list):
+        return " ".join(map(str, value)) if value else "(empty)"
+    if value == "":
+        return '""'
+    return str(value)
+
+
+MISSING = object()
+"""an option that a record lacks"""
+
+
+def changed_options(saved_args: dict, args: dict, allowed) -> list[str]:
+    """`--option saved -> new` for each option of `saved_args` or `args` (two `options_record`
+    args) whose values differ, except the `allowed` ones; an option that one of them lacks (another
+    version's) counts as changed."""
+    changes = []
+    for name in [*args, *(name for name in saved_args if name not in args)]:
+        if name in allowed or saved_args.get(name, MISSING) == args.get(name, MISSING):
+            continue
+        saved = option_value(saved_args[name]) if name in saved_args else "(not recorded)"
+        new = option_value(args[name]) if name in args else "(no such option)"
+        changes.append(f"--{name.replace('_', '-')} {saved} -> {new}")
+    return changes
+
+
+def changed_sizes(saved_identity: dict, identity: dict, option_names) -> list[str]:
+    """`name saved -> new` for each entry of `identity` (global sizes, the seed, ...; a dict of them
+    is read entry by entry) that differs from `saved_identity`, except the options among them,
+    which `changed_options` names."""
+    changes = []
+    for key, value in identity.items():
+        if key in option_names:
+            continue
+        saved = saved_identity.get(key)
+        if isinstance(value, dict):
+            saved = saved or {}
+            changes += [f"{k} {saved.get(k)} -> {v}" for k, v in value.items() if saved.get(k) != v]
+        elif saved != value:
+            changes.append(f"{key} {saved} -> {value}")
+    return changes
+
+
+def refuse_another_experiment(run_dir: str, counters: dict, identity: dict, record: dict):
+    """Exit 2 with one line where the checkpoint's `counters` are of another experiment than
+    `record` (this run's `options_record`) and `identity`."""
+    saved_record = counters.get(OPTIONS_RECORD)
+    if saved_record is None:
+        fail(
+            f"--resume: the checkpoint of {run_dir} predates the record of a run's options, so "
+            "it cannot be compared with this run; resume it with the version that wrote it (its "
+            f"git sha is in {os.path.join(run_dir, 'spec.json')}) or start a new run"
+        )
+    if saved_record["script"] != record["script"]:
+        fail(
+            f"--resume: the checkpoint of {run_dir} is {saved_record['script']}'s, not "
+            f"{record['script']}'s; start a new run under another --run-name"
+        )
+    changes = changed_options(saved_record["args"], record["args"], RESUMABLE_CHANGES)
+    size_changes = changed_sizes(counters, identity, record["args"])
+    if size_changes:
+        changes.append(f"global sizes {', '.join(size_changes)}")
+    if changes:
+        fail(
+            f"--resume: the checkpoint of {run_dir} is of another experiment: "
+            f"{', '.join(changes)}; resume with the options it was trained with (its spec.json "
+            "has them), or start a new run under another --run-name"
+        )
+
+
+def agree_on_update(run_dir: str, update: int):
+    """In a multi-process run: exit 2 with one line unless every process found the checkpoint of
+    the same `update` (0: none)."""
+    from jax.experimental import multihost_utils
+
+    updates = multihost_utils.process_allgather(np.int32(update)).tolist()
+    if len(set(updates)) > 1:
+        found = ", ".join(
+            f"process {process} update {found}" if found else f"process {process} none"
+            for process, found in enumerate(updates)
+        )
+        fail(
+            f"--resume: the processes of this run found other checkpoints in {run_dir} "
+            f"({found}); every process must read the same run folder (one shared between the "
+            "nodes)"
+        )
+
+
+def resume_from(run_dir: str, state, identity: dict, args, script_path: str):
+    """Like `load_checkpoint`, but refuses (exit 2) a checkpoint of another experiment: another
+    script, an option outside `run_args.RESUMABLE_CHANGES`, or another `identity` (the global sizes,
+    the seed); resuming it would silently change the experiment. Every process of a multi-process
+    run must find the same update."""
+    newest = newest_checkpoint(run_dir)
+    if jax.process_count() > 1:
+        agree_on_update(run_dir, newest[1]["counters"]["update"] if newest else 0)
+    if newest is None:
+        return None
+    path, saved = newest
+    record = options_record(args, script_path)
+    refuse_another_experiment(run_dir, saved["counters"], identity, record)
+    return restored_state(path, state, saved["state"]), saved["counters"]

@@ -19,7 +19,7 @@ import numpy as np
 from tensorboardX import SummaryWriter
 
 from cleanba_utils import devices, distributed, parsing, run_files, signals
-from cleanba_utils.checkpoints import save_checkpoint
+from cleanba_utils.checkpoints import OPTIONS_RECORD, options_record, save_checkpoint
 from cleanba_utils.threads import Stopped
 
 # XLA reports a device allocation it cannot make as RESOURCE_EXHAUSTED: the run asked for more than
@@ -61,7 +61,7 @@ class Run:
     writer: SummaryWriter
     counters: dict
     """what a checkpoint saves besides the state: the update, the wall time before a resume, sizes,
-    seed"""
+    seed, and the script and its options (`checkpoints.options_record`), which --resume compares"""
     stop_agreed: object
     """a function of `received_signals`: True when any process of the run received a stop signal"""
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -516,7 +516,7 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
         name=name,
         dir=run_dir,
         writer=writer,
-        counters=counters,
+        counters=counters | {OPTIONS_RECORD: options_record(args, script_path)},
         stop_agreed=stop_agreed,
         evaluations=evaluations,
     )

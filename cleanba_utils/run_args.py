@@ -84,3 +84,40 @@ RUN_NEEDS = {
         "--run-name, the run folder whose checkpoints to continue from",
     ),
 }
+
+# The options that `--resume` lets change: they leave the experiment the same. Every other option of
+# a script's `Args` is compared with the checkpoint's record (`checkpoints.resume_from`).
+RESUMABLE_CHANGES = frozenset(
+    [
+        # naming and logging the run: where its records go, not what it trains
+        "exp_name",
+        "run_name",
+        "group",
+        "track",
+        "wandb_project_name",
+        "wandb_entity",
+        "log_frequency",
+        "save_model",
+        # evaluation plays environments of its own and never changes the run
+        "eval_episodes",
+        "eval_every",
+        # checkpoints save the run, they do not change it
+        "checkpoint_every",
+        "resume",
+        # the layout over devices, threads and processes: the same data up to float rounding (the
+        # README's "Reproducibility"); the global number of environments is compared as a size
+        "actor_device_ids",
+        "learner_device_ids",
+        "num_actor_threads",
+        "local_num_envs",
+        "distributed",
+        "coordinator_address",
+        "num_processes",
+        "process_id",
+        # the same computation scheduled otherwise: envpool's workers, microbatches whose gradients
+        # sum to the minibatch's, Ape-X's replay work in a background thread or not
+        "envpool_num_threads",
+        "gradient_accumulation_steps",
+        "pipeline",
+    ]
+)

@@ -213,14 +213,15 @@ def test_a_checkpoint_of_another_version_is_one_line_and_exit_2(tmp_path, capsys
 
 
 def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, capsys):
-    checkpoints.save_checkpoint(str(tmp_path), replicated_state(1.0)[0], dict(update=1, seed=1))
-    assert (
-        checkpoints.resume_from(str(tmp_path), replicated_state(0.0)[1], dict(seed=1))[1]["update"]
-        == 1
-    )
+    record = checkpoints.options_record(Options(), "script.py")
+    counters = dict(update=1, seed=1, options=record)
+    checkpoints.save_checkpoint(str(tmp_path), replicated_state(1.0)[0], counters)
+    template = replicated_state(0.0)[1]
+    resumed = checkpoints.resume_from(str(tmp_path), template, dict(seed=1), Options(), "script.py")
+    assert resumed[1]["update"] == 1
     with pytest.raises(SystemExit) as exit_:
-        checkpoints.resume_from(str(tmp_path), replicated_state(0.0)[1], dict(seed=2))
-    assert exit_.value.code == 2 and "of another run" in capsys.readouterr().err
+        checkpoints.resume_from(str(tmp_path), template, dict(seed=2), Options(), "script.py")
+    assert exit_.value.code == 2 and "of another experiment" in capsys.readouterr().err
 
 
 # signals
