@@ -17,13 +17,14 @@ TEMPLATE = os.path.join(REPO, "cleanba.slurm_template")
 GAMES = ["Breakout-v5", "Pong-v5"]
 
 # Stands in for a training script: records its argv, writes to both streams, fails on Pong with
-# --fail-pong, and with --sleep waits until SIGTERM or SIGUSR1 and notes which one it got.
+# --fail-pong, and with --sleep waits until SIGTERM or SIGUSR1, notes which one it got and exits
+# 128 + its number (as the scripts do after saving their checkpoint).
 FAKE_TRAIN = """
 import json, os, signal, sys, time
 here = os.path.dirname(os.path.abspath(__file__))
 def stopped(signum, frame):
     open(os.path.join(here, "stopped-" + signal.Signals(signum).name), "w").close()
-    sys.exit(0)
+    sys.exit(128 + signum)
 signal.signal(signal.SIGTERM, stopped)
 signal.signal(signal.SIGUSR1, stopped)
 os.makedirs(os.path.join(here, "calls"), exist_ok=True)
@@ -233,6 +234,10 @@ def test_sbatch_script_has_every_command_and_requeue(tmp_path, fake_train):
             "16",
             "--slurm-partition",
             "gpu",
+            "--slurm-time",
+            "2-00:00:00",
+            "--slurm-signal-lead",
+            "300",
             "--dry-run",
         ),
     )
@@ -259,21 +264,36 @@ def test_sbatch_script_has_every_command_and_requeue(tmp_path, fake_train):
         "#SBATCH --ntasks=2",
         "#SBATCH --gpus-per-task=4",
         "#SBATCH --cpus-per-task=8",
+        "#SBATCH --time=2-00:00:00",
         "#SBATCH --requeue",
-        "#SBATCH --signal=B:USR1@120",
+        "#SBATCH --signal=B:USR1@300",
         "command=${commands[$SLURM_ARRAY_TASK_ID]}",
-        '    scontrol requeue "$SLURM_JOB_ID"',
-        "trap 'checkpoint_and_requeue USR1' USR1",
-        "trap 'checkpoint_and_requeue TERM' TERM",
+        "trap 'pass_on USR1' USR1",
+        "trap 'pass_on TERM' TERM",
         'srun bash -c "exec $command" &',
+        '    scontrol requeue "$SLURM_JOB_ID"',
     ]
     assert [line for line in script.splitlines() if line in expected] == expected
     assert "{{" not in script
-    without_partition = launch(tmp_path, *slurm_args(fake_train, "--dry-run")).stdout
-    assert "--partition" not in without_partition
+    defaults = launch(tmp_path, *slurm_args(fake_train, "--dry-run")).stdout
+    assert "--partition" not in defaults and "--time" not in defaults
+    assert "#SBATCH --signal=B:USR1@120" in defaults.splitlines()
 
 
-def test_sbatch_script_is_saved_submitted_and_requeues(tmp_path, fake_train):
+@pytest.mark.parametrize(
+    "signal_sent, requeued, exit_code",
+    [
+        # The time limit's signal: the run saves and stops (128 + USR1), the task is requeued.
+        (signal.SIGUSR1, True, None),
+        # A user's scancel (or preemption, which SLURM requeues itself): the task ends.
+        (signal.SIGTERM, False, 128 + signal.SIGTERM),
+        # A run that ends by itself is never requeued.
+        (None, False, 0),
+    ],
+)
+def test_the_batch_script_requeues_only_a_run_stopped_by_the_time_limit(
+    tmp_path, fake_train, signal_sent, requeued, exit_code
+):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, body in [
@@ -284,15 +304,17 @@ def test_sbatch_script_is_saved_submitted_and_requeues(tmp_path, fake_train):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
     env = os.environ | {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    result = launch(tmp_path, *slurm_args(f"{fake_train} --sleep"), env=env)
+    sleep = " --sleep" if signal_sent else ""
+    result = launch(tmp_path, *slurm_args(f"{fake_train}{sleep}"), env=env)
     assert result.returncode == 0, result.stderr
-    script = tmp_path / "runs" / "_launcher" / "fake_train" / "fake_train.sbatch"
+    log_dir = tmp_path / "runs" / "_launcher" / "fake_train"
+    script = log_dir / "fake_train.sbatch"
     assert (bin_dir / "sbatch.args").read_text().split() == [
         "--parsable",
         str(script.relative_to(tmp_path)),
     ]
 
-    task_env = env | {"SLURM_ARRAY_TASK_ID": "2", "SLURM_JOB_ID": "42"}
+    task_env = env | {"SLURM_ARRAY_TASK_ID": "2", "SLURM_JOB_ID": "42", "SLURM_ARRAY_JOB_ID": "40"}
     task = subprocess.Popen(
         ["bash", str(script)],
         cwd=tmp_path,
@@ -304,10 +326,22 @@ def test_sbatch_script_is_saved_submitted_and_requeues(tmp_path, fake_train):
     wait_for(lambda: len(calls(tmp_path)) == 1)
     run = calls(tmp_path)[0]
     assert (run["--env-id"], run["--seed"], run["argv"][-1]) == ("Pong-v5", "1", "--resume")
-    task.send_signal(signal.SIGUSR1)
-    assert task.wait(timeout=30) == 0, task.stdout.read()
-    assert (tmp_path / "stopped-SIGUSR1").exists()
-    assert (bin_dir / "scontrol.args").read_text().split() == ["requeue", "42"]
+    if signal_sent:
+        wait_for(lambda: len(list((tmp_path / "calls").glob("*.json"))) == 1)
+        time.sleep(0.5)  # the fake has installed its handlers
+        task.send_signal(signal_sent)
+    status = task.wait(timeout=30)
+    output = task.stdout.read()
+    if signal_sent:
+        assert (tmp_path / f"stopped-{signal_sent.name}").exists(), output
+    assert (bin_dir / "scontrol.args").exists() == requeued, output
+    if requeued:
+        assert (bin_dir / "scontrol.args").read_text().split() == ["requeue", "42"]
+        assert status == 0
+        assert not (log_dir / "40_2.exit").exists()
+    else:
+        assert status == exit_code, output
+        assert (log_dir / "40_2.exit").read_text().strip() == str(exit_code)
 
 
 VALID = ["--env-ids", "Pong-v5", "--command", "python train.py"]
@@ -336,6 +370,19 @@ VALID = ["--env-ids", "Pong-v5", "--command", "python train.py"]
         ([*VALID, "--budget", "2"], "go together"),
         ([*VALID, "--slurm-ntasks", "2"], "needs --slurm-template-path"),
         ([*VALID, "--slurm-template-path", "missing"], "no SLURM template"),
+        ([*VALID, "--slurm-time", "2:00:00"], "needs --slurm-template-path"),
+        (
+            [*VALID, "--slurm-template-path", TEMPLATE, "--slurm-time", "2h"],
+            "--slurm-time '2h' is not a SLURM time limit; give MINUTES,",
+        ),
+        (
+            [*VALID, "--slurm-template-path", TEMPLATE, "--slurm-time", "2", "--dry-run"],
+            "--slurm-signal-lead 120 s is not shorter than --slurm-time 2 (120 s)",
+        ),
+        (
+            [*VALID, "--slurm-template-path", TEMPLATE, "--slurm-signal-lead", "70000"],
+            "--slurm-signal-lead must be at most 65535 s",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
@@ -343,3 +390,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     assert result.returncode == 2
     assert result.stderr.startswith("launch: error: ") and message in result.stderr
     assert len(result.stderr.splitlines()) == 1 and result.stdout == ""
+
+
+def test_a_time_limit_needs_a_place_in_the_template(tmp_path):
+    """A template forked before the time limit existed has no {{time}}: the option would do
+    nothing."""
+    with open(TEMPLATE) as file:
+        template = file.read()
+    old = tmp_path / "old.slurm_template"
+    old.write_text(template.replace("#SBATCH --time={{time}}\n", ""))
+    result = launch(tmp_path, *VALID, "--slurm-template-path", old, "--slurm-time", "1-0")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"launch: error: --slurm-time needs a place in the SLURM template {old}, which has no "
+        "{{time}} (see cleanba.slurm_template)"
+    )
+    accepted = launch(tmp_path, *VALID, "--slurm-template-path", old, "--dry-run")
+    assert accepted.returncode == 0, accepted.stderr

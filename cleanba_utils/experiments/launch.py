@@ -162,6 +162,20 @@ def parse_command_line(argv):
         metavar="N",
         help="CPUs per run, split over its tasks (default 8)",
     )
+    add(
+        "--slurm-time",
+        metavar="TIME",
+        help="each task's time limit, in SLURM's formats (MINUTES, HOURS:MINUTES:SECONDS, "
+        "DAYS-HOURS, ...; default: the partition's); near it the task saves a checkpoint and is "
+        "requeued to continue",
+    )
+    add(
+        "--slurm-signal-lead",
+        type=cli.positive_int,
+        metavar="SECONDS",
+        help="how long before the time limit SLURM signals the task to save and requeue (default "
+        "120): long enough for one update and one checkpoint",
+    )
     add("--slurm-job-name", metavar="NAME", help="SLURM job name (default: the experiment name)")
     add(
         "--slurm-partition", metavar="NAME", help="SLURM partition (default: the cluster's default)"

@@ -16,7 +16,35 @@ SLURM_DEFAULTS = {
     "slurm_ntasks": 1,
     "slurm_nodes": 1,
     "slurm_total_cpus": 8,
+    "slurm_time": None,
+    "slurm_signal_lead": 120,
 }
+TIME_FORMATS = (
+    "MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS, DAYS-HOURS:MINUTES or "
+    "DAYS-HOURS:MINUTES:SECONDS"
+)
+MAX_SIGNAL_LEAD = 65535
+"""the longest lead SLURM's --signal takes (seconds)"""
+
+
+def time_limit_seconds(text: str) -> int:
+    """A time limit in SLURM's formats (sbatch --time), in seconds; a ValueError names the formats."""
+    days, dash, clock = text.partition("-")
+    if not dash:
+        clock = days
+        days = "0"
+    parts = clock.split(":")
+    if not all(part.isdigit() for part in [days, *parts]) or len(parts) > 3:
+        raise ValueError(f"--slurm-time {text!r} is not a SLURM time limit; give {TIME_FORMATS}")
+    numbers = [int(part) for part in parts]
+    if dash:  # DAYS-HOURS[:MINUTES[:SECONDS]]
+        hours, minutes, seconds = numbers + [0] * (3 - len(numbers))
+    elif len(numbers) == 3:  # HOURS:MINUTES:SECONDS
+        hours, minutes, seconds = numbers
+    else:  # MINUTES[:SECONDS]
+        hours = 0
+        minutes, seconds = numbers + [0] * (2 - len(numbers))
+    return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 def job_options(args):
@@ -52,6 +80,25 @@ def job_options(args):
         raise ValueError(
             "--slurm-total-cpus is smaller than --slurm-ntasks; give each task at least one CPU"
         )
+    lead = options["slurm_signal_lead"]
+    if lead > MAX_SIGNAL_LEAD:
+        raise ValueError(f"--slurm-signal-lead must be at most {MAX_SIGNAL_LEAD} s, got {lead}")
+    if options["slurm_time"] is not None:
+        limit = time_limit_seconds(options["slurm_time"])
+        if lead >= limit:
+            raise ValueError(
+                f"--slurm-signal-lead {lead} s is not shorter than --slurm-time "
+                f"{options['slurm_time']} ({limit} s): the task would be signalled before it "
+                "starts; give a longer time or a shorter lead"
+            )
+    with open(args.slurm_template_path) as file:
+        template = file.read()
+    for name, placeholder in [("slurm_time", "{{time}}"), ("slurm_signal_lead", "{{signal_lead}}")]:
+        if getattr(args, name) is not None and placeholder not in template:
+            raise ValueError(
+                f"--{name.replace('_', '-')} needs a place in the SLURM template "
+                f"{args.slurm_template_path}, which has no {placeholder} (see cleanba.slurm_template)"
+            )
     return options
 
 
@@ -70,6 +117,9 @@ def sbatch_script(template, runs, workers, log_dir, job_name, partition, options
         # No GPU request at all on a cluster of CPU nodes (its line is dropped).
         "gpus_per_task": str(options["slurm_gpus_per_task"] or "") or None,
         "cpus_per_task": str(options["slurm_total_cpus"] // options["slurm_ntasks"]),
+        # No time limit of the job's own (its line is dropped): the partition's applies.
+        "time": options["slurm_time"],
+        "signal_lead": str(options["slurm_signal_lead"]),
         "log_dir": os.path.abspath(log_dir),
         "commands": "\n".join(commands),
     }

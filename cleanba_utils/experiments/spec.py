@@ -24,8 +24,8 @@
     [resources]
     workers = 2                # runs at a time (locally) or array tasks at a time (SLURM)
     slurm_template = "cleanba.slurm_template"  # optional: submit to SLURM, with
-    # slurm_gpus_per_task, slurm_ntasks, slurm_nodes, slurm_total_cpus, slurm_job_name,
-    # slurm_partition
+    # slurm_gpus_per_task, slurm_ntasks, slurm_nodes, slurm_total_cpus, slurm_time ("2-00:00:00"),
+    # slurm_signal_lead (seconds), slurm_job_name, slurm_partition
 
     [thresholds]               # optional, for the analysis: steps to reach these returns
     "CartPole-v1" = 475.0
@@ -48,7 +48,6 @@ trials with the same flags.
 """
 
 import json
-import os
 import subprocess
 import tomllib
 from pathlib import Path
@@ -56,6 +55,7 @@ from pathlib import Path
 import tomli_w
 
 from cleanba_utils.experiments.sweeps import DISTRIBUTIONS
+from cleanba_utils.run_files import write_json_atomically
 
 # Top-level keys and tables, each key with the launcher option (argparse dest) that it sets.
 TOP = {
@@ -82,6 +82,8 @@ TABLES = {
         "slurm_ntasks": "slurm_ntasks",
         "slurm_nodes": "slurm_nodes",
         "slurm_total_cpus": "slurm_total_cpus",
+        "slurm_time": "slurm_time",
+        "slurm_signal_lead": "slurm_signal_lead",
         "slurm_job_name": "slurm_job_name",
         "slurm_partition": "slurm_partition",
     },
@@ -95,6 +97,7 @@ TYPES = {
     "slurm_job_name": str,
     "slurm_partition": str,
     "slurm_template_path": str,
+    "slurm_time": str,
     "sweep_seed": int,
     "start_seed": int,
 }
@@ -108,6 +111,7 @@ POSITIVE = {
     "slurm_ntasks",
     "slurm_nodes",
     "slurm_total_cpus",
+    "slurm_signal_lead",
 }
 # What an experiment's `metric` may be; the analysis defines them (analyze.py).
 METRICS = ("final_return", "auc")
@@ -288,13 +292,6 @@ def git_revision() -> dict:
         ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
     )
     return dict(git_sha=head.stdout.strip() or "unknown", git_dirty=bool(changes.stdout.strip()))
-
-
-def write_json_atomically(path: Path, record: dict):
-    # Atomic: analysis and other search workers may read the file at any time.
-    temporary = path.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(record, indent=1))
-    os.replace(temporary, path)
 
 
 def prepare_folder(experiment_dir: Path, text: str, record: dict):
