@@ -28,7 +28,7 @@ MAX_SIGNAL_LEAD = 65535
 
 
 def time_limit_seconds(text: str) -> int:
-    """A time limit in SLURM's formats (sbatch --time), in seconds; a ValueError names the formats."""
+    """A time limit in SLURM's formats (sbatch --time), in seconds; a ValueError names them."""
     days, dash, clock = text.partition("-")
     if not dash:
         clock = days
@@ -97,7 +97,8 @@ def job_options(args):
         if getattr(args, name) is not None and placeholder not in template:
             raise ValueError(
                 f"--{name.replace('_', '-')} needs a place in the SLURM template "
-                f"{args.slurm_template_path}, which has no {placeholder} (see cleanba.slurm_template)"
+                f"{args.slurm_template_path}, which has no {placeholder} "
+                "(see cleanba.slurm_template)"
             )
     return options
 
