@@ -1,6 +1,7 @@
 """The SLURM path, run for real on a one-node cluster of this machine (benchmark/slurm_local.sh):
 the launcher's job arrays, a multi-process run under srun, preemption and requeue, and a failing
-task, each compared with the same runs without SLURM.
+task, each compared with the same runs without SLURM; then the checks of benchmark/slurm_stops.py
+(preemption without periodic checkpoints, a time limit, scancel).
 
     python benchmark/slurm_local.py                   # starts the cluster if none runs (as root)
     python benchmark/slurm_local.py --work-dir DIR    # where the runs go (default: a new folder
@@ -253,9 +254,10 @@ def with_step(line: str, steps_per_update: int) -> str:
 
 
 def preemption(lab: Lab) -> dict:
-    """Two SAC runs as one array. Task 0 is requeued (`scontrol requeue`) while it trains; task 1
-    gets `scancel --signal=TERM`, then is requeued. Each saves a checkpoint on SIGTERM, starts
-    again and resumes; its fingerprint is compared with the same run uninterrupted."""
+    """Two SAC runs as one array. Task 0 is requeued (`scontrol requeue`) while it trains; then a
+    job of the higher-priority partition `urgent` that needs every CPU preempts the running tasks.
+    Each saves a checkpoint on SIGTERM and SLURM requeues it; it starts again and resumes; its
+    fingerprint is compared with the same run uninterrupted."""
     command = f"{SAC_HOPPER} --total-timesteps {PREEMPTED_STEPS} --checkpoint-every 25"
     argv = launcher("preempted", "Hopper-v4", 2, command, slurm=True)
     argv.remove("--slurm-wait")
@@ -269,31 +271,22 @@ def preemption(lab: Lab) -> dict:
         [
             ("scontrol requeue", [["scontrol", "requeue", f"{job_id}_0"]]),
             (
-                "scancel --signal=TERM, then scontrol requeue",
+                "preempted by a job of the partition urgent",
                 [
-                    ["scancel", "--signal=TERM", f"{job_id}_1"],
-                    ["scontrol", "requeue", f"{job_id}_1"],
+                    [
+                        *["sbatch", "--parsable", "--partition", "urgent", "--output", "/dev/null"],
+                        *["--cpus-per-task", os.cpu_count(), "--wrap", "sleep 5"],
+                    ]
                 ],
             ),
         ]
     ):
         hows.append(how)
         wait_for_text(logs[task], "update 40/")
-        for number, action in enumerate(actions):
-            if number:  # the requeue once the task has ended
-                while f"{job_id}_{task}" in task_states(job_id):
-                    time.sleep(0.5)
-                events.append(
-                    (
-                        task,
-                        time.time(),
-                        "ended (exit file: "
-                        f"{(log_dir / f'{job_id}_{task}.exit').read_text().strip()})",
-                    )
-                )
+        for action in actions:
             lab.run(action)
-            events.append((task, time.time(), shlex.join(action)))
-            log(f"task {task}: {shlex.join(action)}")
+            events.append((task, time.time(), shlex.join(map(str, action))))
+            log(f"task {task}: {shlex.join(map(str, action))}")
     # Until both end: when each requeued task waits, starts again and ends.
     last = {}
     while True:
@@ -453,9 +446,11 @@ def report(lab: Lab, checks: dict, started: float) -> str:
         "## 3. Preemption",
         "",
         "SAC on Hopper, 2 seeds, one array. Each task, once its log showed update 40, was stopped: "
-        "task 0 with `scontrol requeue`, task 1 with `scancel --signal=TERM` and, once it had "
-        "ended, `scontrol requeue`. `equal`: the preempted run's final fingerprint is the "
-        "uninterrupted run's (SAC resumes bit for bit).",
+        "task 0 with `scontrol requeue`, task 1 by a job of the higher-priority partition `urgent` "
+        "that asked for every CPU of the node (it preempts every running task of the array: "
+        "SIGTERM, then SLURM requeues it). `equal`: the preempted run's final fingerprint is the "
+        "uninterrupted run's (SAC resumes bit for bit). The other stops (preemption without "
+        "periodic checkpoints, time limits, scancel) are in [slurm_stops.md](slurm_stops.md).",
         "",
         table(pre["rows"], keys),
         "",
@@ -524,6 +519,10 @@ def main():
         writer.writerows(rows)
     (RESULTS / "slurm_local.md").write_text(report(lab, checks, started))
     log(f"wrote {RESULTS / 'slurm_local.md'}")
+    import slurm_stops  # which imports this module's helpers
+
+    stops_started = time.time()
+    slurm_stops.write_results(lab, slurm_stops.run_checks(lab), stops_started)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # A one-node SLURM cluster on this machine, to try the SLURM path of cleanba (job arrays, srun's
 # multi-process runs, preemption and requeue) for real: Debian's slurm-wlm and munge, one node with
-# every CPU of the machine, one partition, requeue allowed, no cgroups (proctrack/linuxproc).
+# every CPU of the machine, requeue allowed, no cgroups (proctrack/linuxproc). Two partitions on the
+# node: `local` (the default) and `urgent`, whose jobs preempt those of `local` as a cluster's
+# higher-priority partition does (PreemptType=preempt/partition_prio, PreemptMode=REQUEUE: SIGTERM,
+# KillWait seconds, then the job goes back to the queue).
 #
 #   benchmark/slurm_local.sh start    install the packages if missing, start munged, slurmctld and
 #                                     slurmd, wait until the node is idle
@@ -47,11 +50,10 @@ install_packages() {
     fi
 }
 
-write_config() {
+config() {
     local memory_mb
     memory_mb=$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)
-    mkdir -p /etc/slurm "$DIR/state" "$DIR/spool"
-    cat >"$CONF" <<EOF
+    cat <<EOF
 # Written by cleanba's benchmark/slurm_local.sh: one node, $(nproc) CPUs, requeue allowed.
 ClusterName=cleanba
 SlurmctldHost=$NODE
@@ -64,6 +66,9 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 JobRequeue=1
+KillWait=30
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 ReturnToService=2
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool
@@ -72,13 +77,32 @@ SlurmdPidFile=$DIR/slurmd.pid
 SlurmctldLogFile=$DIR/slurmctld.log
 SlurmdLogFile=$DIR/slurmd.log
 NodeName=$NODE CPUs=$(nproc) RealMemory=$memory_mb State=UNKNOWN
-PartitionName=local Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+PartitionName=local Nodes=$NODE Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=urgent Nodes=$NODE MaxTime=INFINITE State=UP PriorityTier=2
 EOF
+}
+
+write_config() {
+    mkdir -p /etc/slurm "$DIR/state" "$DIR/spool"
+    config >"$CONF"
 }
 
 start() {
     mkdir -p "$DIR"
     if running slurmctld && running slurmd && [[ $(node_state) == idle* || $(node_state) == mixed* || $(node_state) == allocated* ]]; then
+        if [[ "$(config)" != "$(cat "$CONF")" ]]; then
+            # A cluster started by an earlier version of this script: its queued and running jobs
+            # survive a restart of the controller, which reads the new configuration.
+            write_config
+            kill "$(cat "$(pid_file slurmctld)")"
+            while running slurmctld; do sleep 0.1; done
+            slurmctld || fail "slurmctld did not restart (see $DIR/slurmctld.log)"
+            for _ in $(seq 60); do
+                [[ $(node_state) == unknown* ]] || break
+                sleep 0.5
+            done
+            echo "the local SLURM cluster's configuration is updated"
+        fi
         echo "the local SLURM cluster is already running: node $NODE $(node_state)"
         return
     fi
@@ -101,7 +125,7 @@ start() {
     for _ in $(seq 60); do
         case $(node_state) in
         idle*)
-            echo "the local SLURM cluster is running: node $NODE idle, $(nproc) CPUs, partition local"
+            echo "the local SLURM cluster is running: node $NODE idle, $(nproc) CPUs, partitions local and urgent"
             return
             ;;
         esac

@@ -136,3 +136,36 @@ def test_each_srun_task_asks_jax_for_every_device_of_the_workstation_layout(tmp_
         "process 0/2: jax_cuda_visible_devices=0,1,2,3 local_devices=4",
         "process 1/2: jax_cuda_visible_devices=0,1,2,3 local_devices=4",
     ], result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("how", [["scancel"], ["scancel", "--signal=TERM"]])
+def test_a_users_scancel_ends_the_task_for_good_keeping_its_checkpoint(tmp_path, how):
+    long_ppo = PPO.replace("--total-timesteps 512", "--total-timesteps 2000000")
+    submitted = launch(
+        tmp_path,
+        *["--env-ids", "CartPole-v1", "--experiment", "cancelled", "--command", long_ppo, *SLURM],
+        env=tasks_env(),
+    )
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job_id = submitted.stdout.split("submitted job array ")[1].split()[0]
+    log_dir = tmp_path / "runs" / "_launcher" / "cancelled"
+    task_log = log_dir / f"cancelled_{job_id}_0.log"
+    deadline = time.time() + 120
+    while "update 10/" not in (task_log.read_text() if task_log.exists() else ""):
+        assert time.time() < deadline, task_log.read_text() if task_log.exists() else "no log"
+        time.sleep(0.2)
+    subprocess.run([*how, f"{job_id}_0"], check=True)
+    deadline = time.time() + 60
+    while state_of(f"{job_id}_0"):
+        assert time.time() < deadline, task_log.read_text()
+        time.sleep(0.2)
+    # A requeue would show the task pending again within a second or two.
+    time.sleep(3)
+    assert state_of(f"{job_id}_0") == "", task_log.read_text()
+    text = task_log.read_text()
+    assert "requeueing" not in text
+    assert "stopped by a signal after update" in text, text[-3000:]
+    checkpoints = list(
+        (tmp_path / "runs" / "CartPole-v1__cancelled__0__1" / "checkpoints").glob("*")
+    )
+    assert [path.suffix for path in checkpoints] == [".ckpt"], text[-3000:]
