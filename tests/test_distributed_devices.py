@@ -77,8 +77,10 @@ def test_the_layouts_devices_reach_its_largest_id():
 
 def test_a_device_the_task_was_not_given_is_named_with_what_slurm_gave(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(REPO / "cleanba" / "cleanba_ppo.py"), "--env-id", "CartPole-v1"]
-        + ["--actor-device-ids", "0", "--learner-device-ids", "1", "2", "3"],
+        [
+            *[sys.executable, str(REPO / "cleanba" / "cleanba_ppo.py"), "--env-id", "CartPole-v1"],
+            *["--actor-device-ids", "0", "--learner-device-ids", "1", "2", "3"],
+        ],
         cwd=tmp_path,
         env=dict(
             os.environ,

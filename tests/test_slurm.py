@@ -121,9 +121,11 @@ def test_each_srun_task_asks_jax_for_every_device_of_the_workstation_layout(tmp_
     """The paper's a0-l1,2,3-d2 layout under a 2-task srun: each process asks JAX for devices 0 to
     3, not for the one device of its SLURM_LOCALID (JAX's default under SLURM)."""
     result = subprocess.run(
-        ["srun", "--ntasks", "2", "--cpus-per-task", "1", sys.executable]
-        + [str(REPO / "tests" / "device_probe.py"), "cleanba_ppo", "--env-id", "CartPole-v1"]
-        + ["--distributed", "--actor-device-ids", "0", "--learner-device-ids", "1", "2", "3"],
+        [
+            *["srun", "--ntasks", "2", "--cpus-per-task", "1", sys.executable],
+            *[str(REPO / "tests" / "device_probe.py"), "cleanba_ppo", "--env-id", "CartPole-v1"],
+            *["--distributed", "--actor-device-ids", "0", "--learner-device-ids", "1", "2", "3"],
+        ],
         cwd=tmp_path,
         env=dict(tasks_env(), XLA_FLAGS="--xla_force_host_platform_device_count=4"),
         capture_output=True,
@@ -138,34 +140,37 @@ def test_each_srun_task_asks_jax_for_every_device_of_the_workstation_layout(tmp_
     ], result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("how", [["scancel"], ["scancel", "--signal=TERM"]])
-def test_a_users_scancel_ends_the_task_for_good_keeping_its_checkpoint(tmp_path, how):
+def test_a_users_scancel_ends_the_task_for_good_keeping_its_checkpoint(tmp_path):
+    """Two tasks of one array: `scancel` of task 0, `scancel --signal=TERM` of task 1. Each run
+    saves a checkpoint and its task ends; neither the batch script nor SLURM queues it again."""
     long_ppo = PPO.replace("--total-timesteps 512", "--total-timesteps 2000000")
     submitted = launch(
         tmp_path,
-        *["--env-ids", "CartPole-v1", "--experiment", "cancelled", "--command", long_ppo, *SLURM],
+        *["--env-ids", "CartPole-v1", "--experiment", "cancelled", "--command", long_ppo],
+        *["--num-seeds", "2", *SLURM],
         env=tasks_env(),
     )
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     job_id = submitted.stdout.split("submitted job array ")[1].split()[0]
     log_dir = tmp_path / "runs" / "_launcher" / "cancelled"
-    task_log = log_dir / f"cancelled_{job_id}_0.log"
-    deadline = time.time() + 120
-    while "update 10/" not in (task_log.read_text() if task_log.exists() else ""):
-        assert time.time() < deadline, task_log.read_text() if task_log.exists() else "no log"
-        time.sleep(0.2)
-    subprocess.run([*how, f"{job_id}_0"], check=True)
-    deadline = time.time() + 60
-    while state_of(f"{job_id}_0"):
-        assert time.time() < deadline, task_log.read_text()
-        time.sleep(0.2)
-    # A requeue would show the task pending again within a second or two.
+    for task, how in enumerate([["scancel"], ["scancel", "--signal=TERM"]]):
+        task_log = log_dir / f"cancelled_{job_id}_{task}.log"
+        deadline = time.time() + 180
+        while "update 10/" not in (task_log.read_text() if task_log.exists() else ""):
+            assert time.time() < deadline, task_log.read_text() if task_log.exists() else "no log"
+            time.sleep(0.2)
+        subprocess.run([*how, f"{job_id}_{task}"], check=True)
+    for task in range(2):
+        deadline = time.time() + 60
+        while state_of(f"{job_id}_{task}"):
+            assert time.time() < deadline, state_of(f"{job_id}_{task}")
+            time.sleep(0.2)
+    # A requeue would show a task pending again within a second or two.
     time.sleep(3)
-    assert state_of(f"{job_id}_0") == "", task_log.read_text()
-    text = task_log.read_text()
-    assert "requeueing" not in text
-    assert "stopped by a signal after update" in text, text[-3000:]
-    checkpoints = list(
-        (tmp_path / "runs" / "CartPole-v1__cancelled__0__1" / "checkpoints").glob("*")
-    )
-    assert [path.suffix for path in checkpoints] == [".ckpt"], text[-3000:]
+    for task in range(2):
+        text = (log_dir / f"cancelled_{job_id}_{task}.log").read_text()
+        assert state_of(f"{job_id}_{task}") == "", text[-3000:]
+        assert "requeueing" not in text
+        assert "stopped by a signal after update" in text, text[-3000:]
+        run_dir = tmp_path / "runs" / f"CartPole-v1__cancelled__0__{task + 1}"
+        assert [path.suffix for path in (run_dir / "checkpoints").glob("*")] == [".ckpt"]
