@@ -25,8 +25,8 @@ def num_processes_of(args) -> int:
 
 def local_device_ids(num_layout_devices: int) -> list[int]:
     """The local device ids a process of a --distributed run asks JAX for: every GPU its task was
-    given (all of CUDA_VISIBLE_DEVICES, which SLURM sets to the task's GPUs and CUDA numbers from 0),
-    else devices 0 .. `num_layout_devices` - 1. Never JAX's own default under SLURM, one device per
+    given (all of CUDA_VISIBLE_DEVICES, which SLURM sets to the task's GPUs, numbered from 0 by
+    CUDA), else devices 0 .. `num_layout_devices` - 1. Never JAX's own default under SLURM, one device per
     process (the one of its local rank), which breaks every layout of several devices per task; and
     never only the ids the layout names, since the scripts index `jax.local_devices()` by id (a
     layout such as a0-l2 needs devices 0 to 2)."""
@@ -41,8 +41,8 @@ def layout_devices(args) -> int:
 
 def join(args, num_layout_devices: int | None = None):
     """Joins the run with --distributed, before anything starts a JAX backend, with every device
-    the process uses (`local_device_ids`; `num_layout_devices`: by default `layout_devices(args)`). A
-    failure to join is the user's configuration: one line, exit 2."""
+    the process uses (`local_device_ids`; `num_layout_devices`: by default `layout_devices(args)`).
+    A failure to join is the user's configuration: one line, exit 2."""
     if not args.distributed:
         return
     if num_layout_devices is None:
