@@ -26,10 +26,10 @@ def num_processes_of(args) -> int:
 def local_device_ids(num_layout_devices: int) -> list[int]:
     """The local device ids a process of a --distributed run asks JAX for: every GPU its task was
     given (all of CUDA_VISIBLE_DEVICES, which SLURM sets to the task's GPUs, numbered from 0 by
-    CUDA), else devices 0 .. `num_layout_devices` - 1. Never JAX's own default under SLURM, one device per
-    process (the one of its local rank), which breaks every layout of several devices per task; and
-    never only the ids the layout names, since the scripts index `jax.local_devices()` by id (a
-    layout such as a0-l2 needs devices 0 to 2)."""
+    CUDA), else devices 0 .. `num_layout_devices` - 1. Never JAX's own default under SLURM, one
+    device per process (the one of its local rank), which breaks every layout of several devices
+    per task; and never only the ids the layout names, since the scripts index
+    `jax.local_devices()` by id (a layout such as a0-l2 needs devices 0 to 2)."""
     given = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     return list(range(len(given) or num_layout_devices))
 
