@@ -932,8 +932,8 @@ def train(args: Args):
 
 def main(argv=None):
     args = parse_args(argv)
-    # One device per agent of this process.
-    agents_per_process = -(-args.num_agents // distributed.num_processes_of(args))
+    # One device per agent of this process (validate_layout refuses agents that do not divide).
+    agents_per_process = max(1, args.num_agents // distributed.num_processes_of(args))
     distributed.join(args, num_layout_devices=agents_per_process)
     validate_layout(args)
     train(args)
