@@ -17,35 +17,62 @@ PROBE = [sys.executable, str(REPO / "tests" / "device_probe.py")]
 WORKSTATION = ["--distributed", "--actor-device-ids", "0", "--learner-device-ids", "1", "2", "3"]
 
 
+def probed_by_hand(tmp_path, script_and_args: list, gpus_of) -> list[str]:
+    """Two processes with SLURM's variables set by hand (both of local rank 0, as on two nodes),
+    `gpus_of(process)` their CUDA_VISIBLE_DEVICES (None: unset); the stdout of each."""
+    job_id = random.randrange(10_000, 90_000)
+    processes = []
+    for process in range(2):
+        env = dict(
+            os.environ,
+            SLURM_JOB_ID=str(job_id),
+            SLURM_STEP_NODELIST="localhost",
+            SLURM_NTASKS="2",
+            SLURM_PROCID=str(process),
+            SLURM_LOCALID="0",
+            SLURM_STEP_NUM_NODES="2",
+            XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        )
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        if gpus_of(process) is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpus_of(process)
+        processes.append(
+            subprocess.Popen(
+                [*PROBE, *script_and_args],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outputs = [p.communicate(timeout=120) for p in processes]
+    for p, (_, stderr) in zip(processes, outputs):
+        assert p.returncode == 0, stderr[-3000:]
+    return [stdout for stdout, _ in outputs]
+
+
 def test_the_original_readmes_two_terminal_run_sees_four_devices_per_process(tmp_path):
     """The original cleanba README's two-terminal example: SLURM's variables set by hand, 4 GPUs per
     process through CUDA_VISIBLE_DEVICES, both processes of local rank 0."""
-    job_id = random.randrange(10_000, 90_000)
-    processes = [
-        subprocess.Popen(
-            [*PROBE, "cleanba_ppo", "--env-id", "CartPole-v1", *WORKSTATION],
-            cwd=tmp_path,
-            env=dict(
-                os.environ,
-                CUDA_VISIBLE_DEVICES=",".join(str(4 * process + gpu) for gpu in range(4)),
-                SLURM_JOB_ID=str(job_id),
-                SLURM_STEP_NODELIST="localhost",
-                SLURM_NTASKS="2",
-                SLURM_PROCID=str(process),
-                SLURM_LOCALID="0",
-                SLURM_STEP_NUM_NODES="2",
-                XLA_FLAGS="--xla_force_host_platform_device_count=4",
-            ),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for process in range(2)
-    ]
-    outputs = [p.communicate(timeout=120) for p in processes]
-    for process, (p, (stdout, stderr)) in enumerate(zip(processes, outputs)):
-        assert p.returncode == 0, stderr[-3000:]
+    outputs = probed_by_hand(
+        tmp_path,
+        ["cleanba_ppo", "--env-id", "CartPole-v1", *WORKSTATION],
+        gpus_of=lambda process: ",".join(str(4 * process + gpu) for gpu in range(4)),
+    )
+    for process, stdout in enumerate(outputs):
         assert f"process {process}/2: jax_cuda_visible_devices=0,1,2,3 " in stdout, stdout
+
+
+def test_a_gala_process_asks_for_one_device_per_agent_of_its_own(tmp_path):
+    """GALA has no device ids: 4 agents over 2 processes are 2 devices each."""
+    outputs = probed_by_hand(
+        tmp_path,
+        ["cleanba_gala_a2c", "--env-id", "CartPole-v1", "--num-agents", "4", "--distributed"],
+        gpus_of=lambda process: None,
+    )
+    for process, stdout in enumerate(outputs):
+        assert f"process {process}/2: jax_cuda_visible_devices=0,1 " in stdout, stdout
 
 
 @pytest.mark.parametrize(
