@@ -488,17 +488,23 @@ def report(lab: Lab, checks: dict, started: float) -> str:
     return "\n".join(lines)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def open_lab(description: str, name: str) -> Lab:
+    """The command line's --work-dir (default: a new folder under /tmp) as a Lab, once the local
+    cluster runs (started here if it does not)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--work-dir", type=Path)
     args = parser.parse_args()
-    started = time.time()
     if subprocess.run(["bash", REPO / "benchmark" / "slurm_local.sh", "start"]).returncode:
-        sys.exit("slurm_local: no SLURM cluster could be started (see the line above)")
-    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="cleanba-slurm-evidence-"))
+        sys.exit(f"{name}: no SLURM cluster could be started (see the line above)")
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix=f"cleanba-{name}-"))
     work_dir.mkdir(parents=True, exist_ok=True)
-    lab = Lab(work_dir)
     log(f"work folder {work_dir}")
+    return Lab(work_dir)
+
+
+def main():
+    started = time.time()
+    lab = open_lab(__doc__.splitlines()[0], "slurm_local")
     checks = dict(
         arrays=job_arrays(lab),
         multi_process=multi_process(lab),

@@ -12,15 +12,12 @@ benchmark/results/slurm_stops.md (what ran, the exact commands, the seconds from
 checkpoint), .csv (one row per run) and .png (the time-limited run's steps against wall time).
 """
 
-import argparse
 import csv
 import datetime
 import os
 import platform
 import re
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,21 +26,30 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from csv_columns import RUN_COLUMNS
-from slurm_local import REPO, RESULTS, Lab, launcher, log, task_states, wait_for_text
+from slurm_local import (
+    REPO,
+    RESULTS,
+    Lab,
+    launcher,
+    log,
+    open_lab,
+    task_states,
+    wait_for_text,
+)
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 POLL_SECONDS = 0.2
 # Updates that outlast the stop grace (signals.STOP_GRACE_SECONDS) on one CPU: the default IMPALA
 # network on a mid-size rollout.
 IMPALA_MID_SIZE = (
-    f"python {REPO}/cleanba/cleanba_impala.py --num-actor-threads 1 --local-num-envs 32 "
+    f"python {REPO}/cleanba/cleanba_impala.py --num-actor-threads 1 --local-num-envs 16 "
     "--num-steps 20 --log-frequency 1 --total-timesteps 10000000"
 )
 PPO_HOPPER = f"python {REPO}/cleanba/cleanba_ppo_continuous.py --total-timesteps 1000000"
 # A checkpoint that holds SAC's replay of a million transitions.
 SAC_HOPPER = f"python {REPO}/cleanba/cleanba_sac.py --total-timesteps 1000000"
 PREEMPTED = [
-    ("impala_breakout", "Breakout-v5", IMPALA_MID_SIZE, "update 3/"),
+    ("impala_breakout", "Breakout-v5", IMPALA_MID_SIZE, "update 2/"),
     ("ppo_continuous_hopper", "Hopper-v4", PPO_HOPPER, "update 40/"),
     ("sac_hopper", "Hopper-v4", SAC_HOPPER, "update 200/"),
 ]
@@ -375,16 +381,8 @@ def write_results(lab: Lab, checks: dict, started: float):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work-dir", type=Path)
-    args = parser.parse_args()
     started = time.time()
-    if subprocess.run(["bash", REPO / "benchmark" / "slurm_local.sh", "start"]).returncode:
-        sys.exit("slurm_stops: no SLURM cluster could be started (see the line above)")
-    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="cleanba-slurm-stops-"))
-    work_dir.mkdir(parents=True, exist_ok=True)
-    lab = Lab(work_dir)
-    log(f"work folder {work_dir}")
+    lab = open_lab(__doc__.splitlines()[0], "slurm_stops")
     write_results(lab, run_checks(lab), started)
 
 
