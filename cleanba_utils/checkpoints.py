@@ -16,25 +16,24 @@ import numpy as np
 from cleanba_utils.devices import first_replica
 from cleanba_utils.parsing import fail
 from cleanba_utils.run_args import RESUMABLE_CHANGES
+from cleanba_utils.run_files import atomic_file
 
 CHECKSUM_BYTES = 64  # a hex sha256
 
 
 def save_checkpoint(run_dir: str, state, counters: dict, keep: int = 2, host_copy=first_replica):
     """Saves `host_copy(state)` (by default the first replica of the pmap'd `state`) with `counters`
-    (which hold "update"); keeps the newest `keep` files."""
+    (which hold "update"); keeps the newest `keep` files. A file that cannot be written raises an
+    OSError that names it, the older files intact and no temporary file left."""
     saved_state = flax.serialization.to_state_dict(jax.device_get(host_copy(state)))
     payload = flax.serialization.msgpack_serialize({"state": saved_state, "counters": counters})
     directory = os.path.join(run_dir, "checkpoints")
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"update_{counters['update']:09d}.ckpt")
-    with open(path + ".tmp", "wb") as f:
+    with atomic_file(path) as f:
         # Two writes, not one of their concatenation: a checkpoint with a replay is hundreds of MB.
         f.write(hashlib.sha256(payload).hexdigest().encode())
         f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
     for old in sorted(glob.glob(os.path.join(directory, "*.ckpt")))[:-keep]:
         os.remove(old)
 

@@ -42,6 +42,8 @@ EVAL_SEED_OFFSET = 1_000_000
 PROGRESS_SECONDS = float(os.environ.get("CLEANBA_PROGRESS_SECONDS", 60))
 """the longest the console stays silent while a run trains: a line says which update is in
 progress, also in the middle of a long one (CLEANBA_PROGRESS_SECONDS sets it)"""
+WRITE_FAILED_EXIT_CODE = 1
+"""the exit code of a run that could not write a checkpoint or a run file"""
 SLOW_RUN_DAYS = 1.0
 """a run on the CPU backend that would take longer than this says so after its first update"""
 
@@ -107,6 +109,12 @@ class Run:
     progress_thread: threading.Thread | None = None
     optimizer_rate: tuple | None = None
     """(optimizer steps, time) at the last console line of `log_update`: its rate's start"""
+    events_failure: tuple | None = None
+    """(path, OSError) of the first write of the TensorBoard events that failed (`guard_events`)"""
+    quitting: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    """held by the thread that ends the process (`quit`): one message, one exit code"""
+    logs_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    """held while the TensorBoard writer closes, which two threads ending the run may ask for"""
 
     def __post_init__(self):
         if self.received_signals is None:
@@ -163,21 +171,52 @@ class Run:
         print(f"eval: mean return {mean_return:.1f} at step {global_step}", flush=True)
         self.evaluations.append([global_step, mean_return])
         self.last_evaluation = (update, returns)
-        run_files.write_json(os.path.join(self.dir, EVALUATIONS_FILE), self.evaluations)
+        self.write_json(EVALUATIONS_FILE, self.evaluations)
 
     def checkpoint(self, state, update: int):
         """Call with `checkpoint_lock` held."""
         state = self.host_copy(state)
         if self.is_main:
             counters = {**self.counters, "update": update, "wall_time_s": self.wall_time()}
-            save_checkpoint(self.dir, state, counters, host_copy=lambda host_state: host_state)
+            try:
+                save_checkpoint(self.dir, state, counters, host_copy=lambda host_state: host_state)
+            except OSError as error:
+                self.write_failed("checkpoint", error.filename, error)
         self.newest_checkpoint = update
+
+    def write_json(self, name: str, obj):
+        """`obj` as the JSON file `name` of the run folder (process 0's), written atomically."""
+        path = os.path.join(self.dir, name)
+        try:
+            run_files.write_json_atomically(path, obj)
+        except OSError as error:
+            self.write_failed("run file", path, error)
+
+    def write_failed(self, what: str, path, error: OSError):
+        """A file of the run that cannot be written (a full disk, a read-only folder) ends the
+        process at once with one line and exit WRITE_FAILED_EXIT_CODE, the newest checkpoint
+        kept."""
+        self.quit(
+            WRITE_FAILED_EXIT_CODE,
+            f"{run_files.write_failure(what, path, error)}; {self.kept_checkpoint()}",
+        )
+
+    def note_events_failure(self, path: str, error: OSError):
+        """Called by `guard_events` in the thread whose write failed; the learner's
+        `after_update` and the progress thread end the run (`end_if_events_failed`)."""
+        if self.events_failure is None:
+            self.events_failure = (path, error)
+
+    def end_if_events_failed(self):
+        if self.events_failure is not None:
+            self.write_failed("TensorBoard events", *self.events_failure)
 
     def after_update(self, state, update: int) -> int:
         """Called with what a checkpoint of `update` saves (through `host_copy`) as soon as the
         update is dispatched (its arrays may still be computing). Checkpoints as --checkpoint-every
         asks; on a stop signal received by any process, checkpoints and returns the exit code (128
         + the signal), else 0. A signal during the last update lets the run end."""
+        self.end_if_events_failed()
         last = update == self.sizes.num_updates
         stop = self.stop_agreed(self.received_signals) and not last
         due = stop or (
@@ -253,16 +292,27 @@ class Run:
     def quit(self, exit_code: int, message: str | None):
         """Ends the process at once, its logs flushed: not waiting for a computation in flight,
         which Python's exit would (XLA's teardown)."""
+        if not self.quitting.acquire(blocking=False):
+            # Another thread is ending the process.
+            threading.Event().wait()
         if message:
             print(message, file=sys.stderr)
-        self.writer.close()
+        self.close_logs()
         if self.args.track and self.is_main:
             import wandb
 
-            wandb.finish(exit_code=exit_code)
+            # The process ends either way, and W&B's own errors (a full disk) would bury the line
+            # above.
+            with contextlib.suppress(Exception):
+                wandb.finish(exit_code=exit_code)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(exit_code)
+
+    def close_logs(self):
+        """Flushes and closes the TensorBoard writer (`guard_events` notes a failed write)."""
+        with self.logs_lock:
+            self.writer.close()
 
     @contextlib.contextmanager
     def learner_loop(self, threads: list):
@@ -301,8 +351,10 @@ class Run:
 
     def watch_progress(self):
         """In a thread of its own: a line whenever the console has been silent for
-        PROGRESS_SECONDS while the run trains (its first update, a long one, slow rollouts)."""
+        PROGRESS_SECONDS while the run trains (its first update, a long one, slow rollouts); the
+        run's end within a second of a failed write of its TensorBoard events."""
         while not self.progress_done.wait(min(1.0, PROGRESS_SECONDS)):
+            self.end_if_events_failed()
             if time.time() - self.last_console_time < PROGRESS_SECONDS:
                 continue
             update = self.last_update
@@ -404,13 +456,14 @@ class Run:
         for thread in threads:
             thread.join(timeout=10)
         if any("RESOURCE_EXHAUSTED" in failure for failure in self.failures):
-            self.writer.close()
+            self.close_logs()
             parsing.fail(out_of_memory(self.args))
         if self.failures:
             print("".join(self.failures), file=sys.stderr, end="")
             exit_code = 1
         if exit_code:
-            self.writer.close()
+            self.close_logs()
+            self.end_if_events_failed()
             sys.exit(exit_code)
 
     def finish(self, params, learner_policy_version: int, evaluate, optimizer_steps: int):
@@ -424,9 +477,11 @@ class Run:
         global_step = learner_policy_version * self.sizes.steps_per_update
         fingerprint = run_files.params_fingerprint(params)
         if args.save_model and self.is_main:
-            print(
-                f"model saved to {run_files.save_model(args, params, self.dir, self.script_path)}"
-            )
+            try:
+                model_path = run_files.save_model(args, params, self.dir, self.script_path)
+            except OSError as error:
+                self.write_failed("model file", error.filename, error)
+            print(f"model saved to {model_path}")
         if args.eval_episodes and self.is_main:
             final = self.last_evaluation
             if final is None or final[0] != learner_policy_version:
@@ -448,12 +503,17 @@ class Run:
             if self.evaluations:
                 summary["eval_return"] = self.evaluations[-1][1]
                 summary["eval_returns"] = self.evaluations
-            run_files.write_json(os.path.join(self.dir, "summary.json"), summary)
-        self.writer.close()
+            self.write_json("summary.json", summary)
+        self.close_logs()
+        self.end_if_events_failed()
         if args.track and self.is_main:
             import wandb
 
-            wandb.finish()
+            try:
+                wandb.finish()
+            except Exception as error:
+                # The run's own files hold its results: W&B's failure (a full disk) is one line.
+                print(f"warning: W&B could not finish the run: {error}", file=sys.stderr)
         print(f"params_fingerprint={fingerprint}", flush=True)
         signals.ignore_stop_signals()
 
@@ -470,12 +530,16 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
     if resumed_update:
         print(f"resuming {name} from update {resumed_update}")
     if is_main:
-        os.makedirs(run_dir, exist_ok=True)
-        spec_name = f"spec_resume_{resumed_update}.json" if resumed_update else "spec.json"
-        run_files.write_json(
-            os.path.join(run_dir, spec_name),
-            run_files.run_description(args, sizes, name, script_path),
+        spec_path = os.path.join(
+            run_dir, f"spec_resume_{resumed_update}.json" if resumed_update else "spec.json"
         )
+        try:
+            os.makedirs(run_dir, exist_ok=True)
+            run_files.write_json_atomically(
+                spec_path, run_files.run_description(args, sizes, name, script_path)
+            )
+        except OSError as error:
+            end_at_once(run_files.write_failure("run file", error.filename, error))
     if args.track and is_main:
         import wandb
 
@@ -499,7 +563,10 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
             evaluations = [e for e in json.load(f) if e[0] < purge_step]
     # Flushed every few seconds (tensorboardX's default is 2 minutes): a search's pruner reads the
     # events while the run goes on.
-    writer = SummaryWriter(run_dir, write_to_disk=is_main, purge_step=purge_step, flush_secs=5)
+    try:
+        writer = SummaryWriter(run_dir, write_to_disk=is_main, purge_step=purge_step, flush_secs=5)
+    except OSError as error:
+        end_at_once(run_files.write_failure("TensorBoard events in", run_dir, error))
     writer.add_text(
         "hyperparameters",
         "|param|value|\n|-|-|\n"
@@ -520,6 +587,7 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
         stop_agreed=stop_agreed,
         evaluations=evaluations,
     )
+    guard_events(writer, run.note_events_failure)
     if is_main:
         print(
             f"{name}: {sizes.num_updates} update{'s' * (sizes.num_updates != 1)} of "
@@ -534,6 +602,42 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
         )
         run.progress_thread.start()
     return run
+
+
+def end_at_once(line: str):
+    """Ends the process with `line` and exit WRITE_FAILED_EXIT_CODE, before a run has started."""
+    print(line, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(WRITE_FAILED_EXIT_CODE)
+
+
+def guard_events(writer: SummaryWriter, on_failure):
+    """tensorboardX writes the event file in a thread of its own, which a failed write (a full disk)
+    ends with a traceback; its queue of events then fills, and the next log waits forever. The
+    writes of `writer`'s event file go through here instead: the first that fails is handed to
+    `on_failure(path, error)`, and those after it are dropped. (A writer that does not write to
+    disk, a process other than 0's, has no event file.)"""
+    event_file = getattr(writer.file_writer, "event_writer", None)
+    if event_file is None:
+        return
+    events = event_file._ev_writer
+    failures = []
+
+    def guarded(write):
+        def call(*args):
+            if failures:
+                return None
+            try:
+                return write(*args)
+            except OSError as error:
+                failures.append(error)
+                on_failure(events._file_name, error)
+                return None
+
+        return call
+
+    for method in ("write_event", "flush", "close"):
+        setattr(events, method, guarded(getattr(events, method)))
 
 
 def duration(seconds: float) -> str:

@@ -1,6 +1,9 @@
 """The files of a run and what they hold: spec.json, the model file, and the parameter fingerprint
-that summary.json and the last line of stdout give."""
+that summary.json and the last line of stdout give; how they are written, atomically (the
+experiment tools write theirs so too, and import this module without JAX and flax, which its
+functions import where they need them)."""
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -11,8 +14,6 @@ import subprocess
 import sys
 import time
 
-import flax.serialization
-import jax
 import numpy as np
 
 PACKAGES = ["jax", "jaxlib", "flax", "optax", "rlax", "envpool", "numpy", "tyro"]
@@ -20,24 +21,46 @@ PACKAGES = ["jax", "jaxlib", "flax", "optax", "rlax", "envpool", "numpy", "tyro"
 
 def params_fingerprint(params) -> str:
     """sha256 of the little-endian float32 bytes of the leaves, in tree order."""
+    import jax
+
     digest = hashlib.sha256()
     for leaf in jax.tree_util.tree_leaves(params):
         digest.update(np.ascontiguousarray(leaf, dtype="<f4").tobytes())
     return digest.hexdigest()
 
 
-def write_json(path: str, obj):
-    with open(path, "w") as f:
+@contextlib.contextmanager
+def atomic_file(path, mode: str = "wb"):
+    """A file opened in `mode` that takes the place of `path` once written: it is written under a
+    temporary name beside `path`, flushed to the disk and renamed into place, so that a reader (a
+    resume, another worker) finds the old contents or the new, never a part. On a failure the
+    temporary file is removed, and an OSError (a full disk, a read-only folder) names `path`."""
+    temporary = f"{os.fspath(path)}.{os.getpid()}.tmp"
+    try:
+        with open(temporary, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        if isinstance(error, OSError):
+            raise OSError(error.errno, error.strerror, os.fspath(path)) from error
+        raise
+
+
+def write_json_atomically(path, obj):
+    """`obj` as JSON in the file `path`, written as `atomic_file` writes."""
+    with atomic_file(path, "w") as f:
         json.dump(obj, f, indent=2)
 
 
-def add_to_summary(run_dir: str, fields: dict):
-    """Adds a script's own results (its learner's counts) to the summary.json that `Run.finish`
-    wrote."""
-    path = os.path.join(run_dir, "summary.json")
-    with open(path) as f:
-        summary = json.load(f)
-    write_json(path, summary | fields)
+def write_failure(what: str, path, error: OSError) -> str:
+    """The line that says a file of the run could not be written, and why."""
+    return (
+        f"error: could not write {what} {os.fspath(path)}: [Errno {error.errno}] {error.strerror}"
+    )
 
 
 def git_sha(path: str):
@@ -57,6 +80,8 @@ def git_sha(path: str):
 def run_description(args, sizes, run_name: str, script_path: str) -> dict:
     """Enough to rerun the run: every argument, the derived sizes, the code version and the library
     versions."""
+    import jax
+
     return dict(
         run_name=run_name,
         script=os.path.basename(script_path),
@@ -78,10 +103,12 @@ def args_from_dict(args_type, saved: dict):
 
 def save_model(args, params, run_dir: str, script_path: str) -> str:
     """A flax msgpack of the script's name, its arguments and the parameters: no pickle."""
+    import flax.serialization
+
     path = os.path.join(run_dir, f"{args.exp_name}.cleanba_model")
     saved_args = json.loads(json.dumps(dataclasses.asdict(args)))  # msgpack takes lists, not tuples
     script = os.path.splitext(os.path.basename(script_path))[0]
-    with open(path, "wb") as f:
+    with atomic_file(path) as f:
         f.write(
             flax.serialization.msgpack_serialize(
                 {"script": script, "args": saved_args, "params": params}

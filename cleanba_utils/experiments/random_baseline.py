@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from cleanba_utils.experiments import cli
-from cleanba_utils.experiments.spec import write_json_atomically
+from cleanba_utils.run_files import write_json_atomically
 
 BATCH_EPISODES = 100  # SLM Lab plays 100 episodes
 MAX_EPISODES = 3000
