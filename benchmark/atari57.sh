@@ -8,8 +8,10 @@
 #              | workstation (8 GPUs, 46 CPUs, layout a0-l1,2,3-d2: two SLURM tasks of 4 GPUs each,
 #                actor on GPU 0 and learner on GPUs 1 2 3 of each, joined by jax.distributed)
 #              | cpu (the pipeline end to end on CPUs, not learning: 57 games x 1 seed of a tiny
-#                network and budget as a SLURM job array of 1 CPU per run; waits for every run, then
-#                writes the HNS aggregation and plots to runs/_hns/<experiment>/)
+#                network and budget as a SLURM job array of 1 CPU per run, each scored by one
+#                evaluation episode played to its end, since some games end no training episode
+#                within the budget; waits for every run, then writes the HNS aggregation and plots
+#                to runs/_hns/<experiment>/)
 # Run inside the project environment, e.g. `uv run benchmark/atari57.sh ppo sync base`.
 #   WORKERS=N          runs at a time (default 1; locally every base run uses GPU 0)
 #   SLURM=1            base: submit a SLURM job array, 1 GPU and 10 CPUs per run, instead of running locally
@@ -46,7 +48,7 @@ case "$setting" in
                 --slurm-wait)
         DEVICES="--actor-device-ids 0 --learner-device-ids 0"
         SIZE="--num-actor-threads 1 --local-num-envs 1 --num-minibatches 1 --channels 4 8 --hiddens 64
-              --total-timesteps 4000" ;;
+              --total-timesteps 4000 --eval-episodes 1" ;;
     *) echo "$usage" >&2; exit 2 ;;
 esac
 experiment=${name}_$setting
@@ -63,7 +65,7 @@ if [[ $setting == cpu && -z "${DRY_RUN:-}" ]]; then
     for game in "${GAMES[@]}"; do
         ln -sfn "$PWD/runs/${game}__${experiment}__0__1" "$hns/runs/"
     done
-    python -m cleanba_utils.experiments.hns collect --runs-dir "$hns/runs" \
+    python -m cleanba_utils.experiments.hns collect --runs-dir "$hns/runs" --metric eval \
         --scores-out "$hns/scores.csv" --curves-out "$hns/curves.csv"
     python -m cleanba_utils.experiments.hns aggregate --scores "$hns/scores.csv"
     python -m cleanba_utils.experiments.hns plot --scores "$hns/scores.csv" \

@@ -1,12 +1,13 @@
 """The per-game table of an Atari-57 experiment run by `benchmark/atari57.sh ALGORITHM VARIANT cpu`.
 
-One row per game: the final return as `hns collect` took it (the mean of the last episodes), the
-random and human scores, the HNS, and the run's steps, SPS and wall time.
+One row per game: the return of its evaluation episode (what `hns collect --metric eval` scored),
+its HNS, the mean of the last training episodes where any ended, the random and human scores, and
+the run's steps, SPS and wall time.
 
     python benchmark/atari57_table.py impala_cpu --csv benchmark/results/atari57_cpu.csv
 
 Prints the table as Markdown and writes the CSV (one row per run, the columns of csv_columns.py
-first). A game that ended no episode within its budget has no final return and no HNS.
+first). A game that ended no training episode within its budget has no final training return.
 """
 
 import argparse
@@ -38,6 +39,7 @@ def rows_of(experiment: str, runs_dir: Path) -> list[dict]:
         spec = json.loads((run_dir / "spec.json").read_text())
         summary = json.loads((run_dir / "summary.json").read_text())
         score = scores.get(env_id)
+        training = [curve["score"] for curve in curves if curve["env_id"] == env_id]
         rows.append(
             dict(
                 script=Path(spec["script"]).name,
@@ -45,8 +47,8 @@ def rows_of(experiment: str, runs_dir: Path) -> list[dict]:
                 env_id=env_id,
                 seed=spec["args"]["seed"],
                 steps=summary["global_step"],
-                final_return=round(score["score"], 2) if score else None,
-                eval_return=None,
+                final_return=round(training[-1], 2) if training else None,
+                eval_return=round(score["score"], 2) if score else None,
                 sps=summary["sps"],
                 wall_time_s=round(summary["wall_time_s"], 1),
                 episodes=sum(curve["env_id"] == env_id for curve in curves),
@@ -60,15 +62,18 @@ def rows_of(experiment: str, runs_dir: Path) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| game | final return | episodes | random | human | HNS | steps | SPS | wall time (s) |",
+        "| game | evaluation return | HNS | training return (episodes) | random | human | steps "
+        "| SPS | wall time (s) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         final = "no episode ended" if row["final_return"] is None else f"{row['final_return']:.1f}"
+        evaluation = "none" if row["eval_return"] is None else f"{row['eval_return']:.1f}"
         hns = "" if row["hns"] is None else f"{row['hns']:.4f}"
         lines.append(
-            f"| {row['env_id']} | {final} | {row['episodes']} | {row['random']:g} "
-            f"| {row['human']:g} | {hns} | {row['steps']} | {row['sps']} | {row['wall_time_s']} |"
+            f"| {row['env_id']} | {evaluation} | {hns} | {final} ({row['episodes']}) "
+            f"| {row['random']:g} | {row['human']:g} | {row['steps']} | {row['sps']} "
+            f"| {row['wall_time_s']} |"
         )
     return "\n".join(lines)
 

@@ -42,16 +42,19 @@ POLL_SECONDS = 0.2
 # Updates that outlast the stop grace (signals.STOP_GRACE_SECONDS) on one CPU: the default IMPALA
 # network on a mid-size rollout.
 IMPALA_MID_SIZE = (
-    f"python {REPO}/cleanba/cleanba_impala.py --num-actor-threads 1 --local-num-envs 16 "
+    f"python {REPO}/cleanba/cleanba_impala.py --num-actor-threads 1 --local-num-envs 64 "
     "--num-steps 20 --log-frequency 1 --total-timesteps 10000000"
 )
 PPO_HOPPER = f"python {REPO}/cleanba/cleanba_ppo_continuous.py --total-timesteps 1000000"
-# A checkpoint that holds SAC's replay of a million transitions.
 SAC_HOPPER = f"python {REPO}/cleanba/cleanba_sac.py --total-timesteps 1000000"
+# A checkpoint that holds a large replay: SAC on Humanoid (376 observations), 16 environments.
+SAC_HUMANOID = (
+    f"python {REPO}/cleanba/cleanba_sac.py --local-num-envs 16 --total-timesteps 10000000"
+)
 PREEMPTED = [
     ("impala_breakout", "Breakout-v5", IMPALA_MID_SIZE, "update 2/"),
     ("ppo_continuous_hopper", "Hopper-v4", PPO_HOPPER, "update 40/"),
-    ("sac_hopper", "Hopper-v4", SAC_HOPPER, "update 200/"),
+    ("sac_humanoid", "Humanoid-v4", SAC_HUMANOID, "update 60/"),
 ]
 # The time limit: continuous PPO (bitwise resume) for about 8 minutes under a 3-minute limit.
 TIME_LIMITED = f"python {REPO}/cleanba/cleanba_ppo_continuous.py --total-timesteps 2000000"
