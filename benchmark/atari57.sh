@@ -48,7 +48,7 @@ case "$setting" in
                 --slurm-wait)
         DEVICES="--actor-device-ids 0 --learner-device-ids 0"
         SIZE="--num-actor-threads 1 --local-num-envs 1 --num-minibatches 1 --channels 4 8 --hiddens 64
-              --total-timesteps 4000 --eval-episodes 1" ;;
+              --total-timesteps 2000 --eval-episodes 1" ;;
     *) echo "$usage" >&2; exit 2 ;;
 esac
 experiment=${name}_$setting
