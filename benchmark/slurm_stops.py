@@ -326,8 +326,8 @@ def report(lab: Lab, checks: dict, started: float) -> str:
         "`signal_to_checkpoint_s`: from the preempting submission (or the requeue) to the "
         "checkpoint file's modification time; SLURM kills what is left after KillWait (30 s). "
         "`requeued_after_s`: until the task was back in the queue, where SLURM holds it "
-        f"(BeginTime) and this benchmark lets it start {SETTLE_SECONDS} s later. The resumed task was "
-        "then cancelled.",
+        f"(BeginTime) and this benchmark lets it start {SETTLE_SECONDS} s later. The resumed task "
+        "was then cancelled.",
         "",
         table(checks["preemptions"] + [checks["requeue"]], keys),
         "",
