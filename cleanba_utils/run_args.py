@@ -54,7 +54,8 @@ class RunArgs:
     process_id: int | None = None
     """this process's index in 0 .. num_processes - 1, for --distributed outside SLURM"""
     checkpoint_every: int = 0
-    """save a checkpoint every this many updates, and after the last one (0: only on SIGTERM / SIGUSR1)"""
+    """save a checkpoint every this many updates and after the last one (0: only on SIGTERM /
+    SIGUSR1)"""
     resume: bool = False
     """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is
     none). SAC, continuous PPO and Ape-X DPG then repeat the uninterrupted run; the other scripts
