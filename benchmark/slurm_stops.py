@@ -218,7 +218,7 @@ def time_limit(lab: Lab) -> dict:
     while task_states(job_id):
         state = task_states(job_id).get(f"{job_id}_0", "")
         if state.startswith("PENDING") and "BeginTime" in state:
-            events.append((time.time() - started, "requeued (held: BeginTime), released"))
+            events.append((time.time(), "requeued (held: BeginTime), released"))
             time.sleep(SETTLE_SECONDS)
             subprocess.run(["scontrol", "update", f"JobId={job_id}_0", "StartTime=now"])
         time.sleep(1)
@@ -283,7 +283,7 @@ def plot(lab: Lab, limited: dict, path: Path):
     fig, axis = plt.subplots(figsize=(7, 4))
     axis.plot([p.wall_time - start for p in points], [p.step for p in points], ".", ms=2)
     for at, _ in limited["events"]:
-        axis.axvline(at, color="red", lw=0.8)
+        axis.axvline(at - start, color="red", lw=0.8)
     axis.set(
         title="continuous PPO under a 3-minute limit (red: requeued)",
         xlabel="wall time since the first update (s)",
