@@ -95,15 +95,19 @@ def test_a_requeued_task_saves_resumes_and_ends_as_if_never_stopped(tmp_path):
         assert time.time() < deadline, task_log.read_text() if task_log.exists() else "no log"
         time.sleep(0.2)
     subprocess.run(["scontrol", "requeue", f"{job_id}_0"], check=True)
-    # SLURM holds a requeued task back for 2 minutes (BeginTime); let it go as soon as it waits.
+    # SLURM holds a requeued task back for 2 minutes (BeginTime); let it go a few seconds after it
+    # waits (at once, SLURM can fail it: "Job credential revoked").
     deadline = time.time() + 60
     while state_of(f"{job_id}_0") != "PENDING":
         assert time.time() < deadline, task_log.read_text()
         time.sleep(0.2)
+    time.sleep(5)
     subprocess.run(["scontrol", "update", f"JobId={job_id}_0", "StartTime=now"], check=True)
+    # The stopped task wrote its exit code (143) before SLURM queued it again; the launcher reads
+    # the file once the task has left the queue, when the resumed run has written its own.
     exit_file = task_log.parent / f"{job_id}_0.exit"
     deadline = time.time() + 300
-    while not exit_file.exists():
+    while state_of(f"{job_id}_0") or not exit_file.exists():
         assert time.time() < deadline, task_log.read_text()
         time.sleep(0.5)
     text = task_log.read_text()
