@@ -54,7 +54,7 @@ config() {
     local memory_mb
     memory_mb=$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)
     cat <<EOF
-# Written by cleanba's benchmark/slurm_local.sh: one node, $(nproc) CPUs, requeue allowed.
+# Written by cleanba's benchmark/slurm_local.sh: one node, $(nproc) CPUs, requeue allowed, partition urgent preempts local.
 ClusterName=cleanba
 SlurmctldHost=$NODE
 SlurmUser=root
