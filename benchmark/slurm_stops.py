@@ -212,7 +212,9 @@ def time_limit(lab: Lab) -> dict:
     command = f"{TIME_LIMITED} --checkpoint-every 0"
     started = time.time()
     job_id = submit(lab, experiment, "Hopper-v4", command, *TIME_LIMIT)
-    uninterrupted = lab.start(launcher("uninterrupted", "Hopper-v4", 1, command, slurm=False))
+    uninterrupted = lab.start(
+        launcher("time_limit_uninterrupted", "Hopper-v4", 1, command, slurm=False)
+    )
     path = task_log(lab, experiment, job_id)
     events = []
     while task_states(job_id):
@@ -226,7 +228,7 @@ def time_limit(lab: Lab) -> dict:
     text = path.read_text(errors="replace")
     run_name = f"Hopper-v4__{experiment}__0__1"
     summary = lab.summary(run_name)
-    reference = lab.summary("Hopper-v4__uninterrupted__0__1")
+    reference = lab.summary("Hopper-v4__time_limit_uninterrupted__0__1")
     exit_file = path.parent / f"{job_id}_0.exit"
     return dict(
         check="time limit (--slurm-time 3 --slurm-signal-lead 60)",
