@@ -27,6 +27,7 @@ from pathlib import Path
 import flax.serialization
 import matplotlib
 import numpy as np
+from csv_columns import RUN_COLUMNS
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -102,13 +103,15 @@ class Lab:
         return [e.value for e in events.Scalars("charts/episodic_return")]
 
 
-def launcher(experiment: str, env_id: str, seeds: int, command: str, *extra, slurm: bool) -> list:
+def launcher(
+    experiment: str, env_id: str, seeds: int, command: str, *extra, slurm: bool, cpus: int = 1
+) -> list:
     argv = [sys.executable, "-m", "cleanba_utils.experiments.launch", "--env-ids", env_id]
     argv += ["--num-seeds", seeds, "--start-seed", 1, "--experiment", experiment, "--workers", 2]
     argv += ["--command", command, *extra]
     if slurm:
         argv += ["--slurm-template-path", TEMPLATE, "--slurm-gpus-per-task", 0]
-        argv += ["--slurm-total-cpus", 1, "--slurm-wait"]
+        argv += ["--slurm-total-cpus", cpus, "--slurm-wait"]
     return argv
 
 
@@ -488,13 +491,14 @@ def report(lab: Lab, checks: dict, started: float) -> str:
     return "\n".join(lines)
 
 
-def open_lab(description: str, name: str) -> Lab:
+def open_lab(description: str, name: str, nodes: int = 1) -> Lab:
     """The command line's --work-dir (default: a new folder under /tmp) as a Lab, once the local
-    cluster runs (started here if it does not)."""
+    cluster runs with `nodes` nodes (started, or restarted with that size, here)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--work-dir", type=Path)
     args = parser.parse_args()
-    if subprocess.run(["bash", REPO / "benchmark" / "slurm_local.sh", "start"]).returncode:
+    start = ["bash", REPO / "benchmark" / "slurm_local.sh", "start", "--nodes", str(nodes)]
+    if subprocess.run(start).returncode:
         sys.exit(f"{name}: no SLURM cluster could be started (see the line above)")
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix=f"cleanba-{name}-"))
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -518,9 +522,9 @@ def main():
         *checks["multi_process"]["rows"],
         *checks["preemption"]["rows"],
     ]
-    keys = list(dict.fromkeys(key for r in rows for key in r))
+    keys = [*RUN_COLUMNS, *dict.fromkeys(key for r in rows for key in r if key not in RUN_COLUMNS)]
     with open(RESULTS / "slurm_local.csv", "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=keys)
+        writer = csv.DictWriter(file, fieldnames=keys, restval="")
         writer.writeheader()
         writer.writerows(rows)
     (RESULTS / "slurm_local.md").write_text(report(lab, checks, started))

@@ -3,16 +3,20 @@ options) with every device the process's layout uses, and the devices that the l
 across processes."""
 
 import os
+import subprocess
 
 import jax
 
 from cleanba_utils.parsing import fail
 
-# When a peer dies, JAX's coordination service names it ("... stopped sending heartbeats ...:
-# <task>") within its heartbeat timeout; a collective that fails first raises here, and this line
-# follows the error.
-BROKEN_RUN = "error: distributed run broken: a peer process failed or left the run"
+# When a peer dies, a collective of the survivors fails at once (its connection closes), and
+# each survivor ends with the line of `broken_run_line`. A peer that stops answering without
+# closing its connections is named by JAX's coordination service ("... stopped sending
+# heartbeats ...: <task>") within its heartbeat timeout, which then ends every process.
+BROKEN_RUN = "error: distributed run broken"
 HEARTBEAT_TIMEOUT_SECONDS = 30
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "heartbeat timeout")
+"""what the error of a collective says when a peer's connection is gone"""
 
 
 def num_processes_of(args) -> int:
@@ -69,3 +73,56 @@ def global_learner_devices(learner_device_ids) -> list:
         for p in range(jax.process_count())
         for i in learner_device_ids
     ]
+
+
+def is_broken_run(error: BaseException) -> bool:
+    """The error of a collective whose peer died or left the run."""
+    return isinstance(error, jax.errors.JaxRuntimeError) and any(
+        text in str(error) for text in PEER_GONE
+    )
+
+
+def slurm_nodes_of_processes(num_processes: int) -> list[str] | None:
+    """Under srun, the node of each process: SLURM's tasks node by node (`block`) or dealt to the
+    nodes in turn (`cyclic`, what srun in a batch job of as many tasks as nodes reports); None
+    where that is not known."""
+    node_list = os.environ.get("SLURM_STEP_NODELIST")
+    tasks_per_node = os.environ.get("SLURM_STEP_TASKS_PER_NODE")
+    distribution = os.environ.get("SLURM_DISTRIBUTION", "block").split(":")[0]
+    if not node_list or not tasks_per_node or distribution not in ("block", "cyclic"):
+        return None
+    try:
+        hostnames = ["scontrol", "show", "hostnames", node_list]
+        nodes = subprocess.run(hostnames, capture_output=True, text=True, timeout=10).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    counts = []
+    for part in tasks_per_node.split(","):  # e.g. "2(x3),1": 2 tasks on each of 3 nodes, then 1
+        count, _, repeat = part.partition("(x")
+        counts += [int(count)] * int(repeat.rstrip(")") or 1)
+    if len(counts) != len(nodes) or sum(counts) != num_processes:
+        return None
+    if distribution == "block":
+        return [node for node, count in zip(nodes, counts) for _ in range(count)]
+    of_processes = []
+    for turn in range(max(counts)):
+        of_processes += [node for node, count in zip(nodes, counts) if count > turn]
+    return of_processes
+
+
+def broken_run_line() -> str:
+    """One line for a survivor of a lost peer: who is gone (its SLURM node where known), and what
+    to do."""
+    me = jax.process_index()
+    num_processes = jax.process_count()
+    nodes = slurm_nodes_of_processes(num_processes)
+    names = [
+        f"process {p}" + (f" (node {nodes[p]})" if nodes else "")
+        for p in range(num_processes)
+        if p != me
+    ]
+    lost = names[0] if len(names) == 1 else "one of " + ", ".join(names)
+    return (
+        f"{BROKEN_RUN}: {lost} failed or left the run, and process {me} stops; continue with "
+        "--resume from the newest checkpoint"
+    )

@@ -70,6 +70,8 @@ class Run:
     """set when the run ends or any thread fails: every queue wait gives up"""
     failures: list = dataclasses.field(default_factory=list)
     """tracebacks of the threads that failed"""
+    broken_run: bool = False
+    """a collective failed because a peer of the distributed run has gone"""
     received_signals: list | None = None
     """the stop signals received, in order (`signals.catch_stop_signals`, which acts on them with
     `stop_now`)"""
@@ -438,12 +440,13 @@ class Run:
         self.print_progress(update, global_step, f"{line} {details}".strip())
 
     def record_failure(self):
-        """Called in the learner's `except Exception`: the traceback, and in a distributed run the
-        hint that a peer may have gone (JAX's coordination service names it)."""
-        self.failures.append(
-            traceback.format_exc()
-            + (distributed.BROKEN_RUN + "\n" if self.args.distributed else "")
-        )
+        """Called in the learner's `except Exception`: the traceback, or in a distributed run whose
+        collective failed because a peer has gone, the one line that names the peer."""
+        if self.args.distributed and distributed.is_broken_run(sys.exc_info()[1]):
+            self.broken_run = True
+            self.failures.append(distributed.broken_run_line() + "\n")
+        else:
+            self.failures.append(traceback.format_exc())
 
     def exit_if_stopped(self, exit_code: int, threads: list):
         """Stops and joins the threads; ends the process with the failures (exit 1) or `exit_code`
@@ -461,6 +464,11 @@ class Run:
         if self.failures:
             print("".join(self.failures), file=sys.stderr, end="")
             exit_code = 1
+            if self.broken_run:
+                # Python's exit would shut jax.distributed down, which waits for the lost peer
+                # until the heartbeat timeout and then aborts with the coordination service's
+                # report: the line above says it all.
+                self.quit(exit_code, None)
         if exit_code:
             self.close_logs()
             self.end_if_events_failed()

@@ -513,6 +513,7 @@ def readme_commands() -> list[list[str]]:
     return [command[command.index("cleanba/cleanba_apex_dqn.py") + 1 :] for command in commands]
 
 
+@pytest.mark.long
 def test_readme_commands_run_with_their_defaults_for_fewer_steps(tmp_path):
     commands = readme_commands()
     assert len(commands) == 2 and ["--env-id", "Breakout-v5"] in commands

@@ -222,6 +222,7 @@ def slurm_args(fake_train, *extra):
 
 
 def test_sbatch_script_has_every_command_and_requeue(tmp_path, fake_train):
+    fake_train = f"{fake_train} --distributed"
     result = launch(
         tmp_path,
         *slurm_args(
@@ -370,6 +371,11 @@ VALID = ["--env-ids", "Pong-v5", "--command", "python train.py"]
         ([*VALID, "--budget", "2"], "go together"),
         ([*VALID, "--slurm-ntasks", "2"], "needs --slurm-template-path"),
         ([*VALID, "--slurm-template-path", "missing"], "no SLURM template"),
+        (
+            [*VALID, "--slurm-template-path", TEMPLATE, "--slurm-ntasks", "2"],
+            "--slurm-ntasks 2 starts that many processes per run, which train as one run only "
+            "with --distributed",
+        ),
         ([*VALID, "--slurm-time", "2:00:00"], "needs --slurm-template-path"),
         (
             [*VALID, "--slurm-template-path", TEMPLATE, "--slurm-time", "2h"],

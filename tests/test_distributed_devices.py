@@ -128,3 +128,37 @@ def test_a_device_the_task_was_not_given_is_named_with_what_slurm_gave(tmp_path)
         "(0..0: cpu:0), got [1, 2, 3]; this SLURM task (job 4242) was given the GPUs "
         "CUDA_VISIBLE_DEVICES=3 (--gpus-per-task 1)"
     ), lines[0]
+
+
+@pytest.mark.parametrize(
+    "node_list, tasks_per_node, distribution, num_processes, expected",
+    [
+        ("gpu[1-2]", "1(x2)", None, 2, ["gpu1", "gpu2"]),
+        ("gpu[1-3]", "2(x2),1", None, 5, ["gpu1", "gpu1", "gpu2", "gpu2", "gpu3"]),
+        ("gpu[1-3]", "2(x2),1", "cyclic", 5, ["gpu1", "gpu2", "gpu3", "gpu1", "gpu2"]),
+        ("gpu[1-2]", "2,1", "block:cyclic", 3, ["gpu1", "gpu1", "gpu2"]),
+        ("gpu[1-2]", "2,1", None, 5, None),  # 3 tasks, but the run has 5 processes
+        ("gpu[1-2]", "1(x2)", "plane=2", 2, None),  # another order
+    ],
+)
+def test_the_node_of_each_process_under_srun(
+    tmp_path, monkeypatch, node_list, tasks_per_node, distribution, num_processes, expected
+):
+    """What a survivor names the lost peer by: SLURM's node list expanded by `scontrol show
+    hostnames` (here a stand-in that expands gpu[1-N]), each node given its tasks in SLURM's
+    order."""
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(
+        "#!/bin/sh\n"
+        '[ "$1 $2" = "show hostnames" ] || exit 1\n'
+        'n=$(echo "$3" | sed "s/.*-\\([0-9]*\\)]/\\1/"); seq -f "gpu%g" 1 "$n"\n'
+    )
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_STEP_NODELIST", node_list)
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", tasks_per_node)
+    if distribution:
+        monkeypatch.setenv("SLURM_DISTRIBUTION", distribution)
+    else:
+        monkeypatch.delenv("SLURM_DISTRIBUTION", raising=False)
+    assert distributed.slurm_nodes_of_processes(num_processes) == expected

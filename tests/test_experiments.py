@@ -257,6 +257,7 @@ def test_search_under_slurm_is_an_array_of_workers(tmp_path):
     assert ntasks.returncode == 2 and "give --slurm-ntasks 1" in ntasks.stderr
 
 
+@pytest.mark.long
 def test_search_prunes_and_the_report_ranks_the_trials(tmp_path):
     result = launch(tmp_path, "--spec", str(write(tmp_path, SEARCH, "tiny.toml")))
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]

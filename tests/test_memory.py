@@ -9,6 +9,7 @@ with the script as it was when the CPU learner unrolled its epoch and minibatch 
 1c5754f, which kept every step's activations alive): 5.65 GiB. The bound, 2 GiB, leaves 70 % above
 today's measurements and fails at a third of the unrolled learner's excess."""
 
+import pytest
 from helpers import REPO
 from measure import run_measured
 
@@ -19,6 +20,7 @@ COMMAND = (
 )
 
 
+@pytest.mark.long
 def test_one_default_update_stays_under_the_memory_bound(tmp_path):
     measured = run_measured(
         [str(REPO / "cleanba" / "cleanba_ppo.py"), *COMMAND.split()], tmp_path, tmp_path / "log"

@@ -8,9 +8,11 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from helpers import REPO, launch, run_script
+from helpers import PPO_LAYOUT_ATOL, REPO, launch, load_params, max_abs_difference, run_script
+from test_ppo_continuous import LAYOUT_ATOL as PPO_CONTINUOUS_LAYOUT_ATOL
 
 
 def cluster_answers() -> bool:
@@ -178,3 +180,157 @@ def test_a_users_scancel_ends_the_task_for_good_keeping_its_checkpoint(tmp_path)
         assert "stopped by a signal after update" in text, text[-3000:]
         run_dir = tmp_path / "runs" / f"CartPole-v1__cancelled__0__{task + 1}"
         assert [path.suffix for path in (run_dir / "checkpoints").glob("*")] == [".ckpt"]
+
+
+def nodes_up() -> list[str]:
+    """The cluster's nodes that answer (idle or running jobs)."""
+    sinfo = ["sinfo", "--noheader", "--Node", "--format=%N %T"]
+    out = subprocess.run(sinfo, capture_output=True, text=True).stdout if CLUSTER else ""
+    return sorted(
+        {
+            line.split()[0]
+            for line in out.splitlines()
+            if line.split()[1].startswith(("idle", "mixed", "allocated"))
+        }
+    )
+
+
+two_nodes = pytest.mark.skipif(
+    len(nodes_up()) < 2,
+    reason="the SLURM cluster has fewer than 2 nodes (start two: benchmark/slurm_local.sh start "
+    "--nodes 2)",
+)
+TWO_NODES = ["--slurm-nodes", "2", "--slurm-ntasks", "2", "--slurm-total-cpus", "2"]
+# One process per node with 4 environments, against one process with 8 and two learner devices:
+# the same global configuration (the layout tolerances of tests/test_ppo.py and
+# tests/test_ppo_continuous.py).
+ACROSS_NODES = {
+    "cleanba_ppo.py": (
+        "CartPole-v1",
+        "--hiddens 16 --num-actor-threads 1 --num-steps 32 --total-timesteps 512",
+        PPO_LAYOUT_ATOL,
+    ),
+    "cleanba_ppo_continuous.py": (
+        "HalfCheetah-v4",
+        "--num-steps 16 --num-minibatches 2 --update-epochs 2 --total-timesteps 192",
+        PPO_CONTINUOUS_LAYOUT_ATOL,
+    ),
+}
+
+
+def job_nodes(task_log) -> list[str]:
+    """The nodes that the template's first line names ("task 0 (job …) on NODES: command")."""
+    node_list = task_log.read_text().splitlines()[0].split(" on ")[1].split(":")[0]
+    hostnames = ["scontrol", "show", "hostnames", node_list]
+    return subprocess.run(hostnames, capture_output=True, text=True).stdout.split()
+
+
+@two_nodes
+@pytest.mark.parametrize("script", ACROSS_NODES)
+def test_a_run_across_two_nodes_is_the_one_process_run_up_to_rounding(tmp_path, script):
+    env_id, options, layout_atol = ACROSS_NODES[script]
+    command = f"python {REPO}/cleanba/{script} {options} --local-num-envs 4 --save-model"
+    result = launch(
+        tmp_path,
+        *["--env-ids", env_id, "--experiment", "nodes", "--command", f"{command} --distributed"],
+        *SLURM,
+        *TWO_NODES,
+        "--slurm-wait",
+        env=tasks_env(),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    [task_log] = (tmp_path / "runs" / "_launcher" / "nodes").glob("nodes_*_0.log")
+    assert len(job_nodes(task_log)) == 2, task_log.read_text()[-3000:]
+    argv = [*options.split(), "--env-id", env_id, "--local-num-envs", 8, "--save-model"]
+    argv += ["--learner-device-ids", 0, 1, "--run-name", "one"]
+    one = run_script(script, argv, tmp_path, devices=2)
+    assert one.returncode == 0, one.stderr[-3000:]
+    model = script.replace(".py", ".cleanba_model")
+    across = load_params(tmp_path / "runs" / f"{env_id}__nodes__0__1" / model)
+    assert max_abs_difference(across, load_params(tmp_path / "runs" / "one" / model)) < layout_atol
+
+
+def local_cluster_nodes() -> list[str]:
+    """The nodes of benchmark/slurm_local.sh's cluster, which can kill and revive them."""
+    path = Path(os.environ.get("CLEANBA_SLURM_DIR", "/tmp/cleanba-slurm")) / "nodes"
+    return nodes_up() if path.exists() and int(path.read_text()) >= 2 else []
+
+
+def node_of_batch(task: str) -> str:
+    squeue = ["squeue", "--noheader", "--array", f"--jobs={task}", "--format=%B"]
+    return subprocess.run(squeue, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.mark.long
+@pytest.mark.skipif(
+    len(local_cluster_nodes()) < 2,
+    reason="needs the 2-node cluster of benchmark/slurm_local.sh (start --nodes 2), whose nodes it "
+    "kills and revives",
+)
+def test_a_node_that_dies_ends_its_job_which_slurm_requeues_and_the_run_resumes_to_its_end(
+    tmp_path,
+):
+    """Continuous PPO (resumes bit for bit) across two nodes, a checkpoint every 10 updates. Once
+    it has passed update 40, the node without the batch script dies (its slurmd and job steps
+    SIGKILLed): the surviving process stops with a line naming the lost peer, SLURM requeues the
+    job for its node's failure, and once the node is back the run resumes from its newest
+    checkpoint and ends with the fingerprint of the same run uninterrupted."""
+    command = (
+        f"python {REPO}/cleanba/cleanba_ppo_continuous.py --num-steps 16 "
+        "--num-minibatches 2 --update-epochs 2 --local-num-envs 4 --log-frequency 1 "
+        "--total-timesteps 25600 --checkpoint-every 10 --distributed"
+    )
+    submitted = launch(
+        tmp_path,
+        *["--env-ids", "HalfCheetah-v4", "--experiment", "failed", "--command", command, *SLURM],
+        *TWO_NODES,
+        env=tasks_env(),
+    )
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job_id = submitted.stdout.split("submitted job array ")[1].split()[0]
+    task = f"{job_id}_0"
+    task_log = tmp_path / "runs" / "_launcher" / "failed" / f"failed_{task}.log"
+    deadline = time.time() + 180
+    while "update 40/" not in (task_log.read_text() if task_log.exists() else ""):
+        assert time.time() < deadline, task_log.read_text() if task_log.exists() else "no log"
+        time.sleep(0.2)
+    [victim] = [node for node in job_nodes(task_log) if node != node_of_batch(task)]
+    slurm_local = ["bash", REPO / "benchmark" / "slurm_local.sh"]
+    subprocess.run([*slurm_local, "kill-node", victim], check=True, capture_output=True)
+    try:
+        deadline = time.time() + 120
+        while not state_of(task).startswith("PENDING"):
+            assert time.time() < deadline, task_log.read_text()[-3000:]
+            time.sleep(0.5)
+    finally:
+        subprocess.run([*slurm_local, "revive-node", victim], check=True, capture_output=True)
+    text = task_log.read_text()
+    assert (
+        f"error: distributed run broken: process 1 (node {victim}) failed or left the run, and "
+        "process 0 stops" in text
+    ), text[-3000:]
+    deadline = time.time() + 60
+    while victim not in nodes_up():
+        assert time.time() < deadline, "the revived node did not come back"
+        time.sleep(0.5)
+    time.sleep(5)
+    subprocess.run(["scontrol", "update", f"JobId={task}", "StartTime=now"], check=True)
+    exit_file = task_log.parent / f"{job_id}_0.exit"
+    deadline = time.time() + 300
+    while state_of(task) or not exit_file.exists():
+        assert time.time() < deadline, task_log.read_text()[-3000:]
+        time.sleep(0.5)
+    text = task_log.read_text()
+    assert exit_file.read_text().strip() == "0", text[-3000:]
+    assert "resuming HalfCheetah-v4__failed__0__1 from update 40" in text, text[-3000:]
+    reference = launch(
+        tmp_path,
+        *["--env-ids", "HalfCheetah-v4", "--experiment", "whole", "--command", command, *SLURM],
+        *[*TWO_NODES, "--slurm-wait"],
+        env=tasks_env(),
+    )
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    assert (
+        summary(tmp_path, "HalfCheetah-v4__failed__0__1")["params_fingerprint"]
+        == summary(tmp_path, "HalfCheetah-v4__whole__0__1")["params_fingerprint"]
+    )

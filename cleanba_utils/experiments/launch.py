@@ -504,6 +504,12 @@ def main():
                 runs = [(f"worker{i}", [*worker, "--search-worker"]) for i in range(args.workers)]
             else:
                 runs = [run for _, setting_runs in trials for run in setting_runs]
+                if options["slurm_ntasks"] > 1 and "--distributed" not in command:
+                    raise ValueError(
+                        f"--slurm-ntasks {options['slurm_ntasks']} starts that many processes "
+                        "per run, which train as one run only with --distributed; add it to "
+                        "--command"
+                    )
             with open(args.slurm_template_path) as file:
                 template = file.read()
             script = slurm.sbatch_script(
