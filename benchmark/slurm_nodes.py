@@ -277,7 +277,8 @@ def report(lab: Lab, across: list, failure: dict, started: float) -> str:
         "",
         f"Made {datetime.date.today()} by `python benchmark/slurm_nodes.py` in "
         f"{time.time() - started:.0f} s, on {platform.node()} ({os.cpu_count()} CPUs, "
-        f"{platform.machine()}), {version}, nothing else running. The cluster: "
+        f"{platform.machine()}), {version}; the load average over the last 15 minutes at the "
+        f"end: {os.getloadavg()[2]:.1f}. The cluster: "
         "`benchmark/slurm_local.sh start --nodes 2` (two slurmd of this machine, every CPU each, "
         "SlurmdTimeout 15 s, KillWait 30 s).",
         "",
@@ -308,7 +309,8 @@ def report(lab: Lab, across: list, failure: dict, started: float) -> str:
         "",
         "Continuous PPO on Hopper as a 2-node array task "
         f"(`{FAILED.replace(str(REPO) + '/', '')}`). "
-        f"Once its log showed update {KILL_AT_UPDATE}, the node without the batch script died: "
+        f"Once its log showed update {KILL_AT_UPDATE} (a line that may be the progress line of "
+        "that update, still in flight), the node without the batch script died: "
         "`benchmark/slurm_local.sh kill-node NODE` SIGKILLs its slurmd and every process of its "
         "job steps at once. Then, as they happened (seconds after the kill):",
         "",
