@@ -41,6 +41,11 @@ fail() {
     exit 1
 }
 
+usage_error() {  # a user's mistake: one line, exit 2
+    echo "slurm_local: error: $*" >&2
+    exit 2
+}
+
 num_nodes() {  # the size of the cluster that start wrote, 0 if none
     cat "$DIR/nodes" 2>/dev/null || echo 0
 }
@@ -181,10 +186,10 @@ start() {
         running slurmctld && (($(num_nodes) > 0)) && nodes=$(num_nodes)
         ;;
     --nodes)
-        [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || fail "--nodes needs a number of nodes, 1 or more (got '${2:-}')"
+        [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || usage_error "--nodes needs a number of nodes, 1 or more (got '${2:-}')"
         nodes=$2
         ;;
-    *) fail "unknown option '$1' of start; the one option is --nodes N" ;;
+    *) usage_error "unknown option '$1' of start; the one option is --nodes N" ;;
     esac
     mkdir -p "$DIR"
     if running slurmctld && [[ "$(config "$nodes")" == "$(cat "$CONF" 2>/dev/null)" ]] && all_up "$nodes"; then
@@ -251,7 +256,7 @@ status() {
 
 check_node() {  # check_node NAME: NAME is a node that start wrote
     node_names "$(num_nodes)" | grep -qx -- "$1" ||
-        fail "'$1' is not a node of the local cluster (its nodes: $(node_names "$(num_nodes)" | paste -sd' ' -))"
+        usage_error "'$1' is not a node of the local cluster (its nodes: $(node_names "$(num_nodes)" | paste -sd' ' -))"
 }
 
 descendants() {  # descendants PID: every process under PID
@@ -291,8 +296,10 @@ case ${1:-} in
 start) start "${@:2}" ;;
 stop) stop ;;
 status) status ;;
-kill-node) kill_node "${2:?kill-node needs a node name}" ;;
-revive-node) revive_node "${2:?revive-node needs a node name}" ;;
+kill-node | revive-node)
+    [[ -n ${2:-} ]] || usage_error "$1 needs a node name (sinfo -N lists them)"
+    if [[ $1 == kill-node ]]; then kill_node "$2"; else revive_node "$2"; fi
+    ;;
 *)
     echo "usage: benchmark/slurm_local.sh start [--nodes N] | stop | status | kill-node NAME | revive-node NAME" >&2
     exit 2
