@@ -414,7 +414,8 @@ def report(lab: Lab, checks: dict, started: float) -> str:
         "",
         f"Made {datetime.date.today()} by `python benchmark/slurm_local.py` in "
         f"{time.time() - started:.0f} s, on {platform.node()} ({os.cpu_count()} CPUs, "
-        f"{platform.machine()}), {version}, nothing else running. The cluster: "
+        f"{platform.machine()}), {version}; the load average over the last 15 minutes at the "
+        f"end: {os.getloadavg()[2]:.1f}. The cluster: "
         "`benchmark/slurm_local.sh start`.",
         "",
         "```",

@@ -317,7 +317,8 @@ def report(lab: Lab, checks: dict, started: float) -> str:
         "",
         f"Made {datetime.date.today()} by `python benchmark/slurm_stops.py` in "
         f"{time.time() - started:.0f} s, on {platform.node()} ({os.cpu_count()} CPUs, "
-        f"{platform.machine()}), {version.strip()}; the cluster: `benchmark/slurm_local.sh start` "
+        f"{platform.machine()}), {version.strip()}; the load average over the last 15 minutes "
+        f"at the end: {os.getloadavg()[2]:.1f}; the cluster: `benchmark/slurm_local.sh start` "
         "(KillWait 30 s, PreemptType=preempt/partition_prio, PreemptMode=REQUEUE). Every run has "
         "`--checkpoint-every 0`: its only checkpoints are the ones its stops save.",
         "",
