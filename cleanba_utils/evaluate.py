@@ -1,6 +1,11 @@
 """Plays episodes with a model saved by a Cleanba script (`--save-model`).
 
 python -m cleanba_utils.evaluate runs/<run_name>/<exp_name>.cleanba_model --episodes 10
+python -m cleanba_utils.evaluate <entity>/<env_id>-<exp_name>-seed<seed> --episodes 10
+
+The model is a path when that path exists: a model file, or a folder that holds one (a run folder, a
+downloaded repository). Otherwise `entity/name` is a Hugging Face Hub repository id, which
+huggingface_hub downloads (`--upload-model` made it: cleanba_utils.hub).
 
 The file names the script that wrote it; that script's own network and environments play the
 episodes, so evaluation always matches training. The contract every script in `cleanba/` keeps:
@@ -12,15 +17,37 @@ episodes, so evaluation always matches training. The contract every script in `c
   module here."""
 
 import argparse
+import errno
 import importlib
 import json
+import os
 import sys
 
 import flax.serialization
 import msgpack
 import numpy as np
 
+from cleanba_utils import hub
 from cleanba_utils.run_files import args_from_dict
+
+
+def model_file(source: str) -> str:
+    """The model file that `source` names: an existing file, the model file of an existing folder,
+    or else that of the Hub repository `source` (`entity/name`), downloaded. Raises OSError, whose
+    message says why there is none."""
+    if os.path.isfile(source):
+        return source
+    if os.path.isdir(source):
+        return hub.model_in_folder(source)
+    if not hub.is_repository_id(source):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), source)
+    try:
+        folder = hub.download(source)
+    except OSError as error:
+        raise OSError(
+            f"no such file or folder here, nor a Hugging Face Hub repository to download ({error})"
+        ) from error
+    return hub.model_in_folder(folder)
 
 
 def load_model(path: str):
@@ -33,7 +60,11 @@ def load_model(path: str):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", help="a .cleanba_model file")
+    parser.add_argument(
+        "model",
+        help="a .cleanba_model file, a folder that holds one, or a Hugging Face Hub repository id "
+        "(entity/name) when no such path exists",
+    )
     parser.add_argument("--episodes", type=int, default=10, help="number of episodes to play")
     parser.add_argument(
         "--seed",
@@ -46,9 +77,10 @@ def main(argv=None):
     if options.episodes <= 0:
         parser.exit(2, f"error: --episodes must be positive, got {options.episodes}\n")
     try:
-        script, args, params = load_model(options.model)
+        path = model_file(options.model)
+        script, args, params = load_model(path)
     except OSError as e:
-        parser.exit(2, f"error: cannot read {options.model}: {e.strerror}\n")
+        parser.exit(2, f"error: cannot read {options.model}: {e.strerror or e}\n")
     except (ValueError, KeyError, TypeError, ImportError, msgpack.UnpackException):
         parser.exit(
             2, f"error: {options.model} is not a model saved by a Cleanba script (--save-model)\n"

@@ -75,7 +75,8 @@ def check_in(args, name: str, low: float, high: float, low_open: bool = False):
 
 
 def check_run_options(args):
-    """The options every script has: the distributed run, envpool and the environment."""
+    """The options every script has: the distributed run, envpool, the environment and the Hub
+    repository of --upload-model."""
     import envpool
 
     distributed_options = [args.coordinator_address, args.num_processes, args.process_id]
@@ -97,6 +98,10 @@ def check_run_options(args):
         fail(
             f"--env-id {args.env_id} is not an envpool environment; try Breakout-v5 or CartPole-v1"
         )
+    if args.upload_model:
+        from cleanba_utils.hub import check_repository
+
+        check_repository(args)
 
 
 def check_layers(args, names: list[str]):

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from tensorboardX import SummaryWriter
 
-from cleanba_utils import devices, distributed, parsing, run_files, signals
+from cleanba_utils import devices, distributed, hub, parsing, run_files, signals
 from cleanba_utils.checkpoints import OPTIONS_RECORD, options_record, save_checkpoint
 from cleanba_utils.threads import Stopped
 
@@ -476,8 +476,10 @@ class Run:
 
     def finish(self, params, learner_policy_version: int, evaluate, optimizer_steps: int):
         """After the last update: the model file, the final evaluation's episodes (the one the loop
-        made after its last update, else one made here, as `evaluate`), summary.json and the
-        fingerprint as the last line of stdout; stop signals are ignored from then on."""
+        made after its last update, else one made here, as `evaluate`), summary.json, the upload of
+        --upload-model and the fingerprint as the last line of stdout; stop signals are ignored
+        from then on. A model that could not be uploaded ends the process with one line and exit
+        code hub.UPLOAD_FAILED_EXIT_CODE, every file of the run written."""
         args = self.args
         self.training_done = True
         self.end_progress()
@@ -512,6 +514,22 @@ class Run:
                 summary["eval_return"] = self.evaluations[-1][1]
                 summary["eval_returns"] = self.evaluations
             self.write_json("summary.json", summary)
+        upload_failure = None
+        if args.upload_model and self.is_main:
+            upload_failure = hub.upload_run(
+                args,
+                self.dir,
+                self.script_path,
+                model_path,
+                eval_returns=self.last_evaluation[1] if args.eval_episodes else None,
+                play=lambda episodes: evaluate(
+                    params, args, episodes, args.seed + EVAL_SEED_OFFSET
+                ),
+                eval_seed=args.seed + EVAL_SEED_OFFSET,
+                training_returns=list(self.recent_returns),
+                global_step=global_step,
+                params_fingerprint=fingerprint,
+            )
         self.close_logs()
         self.end_if_events_failed()
         if args.track and self.is_main:
@@ -524,6 +542,9 @@ class Run:
                 print(f"warning: W&B could not finish the run: {error}", file=sys.stderr)
         print(f"params_fingerprint={fingerprint}", flush=True)
         signals.ignore_stop_signals()
+        if upload_failure is not None:
+            print(upload_failure, file=sys.stderr, flush=True)
+            sys.exit(hub.UPLOAD_FAILED_EXIT_CODE)
 
 
 def open_run(args, sizes, script_path: str, counters: dict, global_learner_devices: list) -> Run:
@@ -548,6 +569,8 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
             )
         except OSError as error:
             end_at_once(run_files.write_failure("run file", error.filename, error))
+    if args.upload_model and is_main:
+        hub.note_missing_token()
     if args.track and is_main:
         import wandb
 

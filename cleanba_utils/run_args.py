@@ -30,6 +30,13 @@ class RunArgs:
     save_model: bool = False
     """save the final parameters to `runs/{run_name}/{exp_name}.cleanba_model` (`python -m
     cleanba_utils.evaluate` plays it)"""
+    upload_model: bool = False
+    """with --save-model: at the end of the run, upload the model, spec.json, the evaluation's
+    returns and a model card to the Hugging Face Hub repository
+    `{hf_entity}/{env_id}-{exp_name}-seed{seed}` (docs/logging.md)"""
+    hf_entity: str | None = None
+    """the Hugging Face user or organization that --upload-model uploads to (default: the token's
+    user)"""
     eval_episodes: int = 0
     """play this many episodes with the script's evaluation policy (its `evaluate`) in environments
     of their own every --eval-every updates and after the last; their mean is logged as
@@ -76,6 +83,8 @@ class DeviceArgs(RunArgs):
 RUN_NEEDS = {
     "wandb_project_name": Need(lambda args: args.track, "--track"),
     "wandb_entity": Need(lambda args: args.track, "--track"),
+    "upload_model": Need(lambda args: args.save_model, "--save-model"),
+    "hf_entity": Need(lambda args: args.upload_model, "--upload-model"),
     "eval_every": Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
     "coordinator_address": Need(lambda args: args.distributed, "--distributed"),
     "num_processes": Need(lambda args: args.distributed, "--distributed"),
@@ -99,6 +108,8 @@ RESUMABLE_CHANGES = frozenset(
         "wandb_entity",
         "log_frequency",
         "save_model",
+        "upload_model",
+        "hf_entity",
         # evaluation plays environments of its own and never changes the run
         "eval_episodes",
         "eval_every",

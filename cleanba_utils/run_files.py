@@ -17,6 +17,8 @@ import time
 import numpy as np
 
 PACKAGES = ["jax", "jaxlib", "flax", "optax", "rlax", "envpool", "numpy", "tyro"]
+MODEL_SUFFIX = ".cleanba_model"
+"""the ending of a model file's name (`--save-model`)"""
 
 
 def params_fingerprint(params) -> str:
@@ -105,7 +107,7 @@ def save_model(args, params, run_dir: str, script_path: str) -> str:
     """A flax msgpack of the script's name, its arguments and the parameters: no pickle."""
     import flax.serialization
 
-    path = os.path.join(run_dir, f"{args.exp_name}.cleanba_model")
+    path = os.path.join(run_dir, f"{args.exp_name}{MODEL_SUFFIX}")
     saved_args = json.loads(json.dumps(dataclasses.asdict(args)))  # msgpack takes lists, not tuples
     script = os.path.splitext(os.path.basename(script_path))[0]
     with atomic_file(path) as f:

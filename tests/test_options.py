@@ -34,6 +34,8 @@ RUN_NEEDS = {
     "num_processes": DISTRIBUTED,
     "process_id": DISTRIBUTED,
     "resume": ["--run-name", "a_run"],
+    "upload_model": ["--save-model"],
+    "hf_entity": ["--upload-model", "--save-model"],
 }
 SCRIPTS = {
     "ppo": (cleanba_ppo, {**RUN_NEEDS, "eval_every": ["--eval-episodes", "2"]}),
@@ -111,6 +113,7 @@ VALUES = {
     "group": ["a_group"],
     "wandb_project_name": ["another_project"],
     "wandb_entity": ["a_team"],
+    "hf_entity": ["a_team"],
     "coordinator_address": ["127.0.0.1:2"],
     "num_processes": ["1"],
     "process_id": ["0"],

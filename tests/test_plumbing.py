@@ -407,6 +407,7 @@ class NamedRunArgs:
     resume: bool = False
     distributed: bool = False
     save_model: bool = False
+    upload_model: bool = False
     eval_episodes: int = 2
     eval_every: int = 2
 
