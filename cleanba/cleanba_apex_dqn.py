@@ -78,8 +78,8 @@ class Args(DeviceArgs):
     """environment g of N explores with epsilon_base ** (1 + epsilon_alpha * g / (N - 1))"""
     epsilon_alpha: float = 7.0
     """see --epsilon-base. Ape-X's 7 spreads hundreds of actors from 0.4 to 0.4^8; with a few
-    environments it makes most of them nearly greedy, so the replay sees few failures: a few
-    environments take a smaller value (3: from 0.4 to 0.4^4)"""
+    environments it gives most of them a small ε (4 environments: 0.4, 0.047, 0.0056, 0.00066), so
+    the replay sees few failures: a few environments take a smaller value (3: from 0.4 to 0.4^4)"""
     buffer_size: int = 2_000_000
     """the replay capacity in transitions, first in first out"""
     learning_starts: int = 50_000
@@ -327,8 +327,9 @@ def actor(args, sizes, run, network, first_update, env_offset, device, param_que
         epsilons_of(env_ids, sizes.num_envs, args.epsilon_base, args.epsilon_alpha), device
     )
     env_ids_on_device = jax.device_put(env_ids, device)
-    # The greediest quarter of the environments (at least one) log their returns on their own.
-    greedy = env_ids >= sizes.num_envs - max(1, sizes.num_envs // 4)
+    # The quarter of the environments with the lowest ε (at least one) log their returns on their
+    # own.
+    lowest_epsilon_quarter = env_ids >= sizes.num_envs - max(1, sizes.num_envs // 4)
     image = len(envs.observation_space.shape) == 3
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
 
@@ -381,8 +382,8 @@ def actor(args, sizes, run, network, first_update, env_offset, device, param_que
             global_step = policy_step * sizes.num_envs
             finished = episodes.step(info.get("reward", reward), done, next_is_reset, global_step)
             for env, episode_return in zip(np.flatnonzero(done), finished):
-                if greedy[env]:
-                    run.log({"charts/greedy_actors_return": episode_return}, global_step)
+                if lowest_epsilon_quarter[env]:
+                    run.log({"charts/lowest_epsilon_return": episode_return}, global_step)
             # The observation after a reset step is its episode's first; a count to 255 tells the
             # stack enough.
             episode_step = np.where(next_is_reset, 0, np.minimum(episode_step, 254) + 1)
