@@ -1,8 +1,8 @@
 """Evidence that cleanba_apex_dqn.py learns, on a CPU: CartPole-v1 over several seeds, with the
-greedy evaluation (`charts/eval_return`: the learner's current parameters, epsilon 0.01, in
-evaluation environments of their own) beside the training returns of all actors (each
-environment with its own exploration rate, from 0.4 down) and of the greediest quarter of
-them.
+evaluation (`charts/eval_return`: the learner's current parameters, epsilon-greedy with epsilon
+0.01, in evaluation environments of their own) beside the training returns of all actors (each
+environment with its own exploration rate, from 0.4 down) and of the quarter of them with the
+lowest epsilon (`charts/lowest_epsilon_return`).
 
 nice -n 10 python benchmark/learning_apex_cpu.py --note "..."   # one run after another
 
@@ -10,7 +10,7 @@ Writes benchmark/results/learning_apex_cpu.md, .csv and .png. The runs change th
 only where a CPU needs it: a small MLP, few environments, a small replay and batch, an early start
 of learning, a higher learning rate and a target period counted in fewer updates; with only 4
 environments a flatter exploration spread (--epsilon-alpha 3), and a learning rate annealed to 0
-(--anneal-lr), without which the greedy policy of a finished run is wherever its swings left it.
+(--anneal-lr), without which the evaluated policy of a finished run is wherever its swings left it.
 Atari does not fit on two shared cores: the learner's step at the defaults takes seconds on this CPU
 (see benchmark/results/replay_apex.md), so a run of millions of steps would take weeks.
 """
@@ -46,8 +46,9 @@ CARTPOLE = (
 )
 TABLE_HEADER = "\n".join(
     [
-        "| seed | steps | greedy eval, final | greedy eval, mean of the last 5 | training, all"
-        " actors (last 100 episodes) | training, greediest quarter (last 20 episodes) | SPS"
+        "| seed | steps | eval (epsilon 0.01), final | eval (epsilon 0.01), mean of the last 5 |"
+        " training, all actors (last 100 episodes) | training, lowest-epsilon quarter (last 20"
+        " episodes) | SPS"
         " | wall time (min) |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -75,7 +76,7 @@ def scalar(run_dir: Path, tag: str) -> list[tuple[int, float]]:
 
 def result_of(run_dir: Path, seed: int) -> dict:
     """The CSV row of a run: final_return is the mean of the last 100 training episodes of all
-    actors, eval_return the last greedy evaluation's mean."""
+    actors, eval_return the last evaluation's mean (epsilon 0.01)."""
     summary = json.loads((run_dir / "summary.json").read_text())
     returns = [value for _, value in scalar(run_dir, "charts/episodic_return")]
     return dict(
@@ -92,12 +93,12 @@ def result_of(run_dir: Path, seed: int) -> dict:
 
 
 def table_row(run_dir: Path, row: dict) -> str:
-    greedy = [value for _, value in scalar(run_dir, "charts/greedy_actors_return")]
+    lowest_epsilon = [value for _, value in scalar(run_dir, "charts/lowest_epsilon_return")]
     evaluations = [value for _, value in scalar(run_dir, "charts/eval_return")]
     return (
         f"| {row['seed']} | {row['steps']:,} | **{row['eval_return']:.1f}** | "
         f"{np.mean(evaluations[-5:]):.1f} | {row['final_return']:.1f} | "
-        f"{np.mean(greedy[-20:]):.1f} | {row['sps']} | {row['wall_time_s'] / 60:.1f} |"
+        f"{np.mean(lowest_epsilon[-20:]):.1f} | {row['sps']} | {row['wall_time_s'] / 60:.1f} |"
     )
 
 
@@ -112,7 +113,7 @@ def plot(run_dirs: dict, path: Path):
     axes[0].set(
         xlabel="environment steps",
         ylabel="return",
-        title="greedy evaluation (epsilon 0.01, mean of 10 episodes)",
+        title="evaluation (epsilon-greedy, epsilon 0.01, mean of 10 episodes)",
     )
     axes[1].set(
         xlabel="environment steps", title="training, all actors (mean of the last 100 episodes)"
@@ -175,15 +176,15 @@ Made by `{command_line(sys.argv)}`, which ran:
 {TABLE_HEADER}
 {table}
 
-Greedy final (the evaluation after the last update, 10 episodes at epsilon 0.01): mean
+Final evaluation (after the last update, 10 episodes, epsilon-greedy with epsilon 0.01): mean
 **{np.mean(evals):.1f}** over {len(evals)} seeds (min {min(evals):.1f}); the pooled training returns
 of all actors: mean {np.mean(pooled):.1f}. Results also in
 [learning_apex_cpu.csv](learning_apex_cpu.csv).
 
 ![CartPole-v1](learning_apex_cpu.png)
 
-The greedy evaluation is what the policy can do; the training return of all actors counts every
-environment, the most exploring one (epsilon 0.4, whose short episodes are the most numerous)
+The evaluation (epsilon 0.01) is what the policy can do; the training return of all actors counts
+every environment, the most exploring one (epsilon 0.4, whose short episodes are the most numerous)
 included, so it stays below. Evaluation never changes the run: its environments and seeds are its
 own (the same fingerprint with and without it, tests/test_apex_dqn.py).
 

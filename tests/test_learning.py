@@ -10,8 +10,8 @@ every advantage, or Ape-X's n-step target, is credited to another sample's actio
 
 The score is the improvement: the mean return of the last 100 episodes minus that of the first 100
 (in step order). Means over 100 episodes are steadier than over 20, and the difference does not
-reward a policy that was good from the start: a frozen Ape-X network's greedy policy balances the
-pole for 150 steps on seed 1, more than some learning seeds reach in 30k steps.
+reward a policy that was good from the start: a frozen Ape-X network, played ε-greedily by its
+actors, balances the pole for 150 steps on seed 1, more than some learning seeds reach in 30k steps.
 
 Measured with `python benchmark/learning_test_seeds.py` (seeds 1-10) and `python
 benchmark/learning_test_seeds.py NAME --broken MODE --seeds 1 2 3` on this project's 2-core x86 CPU
