@@ -115,7 +115,6 @@ POSITIVE = {
 }
 # What an experiment's `metric` may be; the analysis defines them (analyze.py).
 METRICS = ("final_return", "auc")
-ENV_SETS = {"atari57": "the 57 Atari games"}
 
 
 def option_name(dest: str) -> str:
