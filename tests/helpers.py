@@ -3,6 +3,7 @@ the programs that make a script fail on purpose."""
 
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -267,6 +268,48 @@ def skipping_queue_get(q, stop):
 script.queue_get = skipping_queue_get
 """,
 )
+
+
+def run_by_hand_under_slurm(
+    command: list, cwd, gpus_of, devices: int, timeout: float, extra_env: dict | None = None
+) -> list[subprocess.CompletedProcess]:
+    """`command` as the two processes of one run, started with SLURM's variables set by hand as in
+    the original cleanba README's two-terminal example: both of local rank 0 (as on two nodes),
+    `gpus_of(process)` their CUDA_VISIBLE_DEVICES (None: unset), `devices` host devices each,
+    `extra_env` added. The job id is drawn at random: jax.distributed derives its port from it, so
+    that concurrent tests do not meet."""
+    job_id = random.randrange(10_000, 90_000)
+    processes = []
+    for process in range(2):
+        env = dict(
+            os.environ,
+            SLURM_JOB_ID=str(job_id),
+            SLURM_STEP_NODELIST="localhost",
+            SLURM_NTASKS="2",
+            SLURM_PROCID=str(process),
+            SLURM_LOCALID="0",
+            SLURM_STEP_NUM_NODES="2",
+            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+            **(extra_env or {}),
+        )
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        if gpus_of(process) is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpus_of(process)
+        processes.append(
+            subprocess.Popen(
+                list(map(str, command)),
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outputs = [p.communicate(timeout=timeout) for p in processes]
+    return [
+        subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
+        for p, (stdout, stderr) in zip(processes, outputs)
+    ]
 
 
 def launch(cwd, *args, env=None, timeout=600):

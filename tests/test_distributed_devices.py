@@ -4,12 +4,11 @@ one device instead of four. No GPU is needed to see what JAX was asked for: `jax
 records it as `jax_cuda_visible_devices` (tests/device_probe.py prints it)."""
 
 import os
-import random
 import subprocess
 import sys
 
 import pytest
-from helpers import REPO
+from helpers import REPO, run_by_hand_under_slurm
 
 from cleanba_utils import distributed
 
@@ -18,38 +17,14 @@ WORKSTATION = ["--distributed", "--actor-device-ids", "0", "--learner-device-ids
 
 
 def probed_by_hand(tmp_path, script_and_args: list, gpus_of) -> list[str]:
-    """Two processes with SLURM's variables set by hand (both of local rank 0, as on two nodes),
-    `gpus_of(process)` their CUDA_VISIBLE_DEVICES (None: unset); the stdout of each."""
-    job_id = random.randrange(10_000, 90_000)
-    processes = []
-    for process in range(2):
-        env = dict(
-            os.environ,
-            SLURM_JOB_ID=str(job_id),
-            SLURM_STEP_NODELIST="localhost",
-            SLURM_NTASKS="2",
-            SLURM_PROCID=str(process),
-            SLURM_LOCALID="0",
-            SLURM_STEP_NUM_NODES="2",
-            XLA_FLAGS="--xla_force_host_platform_device_count=4",
-        )
-        env.pop("CUDA_VISIBLE_DEVICES", None)
-        if gpus_of(process) is not None:
-            env["CUDA_VISIBLE_DEVICES"] = gpus_of(process)
-        processes.append(
-            subprocess.Popen(
-                [*PROBE, *script_and_args],
-                cwd=tmp_path,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    outputs = [p.communicate(timeout=120) for p in processes]
-    for p, (_, stderr) in zip(processes, outputs):
-        assert p.returncode == 0, stderr[-3000:]
-    return [stdout for stdout, _ in outputs]
+    """Two processes with SLURM's variables set by hand (`run_by_hand_under_slurm`), 4 host devices
+    each; the stdout of each."""
+    results = run_by_hand_under_slurm(
+        [*PROBE, *script_and_args], tmp_path, gpus_of, devices=4, timeout=120
+    )
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return [result.stdout for result in results]
 
 
 def test_the_original_readmes_two_terminal_run_sees_four_devices_per_process(tmp_path):
