@@ -574,17 +574,23 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
     if args.track and is_main:
         import wandb
 
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=dataclasses.asdict(args),
-            name=name,
-            group=args.group or None,
-            save_code=True,
-            id=name if args.resume else None,
-            resume="allow" if args.resume else None,
-        )
+        try:
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=dataclasses.asdict(args),
+                name=name,
+                group=args.group or None,
+                save_code=True,
+                id=name if args.resume else None,
+                resume="allow" if args.resume else None,
+            )
+        except wandb.errors.Error as error:
+            parsing.fail(
+                f"--track could not start Weights & Biases ({str(error).splitlines()[0]}); log in "
+                "with `wandb login`, or set WANDB_MODE=offline to log here and `wandb sync` later"
+            )
     purge_step = resumed_update * sizes.steps_per_update + 1 if resumed_update else None
     evaluations = []
     evaluations_path = os.path.join(run_dir, EVALUATIONS_FILE)

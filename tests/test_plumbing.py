@@ -461,6 +461,50 @@ def test_a_resumed_runs_summary_keeps_earlier_evaluations_and_a_finished_run_ign
     assert summary["eval_return"] == 41.0
 
 
+def test_the_untrained_policy_is_evaluated_at_step_0_once_with_eval_every(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    devices = jax.local_devices()[:1]
+    played = []
+
+    def evaluate(params, args, num_episodes, seed):
+        played.append((params, num_episodes, seed))
+        return [3.0, 6.0]
+
+    fresh = open_run(
+        NamedRunArgs(), RunSizes(), "script.py", dict(update=0, wall_time_s=0.0), devices
+    )
+    fresh.evaluate_untrained(lambda: "untrained", evaluate)
+    fresh.end_progress()
+    fresh.writer.close()
+    run_dir = tmp_path / "runs" / "evaluated"
+    # The run's seed 1 + 1,000,000; two episodes, their mean 4.5 at step 0, before any optimizer
+    # step.
+    assert played == [("untrained", 2, 1_000_001)]
+    assert scalars(run_dir, "charts/eval_return") == [(0, 4.5)]
+    assert scalars(run_dir, "charts/opt_step") == [(0, 0.0)]
+    assert json.loads((run_dir / "evaluations.json").read_text()) == [[0, 4.5]]
+    # A resumed run keeps the evaluation of step 0 and does not make it again.
+    resumed = open_run(
+        NamedRunArgs(resume=True), RunSizes(), "script.py", dict(update=2, wall_time_s=1.0), devices
+    )
+    resumed.evaluate_untrained(lambda: pytest.fail("evaluated again"), evaluate)
+    resumed.end_progress()
+    resumed.writer.close()
+    assert resumed.evaluations == [[0, 4.5]] and len(played) == 1
+    # Without --eval-every (an evaluation after the last update only) or --eval-episodes: none.
+    for name, args in [
+        ("final_only", NamedRunArgs(run_name="final_only", eval_every=0)),
+        ("none", NamedRunArgs(run_name="none", eval_episodes=0)),
+    ]:
+        run = open_run(args, RunSizes(), "script.py", dict(update=0, wall_time_s=0.0), devices)
+        run.evaluate_untrained(lambda: pytest.fail("evaluated"), evaluate)
+        run.end_progress()
+        run.writer.close()
+        assert (
+            run.evaluations == [] and not (tmp_path / "runs" / name / "evaluations.json").exists()
+        )
+
+
 def test_after_update_checkpoints_on_schedule_and_at_the_end_and_stops_on_a_signal(tmp_path):
     writer = SummaryWriter(str(tmp_path))
     run = Run(
@@ -516,3 +560,23 @@ def test_a_script_restarts_once_with_huge_pages_unless_told_not_to(tmp_path):
     env[huge_pages.OPT_OUT] = "1"
     lines = subprocess.run(command, env=env, capture_output=True, text=True).stdout.splitlines()
     assert len(lines) == 1
+
+
+def test_track_without_a_weights_and_biases_login_is_one_line_and_exit_2(tmp_path):
+    """W&B refuses to start without an API key (none in the environment or under HOME): the run
+    says so in one line, with the two ways on, instead of W&B's traceback."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("WANDB_")}
+    script = [sys.executable, str(REPO / "cleanba" / "cleanba_ppo.py")]
+    result = subprocess.run(
+        [*script, "--env-id", "CartPole-v1", "--track"],
+        cwd=tmp_path,
+        env=dict(env, HOME=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.splitlines()[-1].startswith(
+        "error: --track could not start Weights & Biases (No API key configured"
+    ), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
