@@ -906,6 +906,7 @@ def train(args: Args):
     run.frozen_by.append(replay.lock)
     optimizer_steps = int(state.critic.step)
     state = replicate(state, learner_devices)
+    run.evaluate_untrained(lambda: model_params(state), evaluate)
     pending = resumed_pending(saved, learner_devices)
     update_fn = make_update(args, global_learner_devices)
     learner_policy_version = counters["update"]

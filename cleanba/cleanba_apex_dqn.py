@@ -833,6 +833,7 @@ def train(args: Args):
     )
     optimizer_steps = int(state.step)
     state = replicate(state, learner_devices)
+    run.evaluate_untrained(lambda: jax.device_get(first_replica(state.params)), evaluate)
     update_fn = make_update(args, global_learner_devices)
     replay = make_replay(args, sizes.num_envs)
     learner_policy_version = counters["update"]

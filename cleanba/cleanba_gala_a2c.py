@@ -61,8 +61,9 @@ class Args(RunArgs):
     """play this many episodes with the consensus average x̄ of the agents' parameters every
     --eval-every updates and after the last, their mean logged as charts/eval_return (0: none)"""
     eval_every: int = 0
-    """evaluate every this many updates (0: only after the last; agents in lock step only: those of
-    --gossip async make no update together); evaluation never changes the run"""
+    """evaluate every this many updates, and the untrained x̄ at step 0 (0: only after the last;
+    agents in lock step only: those of --gossip async make no update together); evaluation never
+    changes the run"""
     log_frequency: int = 100
     """print a console line and log the losses every this many updates"""
     concurrency: bool = True
@@ -921,6 +922,7 @@ def train(args: Args):
         counters=counters,
         global_learner_devices=agent_devices_of(args).every,
     )
+    run.evaluate_untrained(lambda: jax.tree.map(lambda x: x.mean(0), state.params), evaluate)
     train_agents = train_async if args.gossip == "async" else train_sync
     consensus_params, version = train_agents(args, run, network, state)
     # Each agent has made one optimizer step per update.

@@ -657,6 +657,7 @@ def train(args: Args):
         global_learner_devices=global_learner_devices,
     )
     state = replicate(state, learner_devices)
+    run.evaluate_untrained(lambda: jax.device_get(first_replica(state.params)), evaluate)
     update_fn = make_update(
         args, global_learner_devices, rolled=learner_devices[0].platform != "cpu"
     )

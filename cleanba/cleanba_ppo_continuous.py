@@ -818,6 +818,12 @@ def host_policy(state: LearnerState) -> Policy:
     return first_replica(Policy(params=state.params, normalizer=state.normalizer))
 
 
+def model_policy(state: LearnerState) -> dict:
+    """The learner's policy as the model file saves it and evaluation plays it: the flax state dict
+    of `host_policy`, on the host."""
+    return flax.serialization.to_state_dict(jax.device_get(host_policy(state)))
+
+
 def gathered_record(args, rollouts) -> EnvRecord:
     """Every process's environment records after the rollouts, in global env order."""
     record = concatenated([r.record for r in rollouts])
@@ -859,6 +865,7 @@ def train(args: Args):
     )
     run.host_copy = saved_of
     state = replicate(state, learner_devices)
+    run.evaluate_untrained(lambda: model_policy(state), evaluate)
     update_fn = make_update(args, global_learner_devices)
     learner_policy_version = counters["update"]
     first_update = counters["update"] + 1
@@ -927,7 +934,7 @@ def train(args: Args):
                 learning_rate=learning_rate_at(args, sizes, update),
             )
             if run.evaluation_due(update):
-                saved_policy = flax.serialization.to_state_dict(jax.device_get(host_policy(state)))
+                saved_policy = model_policy(state)
                 run.evaluate(update, saved_policy, optimizer_steps_after(args, update), evaluate)
             end.exit_code = run.after_update(checkpointable, update)
             if end.exit_code:
@@ -935,7 +942,7 @@ def train(args: Args):
             if update < sizes.num_updates:
                 last_sent = host_policy(state)
                 send(last_sent, learner_policy_version)
-    saved_policy = flax.serialization.to_state_dict(jax.device_get(host_policy(state)))
+    saved_policy = model_policy(state)
     optimizer_steps = optimizer_steps_after(args, learner_policy_version)
     run.finish(saved_policy, learner_policy_version, evaluate, optimizer_steps)
 

@@ -914,6 +914,7 @@ def train(args: Args):
     run.frozen_by.append(replay.lock)
     optimizer_steps = int(state.step)
     state = replicate(state, learner_devices)
+    run.evaluate_untrained(lambda: model_params(state), evaluate)
     update_fn = make_update(args, global_learner_devices, networks)
     learner_policy_version = counters["update"]
     first_update = counters["update"] + 1

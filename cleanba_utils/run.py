@@ -82,6 +82,9 @@ class Run:
     """(global step, mean return) of the run's evaluations, those made before a resume included"""
     last_evaluation: tuple | None = None
     """(update, returns of its episodes) of this process's newest evaluation"""
+    untrained_evaluation_s: float = 0.0
+    """seconds of the evaluation at step 0 (`evaluate_untrained`), which the estimate of the run's
+    duration after its first update leaves out"""
     host_copy: object = devices.first_replica
     """what a checkpoint saves of the learner state: its first replica where the learner devices
     hold copies of one state; a script whose devices hold different states gathers them (on every
@@ -153,6 +156,19 @@ class Run:
         every = args.eval_every
         due = update == self.sizes.num_updates or (every > 0 and update % every == 0)
         return args.eval_episodes > 0 and due
+
+    def evaluate_untrained(self, policy, evaluate):
+        """SLM Lab's first checkpoint: with --eval-every, a run that starts from scratch evaluates
+        its untrained policy before the first update, at global step 0 and optimizer steps 0, as
+        `evaluate` below (a resumed run made that evaluation before its checkpoint). `policy()`
+        gives what the script's `evaluate` plays, the expression of its evaluations after an
+        update; it is called in every process, as those are."""
+        args = self.args
+        if self.counters["update"] or not (args.eval_every > 0 and args.eval_episodes > 0):
+            return
+        started = time.time()
+        self.evaluate(0, policy(), 0, evaluate)
+        self.untrained_evaluation_s = time.time() - started
 
     def evaluate(self, update: int, params, optimizer_steps: int, evaluate):
         """Plays --eval-episodes episodes of `params` with `evaluate(params, args, num_episodes,
@@ -340,10 +356,11 @@ class Run:
         """After the session's first update on a CPU, a run that would take days says so once."""
         first_update = self.counters["update"]
         if update == first_update + 1 and jax.default_backend() == "cpu":
-            seconds = (time.time() - self.start_time) * (self.sizes.num_updates - first_update)
+            first_update_s = time.time() - self.start_time - self.untrained_evaluation_s
+            seconds = first_update_s * (self.sizes.num_updates - first_update)
             if seconds > SLOW_RUN_DAYS * 86400:
                 print(
-                    f"note: the first update took {time.time() - self.start_time:.0f} s on this "
+                    f"note: the first update took {first_update_s:.0f} s on this "
                     f"CPU, so the run's {self.sizes.num_updates} updates would take about "
                     f"{seconds / 86400:.1f} days: the configuration is sized for accelerators (the "
                     'README\'s "Try it on a CPU" has commands sized for one)',

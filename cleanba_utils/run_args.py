@@ -42,8 +42,8 @@ class RunArgs:
     of their own every --eval-every updates and after the last; their mean is logged as
     charts/eval_return (0: no evaluation)"""
     eval_every: int = 0
-    """evaluate every this many updates (0: only after the last); evaluation never changes the run
-    """
+    """evaluate every this many updates, and the untrained policy at step 0 (0: only after the
+    last); evaluation never changes the run"""
     log_frequency: int = 10
     """print and log losses every this many updates"""
     envpool_num_threads: int | None = None

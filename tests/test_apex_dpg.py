@@ -649,7 +649,8 @@ def test_same_seed_same_fingerprint_with_or_without_pipeline_and_evaluation(runs
     }
     assert len(set(fingerprints.values())) == 1, fingerprints
     evaluations = scalars(run_dirs / "serial_eval", "charts/eval_return")
-    assert [step for step, _ in evaluations] == [160, 320, 480, 512]
+    assert [step for step, _ in evaluations] == [0, 160, 320, 480, 512]
+    assert scalars(run_dirs / "serial_eval", "charts/opt_step")[0] == (0, 0)
     assert summary(run_dirs / "serial_eval")["eval_return"] == pytest.approx(evaluations[-1][1])
 
 

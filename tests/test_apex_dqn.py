@@ -368,7 +368,9 @@ def test_same_seed_same_fingerprint_with_or_without_pipeline_and_evaluation(tmp_
     assert updates[-1][1] == 2 * 28
     run_dir = tmp_path / "serial_eval" / "runs" / "tiny"
     evaluations = scalars(run_dir, "charts/eval_return")
-    assert [step for step, _ in evaluations] == [320 * k for k in range(1, 7)] + [2048]
+    # The untrained policy's at step 0, before any optimizer step, then every 5 updates.
+    assert [step for step, _ in evaluations] == [320 * k for k in range(7)] + [2048]
+    assert scalars(run_dir, "charts/opt_step")[0] == (0, 0)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_return"] == pytest.approx(evaluations[-1][1])
     assert [step for step, _ in summary["eval_returns"]] == [step for step, _ in evaluations]

@@ -1,7 +1,8 @@
 """Evaluation during training, the same in every on-policy script as in the off-policy ones:
---eval-episodes episodes every --eval-every updates and after the last, their mean logged as
-charts/eval_return and the learner's optimizer steps so far as charts/opt_step at the update's
-global step; summary.json lists them, and the final evaluation is the last update's."""
+--eval-episodes episodes of the untrained policy at step 0 (as SLM Lab's first checkpoint), every
+--eval-every updates and after the last, their mean logged as charts/eval_return and the learner's
+optimizer steps so far as charts/opt_step at the update's global step; summary.json lists them, and
+the final evaluation is the last update's."""
 
 import json
 
@@ -9,7 +10,7 @@ import pytest
 from helpers import run_script, scalars
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--hiddens", 16, "--log-frequency", 1]
-# 5 updates each; evaluations after updates 2, 4 and 5 (the last).
+# 5 updates each; evaluations before the first update and after updates 2, 4 and 5 (the last).
 SCRIPTS = {
     "cleanba_ppo.py": dict(
         args=[
@@ -45,7 +46,7 @@ def test_evaluations_every_few_updates_with_the_optimizer_steps(tmp_path, script
     result = run_script(script, [*args, "--run-name", "evaluated"], tmp_path, devices=4)
     assert result.returncode == 0, result.stderr
     run_dir = tmp_path / "runs" / "evaluated"
-    updates = [2, 4, 5]
+    updates = [0, 2, 4, 5]
     steps = [update * config["steps_per_update"] for update in updates]
     optimizer_steps = [update * config["optimizer_steps_per_update"] for update in updates]
     assert scalars(run_dir, "charts/opt_step") == list(zip(steps, optimizer_steps))
@@ -59,4 +60,4 @@ def test_evaluations_every_few_updates_with_the_optimizer_steps(tmp_path, script
     final_episodes = [value for _, value in scalars(run_dir, "eval/episodic_return")]
     assert len(final_episodes) == 2
     assert sum(final_episodes) / 2 == pytest.approx(eval_returns[-1][1])
-    assert result.stdout.count("eval: mean return") == 4  # three evaluations and the final line
+    assert result.stdout.count("eval: mean return") == 5  # four evaluations and the final line

@@ -23,6 +23,7 @@ from helpers import (
 from preempt import assert_resumed_as_uninterrupted
 
 from cleanba import cleanba_ppo_continuous as ppo
+from cleanba_utils.experiments.events import read_scalars
 
 MODEL = "cleanba_ppo_continuous.cleanba_model"
 # 4 envs x 16 steps per update, 3 updates; HalfCheetah's episodes (1000 steps) never end here, so
@@ -187,6 +188,8 @@ CONCURRENT = ["--local-num-envs", 4, "--concurrency", "--checkpoint-every", 2]
 # Hopper's episodes end within a few dozen steps: a resumed run's environments are reset and their
 # discounted returns restarted as the uninterrupted run's were.
 HOPPER = ["--env-id", "Hopper-v4", "--local-num-envs", 4, "--concurrency"]
+# Evaluations of the untrained policy at step 0, after update 2 and after the last (3).
+EVALUATED = ["--eval-episodes", 1, "--eval-every", 2]
 # Two processes: the same command in both (determinism across processes), the layouts, the
 # resumption of run "one" from its last checkpoint, runs preempted by SIGTERM and resumed, and a
 # sync run.
@@ -203,8 +206,8 @@ PROCESSES = [
     [
         dict(name="one_again", argv=CONCURRENT),
         dict(name="two_learners", argv=[*CONCURRENT, "--learner-device-ids", 0, 1]),
-        dict(name="sync", argv=["--local-num-envs", 4, "--eval-episodes", 1]),
-        dict(name="sync_preempted", argv=["--local-num-envs", 4], preempted_after=1),
+        dict(name="sync", argv=["--local-num-envs", 4, *EVALUATED]),
+        dict(name="sync_preempted", argv=["--local-num-envs", 4, *EVALUATED], preempted_after=1),
         dict(name="hopper_preempted", argv=HOPPER, preempted_after=2),
     ],
 ]
@@ -255,6 +258,18 @@ def test_the_model_file_plays_as_the_run_evaluated_it(runs):
     args = ppo.parse_args([*map(str, TINY), "--local-num-envs", "4"])
     returns = ppo.evaluate(load_params(run_dir / MODEL), args, 1, args.seed + 1_000_000)
     np.testing.assert_allclose(returns, [v for _, v in scalars(run_dir, "eval/episodic_return")])
+
+
+def test_a_resumed_run_keeps_the_evaluation_of_step_0_and_does_not_make_it_again(runs):
+    # Preempted during update 1, resumed from its checkpoint: two sessions, two event files.
+    run_dir = runs[0] / "sync_preempted"
+    sessions = list(run_dir.glob("events.out.tfevents.*"))
+    assert len(sessions) == 2
+    evaluated = [step for path in sessions for step, _ in scalars(path, "charts/eval_return")]
+    assert sorted(evaluated) == [0, 128, 192]
+    assert read_scalars(run_dir, "charts/eval_return").steps.tolist() == [0, 128, 192]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [step for step, _ in summary["eval_returns"]] == [0, 128, 192]
 
 
 def test_sync_run_has_lag_zero(runs):

@@ -563,10 +563,11 @@ def test_same_command_twice_gives_the_same_fingerprint(runs):
 def test_evaluation_is_logged_and_summarized(runs):
     run_dir = runs[0] / "evaluated"
     evaluations = scalars(run_dir, "charts/eval_return")
-    assert [step for step, _ in evaluations] == [128, 256, 384]
+    assert [step for step, _ in evaluations] == [0, 128, 256, 384]
+    assert scalars(run_dir, "charts/opt_step")[0] == (0, 0)
     result = summary(run_dir)
     assert result["eval_return"] == pytest.approx(evaluations[-1][1])
-    assert [step for step, _ in result["eval_returns"]] == [128, 256, 384]
+    assert [step for step, _ in result["eval_returns"]] == [0, 128, 256, 384]
 
 
 # The same run under two layouts differs by float rounding only. Measured after 6 updates (160

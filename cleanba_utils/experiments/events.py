@@ -1,6 +1,7 @@
 """Scalars from the TensorBoard event files that the training scripts write into their run folders,
 and the learning curves made of them."""
 
+import math
 from pathlib import Path
 from typing import NamedTuple
 
@@ -10,6 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 EPISODIC_RETURN = "charts/episodic_return"
 EVAL_RETURN = "charts/eval_return"  # the mean return of an evaluation during training
 OPT_STEP = "charts/opt_step"  # the optimizer steps so far, logged with each evaluation
+BY_EPISODE = ("eval/episodic_return",)  # logged against the episode's number, not a global step
 GRID_POINTS = 100  # of every grid that learning curves are put on for averaging and plotting
 
 
@@ -30,9 +32,9 @@ def read_scalars(run_dir: Path, tag: str = EPISODIC_RETURN) -> Scalars:
 def read_tags(run_dir: Path, tags) -> dict[str, Scalars]:
     """{tag: its values in `run_dir`} for each of `tags` (none yet: empty arrays). Every session
     of a run (the first, then each --resume) writes its own event file. A resumed session repeats
-    the steps after its checkpoint, so what an earlier session logged from the first step the
-    resumed one logged on is dropped. Several actor threads log out of step order, hence the
-    sort."""
+    the steps after its checkpoint, so what an earlier session logged from the first global step
+    the resumed one logged on is dropped (the final evaluation's episodes, BY_EPISODE, are numbered
+    from 0 and say nothing of it). Several actor threads log out of step order, hence the sort."""
     sessions = []
     for path in Path(run_dir).glob("events.out.tfevents.*"):
         events = EventAccumulator(str(path), size_guidance={"scalars": 0})
@@ -45,7 +47,10 @@ def read_tags(run_dir: Path, tags) -> dict[str, Scalars]:
         names = events.Tags()["scalars"]
         start = events.FirstEventTimestamp()
         logged = [event for name in names for event in events.Scalars(name)]
-        first_step = min(event.step for event in logged)
+        global_steps = [
+            event.step for name in names if name not in BY_EPISODE for event in events.Scalars(name)
+        ]
+        first_step = min(global_steps, default=math.inf)
         for tag, (steps, wall_times, values) in logged_by_tag.items():
             kept = [i for i, step in enumerate(steps) if step < first_step]
             steps[:] = [steps[i] for i in kept]
