@@ -10,10 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import envpool
 import numpy as np
 import pytest
 import tensorboardX
 
+from cleanba_utils.experiments import analyze, slm_report
 from cleanba_utils.experiments import random_baseline as rb
 from cleanba_utils.experiments.slm_metrics import (
     SessionSeries,
@@ -71,6 +73,20 @@ def test_a_first_checkpoint_at_t_0_is_left_out_of_the_numerator_only():
     assert efficiency([5.0, 10.0, 20.0], [0, 100, 200]) == pytest.approx((0.1 + 0.1) / 35)
     # 0 / 0 too.
     assert efficiency([0.0, 10.0, 20.0], [0, 100, 200]) == pytest.approx((0.1 + 0.1) / 30)
+
+
+def test_a_session_with_the_untrained_policys_evaluation_at_step_0():
+    # Random 10, strengths 2, 20, 15 at frames 0, 100, 200 and optimizer steps 0, 10, 20: the point
+    # at 0 counts in the strength, in the efficiencies' denominators and in the stability, and its
+    # ratio 2 / 0 is left out of the efficiencies' numerators, as SLM Lab's code computes them.
+    metrics = session_metrics(series([0, 100, 200], [12, 30, 25], [0, 10, 20]), 10)
+    assert metrics["strength"] == pytest.approx(37 / 3)
+    assert metrics["max_strength"] == 20.0
+    assert metrics["final_strength"] == 15.0
+    assert metrics["sample_efficiency"] == pytest.approx((20 / 100 + 15 / 200) / 37)
+    assert metrics["training_efficiency"] == pytest.approx((20 / 10 + 15 / 20) / 37)
+    # One drop, 20 to 15, over the strengths before each step, 2 + 20.
+    assert metrics["stability"] == pytest.approx(1 - 5 / 22)
 
 
 def test_a_zero_strength_sum_gives_nan():
@@ -180,6 +196,111 @@ def test_baseline_sources_and_cache(tmp_path):
     assert missing.mean == 0.0 and "envpool cannot play NoSuchGame-v0" in missing.source
 
 
+# Machado et al. (2018) as cleanba_ppo.py plays Atari, and GALA's paper as cleanba_gala_a2c.py does,
+# written out here: the reference does not read the scripts' settings.
+MACHADO = dict(
+    repeat_action_probability=0.25,
+    full_action_space=True,
+    episodic_life=False,
+    noop_max=1,
+    max_episode_steps=27_000,
+    reward_clip=True,
+)
+GALA = dict(
+    repeat_action_probability=0.0,
+    full_action_space=False,
+    episodic_life=True,
+    noop_max=30,
+    max_episode_steps=27_000,
+    reward_clip=True,
+)
+
+
+def random_play_by_hand(env_id, num_episodes, num_actions, options, whole_games=False):
+    """Environment i seeded with i, an action for each environment from numpy's generator seeded
+    with 0 at every step, the unclipped rewards of each until its episode (or, with `whole_games`,
+    its game) ends."""
+    envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_episodes, seed=0, **options)
+    envs.reset()
+    rng = np.random.default_rng(0)
+    returns = [0.0] * num_episodes
+    over = [False] * num_episodes
+    while not all(over):
+        actions = rng.integers(num_actions, size=num_episodes)
+        _, reward, terminated, truncated, info = envs.step(actions)
+        for i in range(num_episodes):
+            if over[i]:
+                continue
+            returns[i] += float(info["reward"][i]) if "reward" in info else float(reward[i])
+            ended = info["terminated"][i] if whole_games else terminated[i]
+            over[i] = bool(ended or truncated[i])
+    envs.close()
+    return returns
+
+
+def script(name):
+    return rb.TrainingScript(REPO / "cleanba" / name, [])
+
+
+@pytest.mark.parametrize(
+    "name,env_id,num_actions,options,whole_games",
+    [
+        ("cleanba_ppo.py", "CartPole-v1", 2, {}, False),
+        ("cleanba_ppo.py", "Breakout-v5", 18, MACHADO, False),
+        ("cleanba_gala_a2c.py", "Breakout-v5", 4, GALA, True),
+    ],
+)
+def test_random_play_in_a_scripts_environments(name, env_id, num_actions, options, whole_games):
+    played = rb.play_under_script(script(name), env_id, 3)
+    expected = random_play_by_hand(env_id, 3, num_actions, options, whole_games)
+    assert played.tolist() == expected
+
+
+def test_the_baseline_in_a_scripts_environments_is_cached_beside_the_published_score(tmp_path):
+    calls = []
+
+    def play(training_script, env_id, num_episodes):
+        calls.append((training_script.path.name, env_id, num_episodes))
+        return np.array([1.0, 2.0, 6.0])
+
+    never = lambda *args: pytest.fail("played, but should not have")
+    measured = rb.under_script("Breakout-v5", script("cleanba_ppo.py"), 3, tmp_path, play)
+    assert calls == [("cleanba_ppo.py", "Breakout-v5", 3)]
+    # Mean 3, sample variance (4 + 1 + 9) / 2 = 7.
+    assert measured.mean == 3.0 and measured.episodes == 3
+    assert measured.std == pytest.approx(math.sqrt(7))
+    assert measured.standard_error == pytest.approx(math.sqrt(7 / 3))
+    assert measured.published_score == 1.7
+    assert "3 episodes in cleanba_ppo.py's environments" in measured.source
+    line = rb.describe("Breakout-v5", measured)
+    assert line.endswith("; published Atari random score 1.7")
+    cached = rb.under_script("Breakout-v5", script("cleanba_ppo.py"), 3, tmp_path, never)
+    assert cached.mean == 3.0 and cached.published_score == 1.7 and "read from" in cached.source
+    # Another count of episodes, another script's flags: measured again.
+    rb.under_script("Breakout-v5", script("cleanba_ppo.py"), 4, tmp_path, play)
+    flagged = rb.TrainingScript(REPO / "cleanba" / "cleanba_ppo.py", ["--hiddens", "32"])
+    rb.under_script("Breakout-v5", flagged, 3, tmp_path, play)
+    assert len(calls) == 3
+    other_task = rb.under_script("CartPole-v1", script("cleanba_ppo.py"), 3, None, play)
+    assert math.isnan(other_task.published_score)
+    assert "published" not in rb.describe("CartPole-v1", other_task)
+
+
+def test_training_commands_name_their_script(tmp_path):
+    (tmp_path / "cleanba").mkdir()
+    (tmp_path / "cleanba" / "train.py").write_text("")
+    by_path = rb.training_script("python -u cleanba/train.py --x 1 --y 'a b'", tmp_path)
+    assert by_path == rb.TrainingScript(
+        tmp_path / "cleanba" / "train.py", ["--x", "1", "--y", "a b"]
+    )
+    by_module = rb.training_script("python -m cleanba.train --x 1", tmp_path)
+    assert by_module == rb.TrainingScript(tmp_path / "cleanba" / "train.py", ["--x", "1"])
+    with pytest.raises(ValueError, match=r"missing\.py is not a file"):
+        rb.training_script("python cleanba/missing.py", tmp_path)
+    with pytest.raises(ValueError, match="names no script"):
+        rb.training_script("python", tmp_path)
+
+
 def test_cartpole_random_play():
     # Uniformly random CartPole-v1 lasts about 22 steps (22.0 +- 0.4 measured over 800 episodes).
     baseline = rb.measure("CartPole-v1")
@@ -200,6 +321,27 @@ def write_eval_run(run_dir, points, opt_steps=True):
         if opt_steps:
             writer.add_scalar("charts/opt_step", step / 4, step, walltime=start + i)
     writer.close()
+
+
+def test_a_resumed_runs_series_keeps_the_evaluation_of_step_0(tmp_path):
+    # Session 1 evaluates at steps 0 and 64 and is stopped after its checkpoint at 64; session 2
+    # evaluates at 128 and, its run over, logs the final evaluation's episodes numbered 0 and 1,
+    # which are no global steps.
+    first = tensorboardX.SummaryWriter(str(tmp_path), filename_suffix=".first")
+    for step, value in [(0, 9.0), (64, 20.0)]:
+        first.add_scalar("charts/eval_return", value, step)
+        first.add_scalar("charts/opt_step", step // 8, step)
+    first.close()
+    second = tensorboardX.SummaryWriter(str(tmp_path), filename_suffix=".second")
+    second.add_scalar("charts/eval_return", 30.0, 128)
+    second.add_scalar("charts/opt_step", 16, 128)
+    for episode, value in enumerate([29.0, 31.0]):
+        second.add_scalar("eval/episodic_return", value, episode)
+    second.close()
+    series = slm_report.read_series(tmp_path)
+    assert series.frame.tolist() == [0, 64, 128]
+    assert series.opt_step.tolist() == [0, 8, 16]
+    assert series.total_reward.tolist() == [9.0, 20.0, 30.0]
 
 
 def write_experiment_folder(runs_dir, trials, spec):
@@ -262,6 +404,73 @@ def test_series_from_events_with_and_without_opt_step(tmp_path):
     assert (experiment_dir / "sessions" / "b.csv").read_text().splitlines()[1] == "400,nan,10.0"
     for name in ("experiment_graph_Fake-v0.png", "trial_graph_Fake-v0_t0.png"):
         assert (experiment_dir / name).stat().st_size > 1000
+
+
+def test_analyze_measures_the_random_baseline_in_the_scripts_environments(tmp_path, capsys):
+    runs_dir = tmp_path / "runs"
+    # The untrained policy's evaluation at frame 0, then two more.
+    write_eval_run(runs_dir / "a", [(0, 10.0), (400, 30.0), (800, 20.0)])
+    trials = [
+        {
+            "number": 0,
+            "params": {},
+            "state": "complete",
+            "value": None,
+            "runs": [{"run_name": "a", "env_id": "CartPole-v1"}],
+        }
+    ]
+    spec = {
+        "command": f"python {REPO}/cleanba/cleanba_ppo.py --hiddens 16",
+        "random_scores": {"CartPole-v1": 0.0},
+    }
+    experiment_dir = write_experiment_folder(runs_dir, trials, spec)
+    argv = [str(experiment_dir), "--json", "--measure-random-baseline", "--random-episodes", "3"]
+    analyze.main(argv)
+    captured = capsys.readouterr()
+    random_return = sum(random_play_by_hand("CartPole-v1", 3, 2, {})) / 3
+    baseline = json.loads(captured.out)["envs"]["CartPole-v1"]["random_baseline"]
+    assert baseline["mean"] == pytest.approx(random_return)
+    assert baseline["episodes"] == 3 and baseline["published_score"] is None
+    assert "random play, 3 episodes in cleanba_ppo.py's environments" in captured.err
+    metrics = json.loads(captured.out)["envs"]["CartPole-v1"]["trials"][0]["metrics"]
+    strengths = [10.0 - random_return, 30.0 - random_return, 20.0 - random_return]
+    assert metrics["strength"] == pytest.approx(sum(strengths) / 3)
+    # opt_step is frame / 4 here: 0, 100, 200.
+    assert metrics["training_efficiency"] == pytest.approx(
+        (strengths[1] / 100 + strengths[2] / 200) / sum(strengths)
+    )
+    # Read back from the experiment folder's cache the second time.
+    analyze.main(argv)
+    assert "read from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command,extra,message",
+    [
+        ("python cleanba/missing.py", ["--measure-random-baseline"], "missing.py is not a file"),
+        ("python cleanba/cleanba_ppo.py", ["--random-episodes", "3"], "needs --measure-random"),
+    ],
+)
+def test_analyze_refuses_a_random_baseline_it_cannot_measure(
+    tmp_path, capsys, command, extra, message
+):
+    runs_dir = tmp_path / "runs"
+    write_eval_run(runs_dir / "a", [(0, 10.0), (400, 30.0)])
+    trials = [
+        {
+            "number": 0,
+            "params": {},
+            "state": "complete",
+            "value": None,
+            "runs": [{"run_name": "a", "env_id": "CartPole-v1"}],
+        }
+    ]
+    experiment_dir = write_experiment_folder(runs_dir, trials, {"command": command})
+    with pytest.raises(SystemExit) as exit_:
+        analyze.main([str(experiment_dir), *extra])
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("analyze: error:") and message in lines[0]
 
 
 # === A real experiment, recomputed by hand ===
@@ -357,7 +566,9 @@ def test_real_experiment_metrics_match_a_computation_by_hand(tmp_path):
             with (experiment_dir / session["series_csv"]).open() as file:
                 rows = list(csv.DictReader(file))
             assert list(rows[0]) == ["frame", "opt_step", "total_reward"]
-            assert len(rows) == 4  # evaluations after updates 16, 32, 48 and 64
+            # The untrained policy's evaluation at frame 0, then after updates 16, 32, 48 and 64.
+            assert len(rows) == 5 and session["evaluations"] == 5
+            assert (rows[0]["frame"], rows[0]["opt_step"]) == ("0", "0")
             expected, strengths = by_hand(rows, random_return)
             per_session.append((expected, strengths))
             for name, value in expected.items():

@@ -2,7 +2,8 @@
 learning curves and search history.
 
     python -m cleanba_utils.experiments.analyze runs/_experiments/NAME [--out-dir DIR] \\
-        [--last-n 100] [--reps 2000] [--seed 0] [--json]
+        [--last-n 100] [--reps 2000] [--seed 0] [--json] \\
+        [--measure-random-baseline [--random-episodes 100]]
 
 writes report.md, the PNGs and sessions/<run name>.csv into --out-dir (default: the experiment
 folder) and prints the report's path, or with --json SLM Lab's metrics per env, trial and session
@@ -14,7 +15,11 @@ A session is one run (one seed) of a trial on one env.
 
 - random: the env's random baseline (random_baseline.py): spec["random_scores"][env] if given, else
   the published random score of the 57 Atari games, else the mean return of uniformly random play
-  measured with envpool and cached in the experiment folder.
+  measured with envpool and cached in the experiment folder. With --measure-random-baseline, SLM
+  Lab's: the mean return of --random-episodes episodes of uniformly random play in the
+  environments of the experiment's training script (its command's script and flags), for every
+  env, Atari included, printed beside the published Atari random score; cached in the experiment
+  folder too.
 - SLM Lab's metrics (slm_metrics.py, slm_report.py), from the evaluations during training
   (charts/eval_return, charts/opt_step): per session final_return_ma, strength, max_strength,
   final_strength, sample_efficiency, training_efficiency, stability, per trial their means and
@@ -62,7 +67,12 @@ import optuna
 from cleanba_utils.experiments import cli, hns, slm_metrics, slm_report
 from cleanba_utils.experiments.events import GRID_POINTS, read_scalars, running_mean
 from cleanba_utils.experiments.figures import save_figure
-from cleanba_utils.experiments.random_baseline import random_baseline
+from cleanba_utils.experiments.random_baseline import (
+    SCRIPT_EPISODES,
+    random_baseline,
+    training_script,
+    under_script,
+)
 from cleanba_utils.experiments.spec import METRICS
 from cleanba_utils.parsing import fail
 
@@ -411,9 +421,12 @@ def ranking_lines(header, trials, ranked, sessions, several):
 
 
 def baseline_text(baseline):
-    if baseline.episodes:
-        return f"{fmt(baseline.mean)} +- {fmt(baseline.standard_error, '.2g')} ({baseline.source})"
-    return f"{fmt(baseline.mean)} ({baseline.source})"
+    if not baseline.episodes:
+        return f"{fmt(baseline.mean)} ({baseline.source})"
+    text = f"{fmt(baseline.mean)} +- {fmt(baseline.standard_error, '.2g')} ({baseline.source})"
+    if np.isfinite(baseline.published_score):
+        text += f"; published Atari random score {fmt(baseline.published_score)}"
+    return text
 
 
 def slm_lines(env_id, baseline, results, trials, graphs):
@@ -488,10 +501,18 @@ def write_report(args):
             f"no run of experiment {header['experiment']} under {runs_dir} has logged an episode "
             "yet"
         )
+    script = None
+    if args.measure_random_baseline:
+        # The launcher runs the command in the folder that holds runs/.
+        script = training_script(str(spec.get("command", "")), runs_dir.parent)
     out_dir.mkdir(parents=True, exist_ok=True)
     baselines = {}
     for env in sorted({env for _, env in [*sessions, *series]}):
-        baselines[env] = random_baseline(env, spec, args.experiment_dir)
+        if script is None:
+            baselines[env] = random_baseline(env, spec, args.experiment_dir)
+        else:
+            episodes = args.random_episodes or SCRIPT_EPISODES
+            baselines[env] = under_script(env, script, episodes, args.experiment_dir)
         cli.info(f"random baseline of {env}: {baseline_text(baselines[env])}", prog="analyze")
     results = {}
     active = [t.number for t in trials if t.state != "failed"]
@@ -607,8 +628,23 @@ def main(argv=None):
         action="store_true",
         help="print SLM Lab's metrics per trial and session as JSON instead of the report's path",
     )
+    parser.add_argument(
+        "--measure-random-baseline",
+        action="store_true",
+        help="take each env's random baseline as SLM Lab does, from episodes of uniformly random "
+        "play in the environments of the experiment's training script (Atari included), instead "
+        "of the spec's random_scores, the published Atari score or envpool's defaults",
+    )
+    parser.add_argument(
+        "--random-episodes",
+        type=cli.positive_int,
+        help=f"with --measure-random-baseline: episodes played (default {SCRIPT_EPISODES}, SLM "
+        "Lab's)",
+    )
     cli.one_line_errors(parser, "analyze")
     args = parser.parse_args(argv)
+    if args.random_episodes is not None and not args.measure_random_baseline:
+        parser.error("--random-episodes needs --measure-random-baseline")
     try:
         # NaN means where no session has an episode yet are by design, and optuna's warnings on
         # small studies would interleave with the one line this command prints.

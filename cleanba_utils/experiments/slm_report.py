@@ -145,8 +145,9 @@ def finite_or_none(value):
 
 
 def json_record(results_by_env: dict, baselines: dict, trials, out_dir: Path) -> dict:
-    """What `analyze --json` prints: per environment its random baseline, and per trial and session
-    the metrics (null: no value, the trial's notes say why)."""
+    """What `analyze --json` prints: per environment its random baseline (with the published Atari
+    random score, null for another task), and per trial and session the metrics (null: no value,
+    the trial's notes say why)."""
     params = {trial.number: trial.params for trial in trials}
     states = {trial.number: trial.state for trial in trials}
     record = {}
@@ -159,6 +160,7 @@ def json_record(results_by_env: dict, baselines: dict, trials, out_dir: Path) ->
                 "std": finite_or_none(baseline.std),
                 "episodes": baseline.episodes,
                 "source": baseline.source,
+                "published_score": finite_or_none(baseline.published_score),
             },
             "ranking_by_strength": by_strength(results),
             "trials": [
