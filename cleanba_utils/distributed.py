@@ -76,8 +76,9 @@ def global_learner_devices(learner_device_ids) -> list:
 
 
 def is_broken_run(error: BaseException) -> bool:
-    """The error of a collective whose peer died or left the run."""
-    return isinstance(error, jax.errors.JaxRuntimeError) and any(
+    """The error of a collective whose peer died or left the run (XLA's runtime error, or the
+    ValueError that process_allgather raises from it)."""
+    return isinstance(error, (jax.errors.JaxRuntimeError, ValueError)) and any(
         text in str(error) for text in PEER_GONE
     )
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 from helpers import REPO, run_by_hand_under_slurm
 
@@ -137,3 +138,24 @@ def test_the_node_of_each_process_under_srun(
     else:
         monkeypatch.delenv("SLURM_DISTRIBUTION", raising=False)
     assert distributed.slurm_nodes_of_processes(num_processes) == expected
+
+
+@pytest.mark.parametrize(
+    "error, broken",
+    [
+        (
+            ValueError("UNKNOWN: Gloo AllGather failed: [pair.cc:538] Connection reset by peer"),
+            True,
+        ),
+        (jax.errors.JaxRuntimeError("UNKNOWN: Gloo AllGather: Connection closed by peer"), True),
+        (ValueError("Incompatible shapes for broadcasting: (4,) and (3,)"), False),
+        (
+            OSError("Connection reset by peer"),
+            False,
+        ),  # a socket of the script's own, not a collective
+    ],
+)
+def test_a_collective_that_lost_its_peer_is_told_from_other_errors(error, broken):
+    """What process_allgather (ValueError) and a pmapped collective (JaxRuntimeError) raise when a
+    peer's connection closes, as seen on the local 2-node cluster."""
+    assert distributed.is_broken_run(error) == broken
