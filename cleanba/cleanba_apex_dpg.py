@@ -549,12 +549,6 @@ def replay_insert(replay: ReplayStore, data: Transitions, rng) -> int:
     return int(valid.sum())
 
 
-def replay_sample(replay: ReplayStore, batch_size: int, rng, beta: float):
-    """A prioritized `Batch` and its `Sample` (the slots, for the priority update)."""
-    sample = replay.sample(batch_size, rng, beta)
-    return Batch(*sample.items, weights=sample.weights), sample
-
-
 # === Loss ===
 class Batch(NamedTuple):
     """Sampled `Stored` transitions and their importance-sampling weights."""

@@ -64,16 +64,6 @@ def restored_state(path: str, state, saved_state: dict):
         )
 
 
-def load_checkpoint(run_dir: str, state):
-    """(state, counters) of the newest checkpoint whose checksum holds, or None when there is none.
-    `state` is an unreplicated template of the saved state."""
-    newest = newest_checkpoint(run_dir)
-    if newest is None:
-        return None
-    path, saved = newest
-    return restored_state(path, state, saved["state"]), saved["counters"]
-
-
 OPTIONS_RECORD = "options"
 """the counters' key of the run's script and options (`options_record`)"""
 
@@ -177,10 +167,11 @@ def agree_on_update(run_dir: str, update: int):
 
 
 def resume_from(run_dir: str, state, identity: dict, args, script_path: str):
-    """Like `load_checkpoint`, but refuses (exit 2) a checkpoint of another experiment: another
-    script, an option outside `run_args.RESUMABLE_CHANGES`, or another `identity` (the global sizes,
-    the seed); resuming it would silently change the experiment. Every process of a multi-process
-    run must find the same update."""
+    """(state, counters) of the newest checkpoint whose checksum holds, or None when there is none;
+    `state` is an unreplicated template of the saved state. Refuses (exit 2) a checkpoint of another
+    experiment: another script, an option outside `run_args.RESUMABLE_CHANGES`, or another
+    `identity` (the global sizes, the seed); resuming it would silently change the experiment.
+    Every process of a multi-process run must find the same update."""
     newest = newest_checkpoint(run_dir)
     if jax.process_count() > 1:
         agree_on_update(run_dir, newest[1]["counters"]["update"] if newest else 0)

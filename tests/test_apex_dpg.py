@@ -494,7 +494,7 @@ def test_a_checkpointed_replay_continues_with_the_same_samples_and_evictions():
     np.testing.assert_array_equal(restored.items.returns, replay.items.returns)
     for step in range(3):
         samples = [
-            dpg.replay_sample(store, 16, np.random.default_rng([1, 3, step]), beta=0.4)[1]
+            store.sample(16, np.random.default_rng([1, 3, step]), beta=0.4)
             for store in (replay, restored)
         ]
         np.testing.assert_array_equal(samples[0].slots, samples[1].slots)

@@ -163,6 +163,13 @@ def replicated_state(value: float):
     return devices.replicate(state, jax.local_devices()[:1]), state
 
 
+def newest_restored(run_dir, template):
+    """(state, counters) of the newest readable checkpoint of `run_dir`, `template` filled with its
+    state, as `checkpoints.resume_from` reads it."""
+    path, saved = checkpoints.newest_checkpoint(str(run_dir))
+    return checkpoints.restored_state(path, template, saved["state"]), saved["counters"]
+
+
 def test_checkpoint_round_trip_keeps_the_newest_two(tmp_path):
     for update in (1, 2, 3):
         checkpoints.save_checkpoint(
@@ -172,7 +179,7 @@ def test_checkpoint_round_trip_keeps_the_newest_two(tmp_path):
         "update_000000002.ckpt",
         "update_000000003.ckpt",
     ]
-    state, counters = checkpoints.load_checkpoint(str(tmp_path), replicated_state(0.0)[1])
+    state, counters = newest_restored(tmp_path, replicated_state(0.0)[1])
     assert counters == {"update": 3, "seed": 7}
     np.testing.assert_array_equal(state.params["w"], [3.0, 3.0, 3.0])
 
@@ -186,15 +193,13 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
     data = bytearray(newest.read_bytes())
     data[-5] ^= 0xFF
     newest.write_bytes(bytes(data))
-    state, counters = checkpoints.load_checkpoint(str(tmp_path), replicated_state(0.0)[1])
+    state, counters = newest_restored(tmp_path, replicated_state(0.0)[1])
     assert (
         counters["update"] == 1
         and state.params["w"][0] == 1.0
         and "damaged" in capsys.readouterr().err
     )
-    assert (
-        checkpoints.load_checkpoint(str(tmp_path / "elsewhere"), replicated_state(0.0)[1]) is None
-    )
+    assert checkpoints.newest_checkpoint(str(tmp_path / "elsewhere")) is None
 
 
 def test_a_checkpoint_of_another_version_is_one_line_and_exit_2(tmp_path, capsys):
@@ -204,9 +209,7 @@ def test_a_checkpoint_of_another_version_is_one_line_and_exit_2(tmp_path, capsys
         str(tmp_path), {"learner": np.zeros(2)}, dict(update=3), host_copy=lambda s: s
     )
     with pytest.raises(SystemExit) as exit_:
-        checkpoints.load_checkpoint(
-            str(tmp_path), {"learner": np.zeros(2), "env_record": np.zeros(1)}
-        )
+        newest_restored(tmp_path, {"learner": np.zeros(2), "env_record": np.zeros(1)})
     stderr = capsys.readouterr().err
     assert exit_.value.code == 2 and len(stderr.splitlines()) == 1
     assert stderr.startswith("error: --resume: ") and "another version" in stderr
