@@ -454,7 +454,7 @@ def nstep_returns(rewards, next_values, terminations, truncations, gamma):
     """Bootstrapped returns of one environment's rollout: R_t = r_t + γ R_{t+1}, from the value
     after the last step; a termination stops bootstrapping, a truncation bootstraps from the value
     of its last observation. `next_values[t]`: the value after step t. (rlax.lambda_returns is the
-    same, but importing it takes seconds.)"""
+    same, but this script does not import rlax, whose import is slow.)"""
 
     def step(following, t):
         reward, next_value, terminated, truncated = t

@@ -209,7 +209,8 @@ class MLP(nn.Module):
 class Network(nn.Module):
     """IMPALA ResNet torso shared by both heads for stacked frames (N, C, H, W); separate actor and
     critic MLPs for vector observations (N, D), as in the classic-control PPO references: through a
-    shared torso, the critic's gradients (returns reach ~100 on CartPole) swamp the policy's."""
+    shared torso, the critic's gradients (its targets, discounted returns, approach 1 / (1 - gamma)
+    on CartPole) swamp the policy's."""
 
     channels: tuple[int, ...]
     hiddens: tuple[int, ...]

@@ -88,8 +88,8 @@ class Args(DeviceArgs):
 
     gradient_accumulation_steps: int = 4
     """split each minibatch into this many microbatches whose gradients are summed before one
-    optimizer step: the same result (up to float rounding) in less learner memory (1 exhausts 24 GiB
-    at the defaults on CPU)"""
+    optimizer step: the same result (up to float rounding) in less learner memory (4, so that the
+    default network and batch fit a CPU machine's memory)"""
 
 
 # The options that act only in some configurations, with what each needs: `validate` refuses one
@@ -209,7 +209,8 @@ class MLP(nn.Module):
 class Network(nn.Module):
     """IMPALA ResNet torso shared by both heads for stacked frames (N, C, H, W); separate actor and
     critic MLPs for vector observations (N, D), as in the classic-control PPO references: through a
-    shared torso, the critic's gradients (returns reach ~100 on CartPole) swamp the policy's."""
+    shared torso, the critic's gradients (its targets, discounted returns, approach 1 / (1 - gamma)
+    on CartPole) swamp the policy's."""
 
     channels: tuple[int, ...]
     hiddens: tuple[int, ...]

@@ -2,10 +2,9 @@
 tasks, with the hyperparameters of CleanRL's `ppo_continuous_action.py`.
 
 The default layout, 8 environments x 256 steps, keeps CleanRL's batch of 2048 steps but needs 256
-policy calls per rollout instead of 2048: on a CPU a policy call costs about as much as a step of
-all 8 MuJoCo environments, so the defaults run several times faster than `--local-num-envs 1
---num-steps 2048`, CleanRL's exact layout, which this script also runs
-(benchmark/results/learning_mujoco_cpu.md measures both).
+policy calls per rollout instead of 2048: on a CPU the policy calls, not the environments' steps,
+take most of a rollout of CleanRL's exact layout, `--local-num-envs 1 --num-steps 2048`, which this
+script also runs. benchmark/results/learning_mujoco_cpu.md (2026-11-23) times both layouts.
 
 Actor threads collect rollouts, a pmap'd learner trains on them. Each actor thread owns one
 `param_queue` and one `rollout_queue` (both maxsize 1). With `--concurrency` the actor skips its

@@ -31,7 +31,8 @@ def save_checkpoint(run_dir: str, state, counters: dict, keep: int = 2, host_cop
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"update_{counters['update']:09d}.ckpt")
     with atomic_file(path) as f:
-        # Two writes, not one of their concatenation: a checkpoint with a replay is hundreds of MB.
+        # Two writes, not one of their concatenation, which would copy a payload that holds the
+        # whole replay where the script checkpoints one.
         f.write(hashlib.sha256(payload).hexdigest().encode())
         f.write(payload)
     for old in sorted(glob.glob(os.path.join(directory, "*.ckpt")))[:-keep]:

@@ -1,12 +1,13 @@
 """Transparent huge pages for the large blocks glibc's malloc maps, on a CPU learner.
 
 XLA's CPU runtime allocates an update's buffers afresh on every call; glibc maps each large block
-anew and the kernel then faults it in one 4 KiB page at a time, a share of the update's time. With
-glibc's `glibc.malloc.hugetlb=1` tunable, malloc asks for transparent huge pages for the blocks it
-maps (2 MiB a fault) and the peak memory stays the same. glibc reads its tunables only when a
-process starts, so a script restarts itself once with the tunable set: the scripts whose networks
-see images (PPO, IMPALA, GALA A2C, Ape-X DQN). The MLPs of continuous control allocate blocks small
-enough for glibc to keep in its heap."""
+anew and the kernel then faults it in one 4 KiB page at a time (the faults' share of an update, with
+and without huge pages: benchmark/results/speed_cpu.md, 2026-11-25). With glibc's
+`glibc.malloc.hugetlb=1` tunable, malloc asks for transparent huge pages for the blocks it maps
+(2 MiB a fault) and the peak memory stays the same. glibc reads its tunables only when a process
+starts, so a script restarts itself once with the tunable set: the scripts whose networks see images
+(PPO, IMPALA, GALA A2C, Ape-X DQN). The MLPs of continuous control allocate blocks small enough for
+glibc to keep in its heap."""
 
 import os
 import platform

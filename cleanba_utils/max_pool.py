@@ -1,12 +1,12 @@
 """The IMPALA ResNet's max pool (3x3 windows, stride 2, SAME padding) with its gradient written out.
 
 JAX differentiates a max pool into XLA's select-and-scatter, which XLA's CPU backend expands into
-four index arrays of the input's size, a variadic reduce-window and a scatter: at the ResNet's sizes
-that gradient costs a large share of a learner update. The gradient here is the same, bit for bit
-(inputs without NaN): each window passes its output's gradient to its first maximal element in
-row-major order (select-and-scatter's `>=` selection), and each input element sums, from +0, what
-its windows pass it, in the windows' row-major order (the scatter's order). It also fixes that
-order where a backend's scatter would add concurrently."""
+four index arrays of the input's size, a variadic reduce-window and a scatter (their cost in a
+learner update, and this gradient's: benchmark/results/speed_cpu.md, 2026-11-25). The gradient here
+is the same, bit for bit (inputs without NaN): each window passes its output's gradient to its first
+maximal element in row-major order (select-and-scatter's `>=` selection), and each input element
+sums, from +0, what its windows pass it, in the windows' row-major order (the scatter's order). It
+also fixes that order where a backend's scatter would add concurrently."""
 
 import flax.linen as nn
 import jax

@@ -28,8 +28,8 @@ def microbatch_update(
 
     Memory holds one microbatch's activations either way. `rolled` runs the steps in a `lax.scan`,
     which compiles once and fast (GPUs); otherwise a Python loop calls one compiled step, because
-    XLA's CPU backend runs convolutions inside a loop many times slower than outside one, and an
-    unrolled loop would keep every step's activations alive."""
+    XLA's CPU backend runs convolutions slower inside a loop than outside one, and an unrolled loop
+    would keep every step's activations alive."""
     per_optimizer_step = lambda metrics: jax.tree.map(
         lambda m: m.sum(-1) / optimizer_steps, metrics
     )

@@ -3,7 +3,7 @@ every script's `validate` and `validate_layout` share. A user's mistake is one l
 exit code 2, in the scripts and in the experiment tools alike (`fail`).
 
 JAX, envpool and tyro are imported by the functions that use them: the experiment tools import
-`fail` alone, and a launcher's dry run should not wait seconds for them."""
+`fail` alone, and a launcher's dry run should not wait for their imports."""
 
 import contextlib
 import dataclasses

@@ -24,14 +24,14 @@ TD errors) stays in its script; `threads.BackgroundJobs` runs the replay's work 
 thread, in the order it was submitted, so a learner can sample the next batch while its update runs.
 
 Why not flashbax (0.1.3: JAX-native and seedable, the candidate; reverb and cpprb cannot be seeded).
-Speed does not decide it (its jitted sample gathers faster than this store's NumPy one, its add is
-slower: both measured in benchmark/results/replay_apex.md). Its model does:
+Speed does not decide it (benchmark/results/replay_apex.md, 2026-11-23, times its sample and add
+beside this store's). Its model does:
 - it has no prioritized eviction (Ape-X DPG's), only first in first out;
 - it stores time steps and samples fixed-length sequences, whose priorities belong to their first
   step, and which cross episode ends and the buffer's wrap; transitions with their own n-step
   returns, offsets and placeholders do not map onto it without masks in every script;
 - its buffer is an immutable pytree that every `add` returns anew: only buffer donation keeps an add
-  from copying the whole replay (a 2M-transition Atari replay is over 10 GiB).
+  from copying the whole replay (the size of Ape-X DQN's default replay is in replay_apex.md).
 A NumPy store on the host does each of these in a few lines and leaves JAX the learner.
 """
 
@@ -272,9 +272,8 @@ class ReplayStore:
     def snapshot(self) -> dict:
         """What the store holds, for a checkpoint: the items of its filled slots (slots 0 .. size -
         1: empty slots are filled in order before any eviction), their sampling and eviction
-        weights and insertion counts, and the number inserted. Views of the store's arrays (a
-        replay of a million transitions takes hundreds of MB): save them before the store changes.
-        """
+        weights and insertion counts, and the number inserted. Views of the store's arrays, not
+        a copy of the whole replay: save them before the store changes."""
         leaves = slice(sum_tree.num_leaves(self.tree), sum_tree.num_leaves(self.tree) + self.size)
         no_eviction = self.eviction_tree is None
         return dict(

@@ -22,7 +22,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 WATCHED_SIGNALS = (signal.SIGINT, *STOP_SIGNALS)
 STOP_GRACE_SECONDS = 10.0
 """how long the learner loop has to reach the end of its update after SIGTERM / SIGUSR1: SLURM
-kills 30 s after its signal (KillWait), and a checkpoint with a replay takes seconds to write"""
+kills 30 s after its signal (KillWait, its default), and the checkpoint has to be written in the
+rest (benchmark/results/slurm_stops.md times the stops, 2026-11-26)"""
 SAME_CTRL_C_SECONDS = 1.0
 
 
