@@ -41,7 +41,7 @@ from cleanba_utils.envs import flat_observation, is_continuous, make_envs
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.n_step import n_step_transitions
-from cleanba_utils.parsing import fail
+from cleanba_utils.parsing import at_most, fail, in_range, non_negative, positive
 from cleanba_utils.prioritized_learning import (
     NO_PENDING,
     PRIORITY_EPSILON,
@@ -61,58 +61,58 @@ from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put, start_th
 class Args(DeviceArgs):
     # The run options of `DeviceArgs` whose default or meaning differ here.
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    eval_every: int = 100
+    eval_every: int = non_negative(100)
     concurrency: bool = True
     env_id: str = "HalfCheetah-v4"
     """a MuJoCo or dm_control task (the paper's HumanoidStand/Walk/Run, ManipulatorBringBall-v1)"""
-    total_timesteps: int = 10_000_000
+    total_timesteps: int = positive(10_000_000)
     """total environment steps of the run (the paper gives wall time, not steps)"""
-    learning_rate: float = 1e-4
+    learning_rate: float = positive(1e-4)
     """Adam's learning rate, for the actor and the critic (the paper's)"""
-    local_num_envs: int = 32
+    local_num_envs: int = positive(32)
     """the number of environments of each actor thread (2 threads x 32: the paper's 64 actors)"""
-    num_actor_threads: int = 2
+    num_actor_threads: int = positive(2)
     """the number of actor threads per actor device"""
-    num_steps: int = 40
+    num_steps: int = positive(40)
     """the number of steps each environment runs per rollout (one learner update)"""
-    gamma: float = 0.99
+    gamma: float = in_range(0.99, 0, 1, low_open=True)
     """the discount factor"""
-    n_step: int = 3
+    n_step: int = positive(3)
     """the rewards in a return before it bootstraps (Ape-X DQN's 3; no off-policy correction)"""
-    noise_std: float = 0.3
+    noise_std: float = in_range(0.3, 0, 1)
     """the Gaussian action noise's std in half action ranges (the paper's); clipped to the bounds"""
-    random_steps: int = 0
+    random_steps: int = non_negative(0)
     """environment steps (over all actors) of uniformly random actions before the policy acts (the
     paper's 0; CleanRL's DDPG and TD3 play 25,000): widens the actions the critic first sees"""
-    noise_alpha: float = 0.0
+    noise_alpha: float = non_negative(0.0)
     """env g of N explores with noise_std ** (1 + noise_alpha g / (N - 1)) (the paper's 0)"""
-    buffer_size: int = 1_000_000
+    buffer_size: int = positive(1_000_000)
     """the replay capacity in transitions (the paper's)"""
     eviction: Literal["prioritized", "fifo"] = "prioritized"
     """how a full replay makes room: "prioritized", drawn in proportion to priority **
     --eviction-exponent (the paper's choice for DPG), or "fifo", oldest first (Ape-X DQN's)"""
-    eviction_exponent: float = -0.4
+    eviction_exponent: float = at_most(-0.4, 0)
     """the exponent of prioritized eviction (the paper's: low priorities leave first)"""
-    learning_starts: int = 50_000
+    learning_starts: int = non_negative(50_000)
     """the transitions in the replay before the learner starts updating (Ape-X DQN's)"""
-    batch_size: int = 256
+    batch_size: int = positive(256)
     """the number of transitions of one optimizer step (the paper's)"""
-    updates_per_rollout: int = 16
+    updates_per_rollout: int = positive(16)
     """optimizer steps per learner update: a replay ratio of steps x batch / (envs x num_steps)
     samples per inserted transition (1.6 at the defaults; the paper's learner: 1.57)"""
-    steps_per_call: int = 8
+    steps_per_call: int = positive(8)
     """optimizer steps compiled into one learner call; it must divide --updates-per-rollout and
     sets the priority lag: a step's TD errors reach the sampler K to 2K - 1 steps late (the paper's
     learner prefetched up to 16 batches, so its priorities came as late)"""
-    priority_exponent: float = 0.6
+    priority_exponent: float = non_negative(0.6)
     """alpha: a transition is sampled in proportion to its priority ** alpha (the paper's)"""
-    importance_sampling_exponent: float = 0.4
+    importance_sampling_exponent: float = in_range(0.4, 0, 1)
     """beta: the critic's loss weights, (1 / probability) ** beta / batch max (Ape-X DQN's)"""
-    target_update_period: int = 100
+    target_update_period: int = positive(100)
     """optimizer steps between copies to the target networks (the paper's)"""
-    actor_grad_clip: float = 1.0
+    actor_grad_clip: float = positive(1.0)
     """dq/da, which the actor follows, is clipped element-wise to ± this (the paper's)"""
-    max_grad_norm: float = 40.0
+    max_grad_norm: float = positive(40.0)
     """the maximum global norm of the critic's gradient (Ape-X DQN's)"""
     critic_hiddens: tuple[int, ...] = (400, 300)
     """the critic's layers (the paper's); the action joins after the first"""
@@ -155,19 +155,7 @@ def parse_args(argv=None) -> Args:
 
 def validate(args: Args):
     """Checks every argument that needs no device; exits 2 on the first problem."""
-    positive = (
-        "total_timesteps learning_rate local_num_envs num_actor_threads num_steps n_step"
-        " buffer_size batch_size updates_per_rollout steps_per_call target_update_period"
-        " actor_grad_clip max_grad_norm log_frequency"
-    )
-    non_negative = "learning_starts noise_alpha priority_exponent eval_episodes eval_every"
-    non_negative += " checkpoint_every random_steps"
-    parsing.check_signs(args, positive.split(), non_negative.split())
-    parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
-    parsing.check_in(args, "noise_std", 0, 1)
-    parsing.check_in(args, "importance_sampling_exponent", 0, 1)
-    if args.eviction_exponent > 0:
-        fail(f"--eviction-exponent must be at most 0, got {args.eviction_exponent}")
+    parsing.check_fields(args)
     if args.env_id not in envpool.list_all_envs():
         fail(f"--env-id {args.env_id} is not an envpool environment; try HalfCheetah-v4")
     if not is_continuous(args.env_id):

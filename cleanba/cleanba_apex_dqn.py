@@ -30,7 +30,7 @@ from cleanba_utils.frame_ring import FrameRing, frame_ring_bytes, frame_spec, ma
 from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.n_step import n_step_transitions
-from cleanba_utils.parsing import fail
+from cleanba_utils.parsing import fail, in_range, non_negative, positive
 from cleanba_utils.replay import ReplayStore
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
@@ -45,7 +45,7 @@ from cleanba_utils.torsos import ImpalaTorso, NatureTorso, check_torso_channels,
 class Args(DeviceArgs):
     # The run options of `DeviceArgs` whose default or meaning differ here.
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    eval_every: int = 100
+    eval_every: int = non_negative(100)
     concurrency: bool = True
     resume: bool = False
     """continue from the newest readable checkpoint of `runs/{run_name}` (the replay restarts empty,
@@ -53,9 +53,9 @@ class Args(DeviceArgs):
 
     env_id: str = "Breakout-v5"
     """the id of the envpool environment"""
-    total_timesteps: int = 50_000_000
+    total_timesteps: int = positive(50_000_000)
     """total environment steps (agent steps, not frames) of the run"""
-    learning_rate: float = 0.00025 / 4
+    learning_rate: float = positive(0.00025 / 4)
     """the learning rate of centered RMSProp as TensorFlow's, Ape-X's optimizer: decay 0.95, epsilon
     1.5e-7 inside the square root, no momentum, and the second-moment estimate starting at 1
     (optax's `initial_scale`), not 0, so that the first steps are not huge"""
@@ -64,39 +64,39 @@ class Args(DeviceArgs):
     optimizer steps (the updates before --learning-starts take none, so it ends a little above 0);
     Ape-X keeps it constant. Annealing lets a small task's final greedy policy settle, where under a
     constant rate it keeps swinging between good and poor"""
-    local_num_envs: int = 64
+    local_num_envs: int = positive(64)
     """the number of environments of each actor thread"""
-    num_actor_threads: int = 2
+    num_actor_threads: int = positive(2)
     """the number of actor threads per actor device"""
-    num_steps: int = 32
+    num_steps: int = positive(32)
     """the number of steps each environment runs per rollout (one update of the learner)"""
-    gamma: float = 0.99
+    gamma: float = in_range(0.99, 0, 1, low_open=True)
     """the discount factor"""
-    n_step: int = 3
+    n_step: int = positive(3)
     """the number of rewards in a transition's return before it bootstraps"""
-    epsilon_base: float = 0.4
+    epsilon_base: float = in_range(0.4, 0, 1)
     """environment g of N explores with epsilon_base ** (1 + epsilon_alpha * g / (N - 1))"""
-    epsilon_alpha: float = 7.0
+    epsilon_alpha: float = non_negative(7.0)
     """see --epsilon-base. Ape-X's 7 spreads hundreds of actors from 0.4 to 0.4^8; with a few
     environments it gives most of them a small ε (4 environments: 0.4, 0.047, 0.0056, 0.00066), so
     the replay sees few failures: a few environments take a smaller value (3: from 0.4 to 0.4^4)"""
-    buffer_size: int = 2_000_000
+    buffer_size: int = positive(2_000_000)
     """the replay capacity in transitions, first in first out"""
-    learning_starts: int = 50_000
+    learning_starts: int = non_negative(50_000)
     """the number of transitions in the replay before the learner starts updating"""
-    batch_size: int = 512
+    batch_size: int = positive(512)
     """the number of transitions of one learner update (sampled from the replay)"""
-    updates_per_rollout: int = 6
+    updates_per_rollout: int = positive(6)
     """optimizer steps per learner update: a fixed replay ratio of steps x batch / (num envs x num
     steps) samples per inserted transition (0.75 at the defaults, near Ape-X's)"""
-    priority_exponent: float = 0.6
+    priority_exponent: float = non_negative(0.6)
     """alpha: an item is sampled in proportion to its priority ** alpha"""
-    importance_sampling_exponent: float = 0.4
+    importance_sampling_exponent: float = in_range(0.4, 0, 1)
     """beta: the importance-sampling weights are (1 / probability) ** beta, normalized by their
     batch maximum"""
-    target_update_period: int = 2500
+    target_update_period: int = positive(2500)
     """copy the parameters to the target network every this many optimizer steps"""
-    max_grad_norm: float = 40.0
+    max_grad_norm: float = positive(40.0)
     """the maximum global norm of the gradient"""
     torso: Literal["nature", "impala"] = "nature"
     """the torso of image observations: "nature", the Nature DQN CNN of the Dueling DDQN agent that
@@ -144,18 +144,7 @@ def parse_args(argv=None) -> Args:
 def validate(args: Args):
     """Checks every argument that needs no device, before any other work; exits 2 on the first
     problem."""
-    positive = (
-        "total_timesteps learning_rate local_num_envs num_actor_threads num_steps n_step"
-        " buffer_size batch_size updates_per_rollout target_update_period max_grad_norm"
-        " log_frequency"
-    )
-    non_negative = (
-        "learning_starts epsilon_alpha priority_exponent eval_episodes eval_every checkpoint_every"
-    )
-    parsing.check_signs(args, positive.split(), non_negative.split())
-    parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
-    parsing.check_in(args, "epsilon_base", 0, 1)
-    parsing.check_in(args, "importance_sampling_exponent", 0, 1)
+    parsing.check_fields(args)
     parsing.check_run_options(args)
     parsing.check_layers(args, ["channels", "hiddens"])
     parsing.check_discrete_actions(args)

@@ -41,6 +41,7 @@ from cleanba_utils.handoff import check_policy_lag
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.mailboxes import Mailbox, Message, broadcast, receive
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
+from cleanba_utils.parsing import in_range, non_negative, positive
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, RunArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
@@ -57,14 +58,14 @@ class Args(RunArgs):
     save_model: bool = False
     """save the consensus average of the agents' final parameters to
     `runs/{run_name}/{exp_name}.cleanba_model`"""
-    eval_episodes: int = 0
+    eval_episodes: int = non_negative(0)
     """play this many episodes with the consensus average x̄ of the agents' parameters every
     --eval-every updates and after the last, their mean logged as charts/eval_return (0: none)"""
-    eval_every: int = 0
+    eval_every: int = non_negative(0)
     """evaluate every this many updates, and the untrained x̄ at step 0 (0: only after the last;
     agents in lock step only: those of --gossip async make no update together); evaluation never
     changes the run"""
-    log_frequency: int = 100
+    log_frequency: int = positive(100)
     """print a console line and log the losses every this many updates"""
     concurrency: bool = True
     """let each actor collect the next rollout while its learner trains (policy lag 1, Cleanba's
@@ -78,33 +79,33 @@ class Args(RunArgs):
     sampled from π as in training"""
     env_id: str = "Breakout-v5"
     """the id of the envpool environment"""
-    total_timesteps: int = 10_000_000
+    total_timesteps: int = positive(10_000_000)
     """total environment steps (agent steps, not frames) of the run, all agents together"""
-    learning_rate: float = 7e-4
+    learning_rate: float = non_negative(7e-4)
     """the base learning rate of RMSProp (the paper's Table 2), constant; each agent's is this times
     √(--num-agents) unless --no-scale-learning-rate (1.4e-3 for the default 4 agents)"""
     scale_learning_rate: bool = True
     """multiply the base learning rate by √(number of learners), the paper's scaling (Table 2, for
     A2C and GALA-A2C alike: --topology allreduce scales it too)"""
-    rmsprop_decay: float = 0.99
+    rmsprop_decay: float = in_range(0.99, 0, 1)
     """RMSProp's decay of the mean square. The paper does not give it; 0.99 is the A2C of Dhariwal
     et al. (2017) and the PyTorch A2C code the GALA authors built on"""
-    rmsprop_eps: float = 0.01
+    rmsprop_eps: float = positive(0.01)
     """RMSProp's epsilon (the paper's Table 2, with momentum 0), added to the root of the mean
     square as in PyTorch's RMSprop, which the authors ran (optax eps_in_sqrt=False)"""
-    local_num_envs: int = 16
+    local_num_envs: int = positive(16)
     """the number of environments of each agent"""
-    num_steps: int = 5
+    num_steps: int = positive(5)
     """the number of steps each environment runs per rollout: the horizon of the bootstrapped
     returns"""
-    gamma: float = 0.99
+    gamma: float = in_range(0.99, 0, 1, low_open=True)
     """the discount factor"""
-    ent_coef: float = 0.01
+    ent_coef: float = non_negative(0.01)
     """the entropy coefficient"""
-    vf_coef: float = 0.5
+    vf_coef: float = non_negative(0.5)
     """the value loss coefficient: the loss has vf_coef x mean((G - V)^2), 0.5 x the mean squared
     error as in the A2C of Dhariwal et al. (2017)"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: float = positive(0.5)
     """the maximum global norm of each agent's gradient"""
     torso: Literal["nature", "impala"] = "nature"
     """the torso for image observations: the network of Dhariwal et al. (2017), the paper's (three
@@ -115,7 +116,7 @@ class Args(RunArgs):
     hiddens: tuple[int, ...] = (512,)
     """dense layers after the torso (images; 512 is the paper's), or hidden layers of each of the
     separate actor and critic MLPs (vector observations: e.g. --hiddens 64 64 for CartPole)"""
-    num_agents: int = 4
+    num_agents: int = positive(4)
     """the number of actor-learners, each on its own device (CPU:
     XLA_FLAGS=--xla_force_host_platform_device_count)"""
     topology: Literal["gossip", "allreduce", "none"] = "gossip"
@@ -127,10 +128,10 @@ class Args(RunArgs):
     1 with no message delays"""
     num_peers: int = 1
     """the out-peers of each agent: agent i sends to agents i+1 .. i+num_peers (mod num_agents)"""
-    staleness_bound: int = 0
+    staleness_bound: int = non_negative(0)
     """--gossip async: an agent that made this many updates without a message from an in-peer waits
     (0: never)"""
-    similarity_every: int | None = None
+    similarity_every: int | None = positive(None)
     """measure the cosine similarity of ring neighbours' gradients every this many updates (default
     10). Lock-step modes only: the agents of --gossip async never hold gradients of the same moment,
     so it is refused there"""
@@ -178,15 +179,7 @@ def parse_args(argv=None) -> Args:
 def validate(args: Args):
     """Checks every argument that needs no device, before any other work; exits 2 on the first
     problem."""
-    positive = "total_timesteps local_num_envs num_steps max_grad_norm log_frequency num_agents"
-    positive += " rmsprop_eps"
-    non_negative = "learning_rate ent_coef vf_coef eval_episodes eval_every checkpoint_every"
-    non_negative += " staleness_bound"
-    parsing.check_signs(args, positive.split(), non_negative.split())
-    parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
-    parsing.check_in(args, "rmsprop_decay", 0, 1)
-    if args.similarity_every is not None and args.similarity_every <= 0:
-        parsing.fail(f"--similarity-every must be positive, got {args.similarity_every}")
+    parsing.check_fields(args)
     if args.topology == "gossip" and not 1 <= args.num_peers < args.num_agents:
         parsing.fail(
             "--topology gossip needs --num-agents >= 2, --num-peers in 1 .. agents - 1; got "

@@ -33,7 +33,7 @@ from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.microbatches import microbatch_update
-from cleanba_utils.parsing import fail
+from cleanba_utils.parsing import fail, in_range, non_negative, positive
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.threads import queue_get, queue_put, start_thread
@@ -49,34 +49,34 @@ class Args(DeviceArgs):
 
     env_id: str = "Breakout-v5"
     """the id of the envpool environment"""
-    total_timesteps: int = 50_000_000
+    total_timesteps: int = positive(50_000_000)
     """total environment steps (agent steps, not frames) of the run"""
-    learning_rate: float = 6e-4
+    learning_rate: float = positive(6e-4)
     """the learning rate of the optimizer"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to zero over the run"""
-    local_num_envs: int = 64
+    local_num_envs: int = positive(64)
     """the number of environments of each actor thread"""
-    num_actor_threads: int = 2
+    num_actor_threads: int = positive(2)
     """the number of actor threads per actor device"""
-    num_steps: int = 20
+    num_steps: int = positive(20)
     """the number of steps each environment runs per rollout"""
-    gamma: float = 0.99
+    gamma: float = in_range(0.99, 0, 1, low_open=True)
     """the discount factor"""
-    vtrace_lambda: float = 1.0
+    vtrace_lambda: float = in_range(1.0, 0, 1)
     """the lambda of V-trace: trace coefficients are c = lambda * min(1, rho) (rlax fixes c bar
     at 1)"""
-    clip_rho_threshold: float = 1.0
+    clip_rho_threshold: float = positive(1.0)
     """the clip of the importance ratios in the V-trace targets (rho bar)"""
-    clip_pg_rho_threshold: float = 1.0
+    clip_pg_rho_threshold: float = positive(1.0)
     """the clip of the importance ratios in the policy-gradient advantages"""
-    num_minibatches: int = 4
+    num_minibatches: int = positive(4)
     """the number of optimizer steps per rollout, each on a subset of whole environment sequences"""
-    ent_coef: float = 0.01
+    ent_coef: float = non_negative(0.01)
     """the entropy coefficient"""
-    vf_coef: float = 0.5
+    vf_coef: float = non_negative(0.5)
     """the value function coefficient"""
-    max_grad_norm: float = 40.0
+    max_grad_norm: float = positive(40.0)
     """the maximum global norm of the gradient"""
     channels: tuple[int, ...] = (16, 32, 32)
     """the channels of the IMPALA ResNet stacks (image observations)"""
@@ -84,7 +84,7 @@ class Args(DeviceArgs):
     """the sizes of the dense layers after the ResNet (image observations), or of the hidden layers
     of each of the separate actor and critic MLPs (vector observations)"""
 
-    gradient_accumulation_steps: int = 1
+    gradient_accumulation_steps: int = positive(1)
     """split each minibatch into this many microbatches whose gradients are summed before one
     optimizer step: the same result (up to float rounding) in less learner memory"""
 
@@ -127,15 +127,7 @@ def parse_args(argv=None) -> Args:
 def validate(args: Args):
     """Checks every argument that needs no device, before any other work; exits 2 on the first
     problem."""
-    positive = (
-        "total_timesteps learning_rate local_num_envs num_actor_threads num_steps num_minibatches"
-        " gradient_accumulation_steps clip_rho_threshold clip_pg_rho_threshold max_grad_norm"
-        " log_frequency"
-    )
-    non_negative = "ent_coef vf_coef eval_episodes eval_every checkpoint_every"
-    parsing.check_signs(args, positive.split(), non_negative.split())
-    parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
-    parsing.check_in(args, "vtrace_lambda", 0, 1)
+    parsing.check_fields(args)
     parsing.check_run_options(args)
     parsing.check_layers(args, ["channels", "hiddens"])
     parsing.check_discrete_actions(args)

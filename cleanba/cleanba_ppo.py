@@ -31,7 +31,7 @@ from cleanba_utils.handoff import check_policy_lag, send_params
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.microbatches import microbatch_update
-from cleanba_utils.parsing import fail
+from cleanba_utils.parsing import fail, in_range, non_negative, positive
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.threads import queue_get, queue_put, start_thread
@@ -46,39 +46,39 @@ class Args(DeviceArgs):
 
     env_id: str = "Breakout-v5"
     """the id of the envpool environment"""
-    total_timesteps: int = 50_000_000
+    total_timesteps: int = positive(50_000_000)
     """total environment steps (agent steps, not frames) of the run"""
-    learning_rate: float = 2.5e-4
+    learning_rate: float = positive(2.5e-4)
     """the learning rate of the optimizer"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to zero over the run"""
-    local_num_envs: int = 64
+    local_num_envs: int = positive(64)
     """the number of environments of each actor thread"""
-    num_actor_threads: int = 2
+    num_actor_threads: int = positive(2)
     """the number of actor threads per actor device"""
-    num_steps: int = 128
+    num_steps: int = positive(128)
     """the number of steps each environment runs per rollout"""
-    gamma: float = 0.99
+    gamma: float = in_range(0.99, 0, 1, low_open=True)
     """the discount factor"""
-    gae_lambda: float = 0.95
+    gae_lambda: float = in_range(0.95, 0, 1)
     """the lambda of generalized advantage estimation"""
-    num_minibatches: int = 4
+    num_minibatches: int = positive(4)
     """the number of minibatches per epoch"""
-    update_epochs: int = 4
+    update_epochs: int = positive(4)
     """the number of epochs over each rollout"""
     norm_adv: bool = True
     """normalize advantages with the statistics of the whole minibatch"""
-    clip_coef: float = 0.1
+    clip_coef: float = positive(0.1)
     """the surrogate clipping coefficient"""
     clip_vloss: bool = False
     """clip the value loss as PPO's reference implementations do: per sample, the larger of the
     squared errors of the new value and of the rollout's value moved towards it by at most
     --clip-coef (off in the paper's runs)"""
-    ent_coef: float = 0.01
+    ent_coef: float = non_negative(0.01)
     """the entropy coefficient"""
-    vf_coef: float = 0.5
+    vf_coef: float = non_negative(0.5)
     """the value function coefficient"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: float = positive(0.5)
     """the maximum global norm of the gradient"""
     channels: tuple[int, ...] = (16, 32, 32)
     """the channels of the IMPALA ResNet stacks (image observations)"""
@@ -86,7 +86,7 @@ class Args(DeviceArgs):
     """the sizes of the dense layers after the ResNet (image observations), or of the hidden layers
     of each of the separate actor and critic MLPs (vector observations)"""
 
-    gradient_accumulation_steps: int = 4
+    gradient_accumulation_steps: int = positive(4)
     """split each minibatch into this many microbatches whose gradients are summed before one
     optimizer step: the same result (up to float rounding) in less learner memory (4, so that the
     default network and batch fit a CPU machine's memory)"""
@@ -130,14 +130,7 @@ def parse_args(argv=None) -> Args:
 def validate(args: Args):
     """Checks every argument that needs no device, before any other work; exits 2 on the first
     problem."""
-    positive = (
-        "total_timesteps learning_rate local_num_envs num_actor_threads num_steps num_minibatches"
-        " update_epochs gradient_accumulation_steps clip_coef max_grad_norm log_frequency"
-    )
-    non_negative = "ent_coef vf_coef eval_episodes eval_every checkpoint_every"
-    parsing.check_signs(args, positive.split(), non_negative.split())
-    parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
-    parsing.check_in(args, "gae_lambda", 0, 1)
+    parsing.check_fields(args)
     parsing.check_run_options(args)
     parsing.check_layers(args, ["channels", "hiddens"])
     parsing.check_discrete_actions(args)

@@ -64,7 +64,7 @@ from cleanba_utils.env_records import (
 )
 from cleanba_utils.envs import flat_observation, is_continuous, make_envs
 from cleanba_utils.handoff import check_policy_lag, send_params
-from cleanba_utils.parsing import fail
+from cleanba_utils.parsing import fail, in_range, non_negative, positive
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.threads import queue_get, queue_put, start_thread
@@ -82,42 +82,42 @@ class Args(DeviceArgs):
 
     env_id: str = "HalfCheetah-v4"
     """the id of the envpool environment (continuous actions: MuJoCo or dm_control)"""
-    total_timesteps: int = 1_000_000
+    total_timesteps: int = positive(1_000_000)
     """total environment steps of the run"""
-    learning_rate: float = 3e-4
+    learning_rate: float = positive(3e-4)
     """the learning rate of the optimizer"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to zero over the run"""
-    local_num_envs: int = 8
+    local_num_envs: int = positive(8)
     """the number of environments of each actor thread"""
-    num_actor_threads: int = 1
+    num_actor_threads: int = positive(1)
     """the number of actor threads per actor device"""
-    num_steps: int = 256
+    num_steps: int = positive(256)
     """the number of steps each environment runs per rollout"""
-    gamma: float = 0.99
+    gamma: float = in_range(0.99, 0, 1, low_open=True)
     """the discount factor (of the advantages and of the returns that scale the rewards)"""
-    gae_lambda: float = 0.95
+    gae_lambda: float = in_range(0.95, 0, 1)
     """the lambda of generalized advantage estimation"""
     bootstrap_truncations: bool = True
     """bootstrap an episode cut by the time limit from the value of its last observation;
     --no-bootstrap-truncations treats the time limit as a termination, as CleanRL's
     ppo_continuous_action.py does (for comparisons with it)"""
-    num_minibatches: int = 32
+    num_minibatches: int = positive(32)
     """the number of minibatches per epoch"""
-    update_epochs: int = 10
+    update_epochs: int = positive(10)
     """the number of epochs over each rollout"""
     norm_adv: bool = True
     """normalize advantages with the statistics of the whole minibatch"""
-    clip_coef: float = 0.2
+    clip_coef: float = positive(0.2)
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
     """clip the value loss: per sample, the larger of the squared errors of the new value and of the
     rollout's value moved towards it by at most --clip-coef"""
-    ent_coef: float = 0.0
+    ent_coef: float = non_negative(0.0)
     """the entropy coefficient"""
-    vf_coef: float = 0.5
+    vf_coef: float = non_negative(0.5)
     """the value function coefficient"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: float = positive(0.5)
     """the maximum global norm of the gradient"""
     hiddens: tuple[int, ...] = (64, 64)
     """the sizes of the tanh hidden layers of each of the separate actor and critic MLPs"""
@@ -159,12 +159,7 @@ def parse_args(argv=None) -> Args:
 def validate(args: Args):
     """Checks every argument that needs no device, before any other work; exits 2 on the first
     problem."""
-    positive = "total_timesteps learning_rate local_num_envs num_actor_threads num_steps"
-    positive += " num_minibatches update_epochs clip_coef max_grad_norm log_frequency"
-    non_negative = "ent_coef vf_coef eval_episodes eval_every checkpoint_every"
-    parsing.check_signs(args, positive.split(), non_negative.split())
-    parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
-    parsing.check_in(args, "gae_lambda", 0, 1)
+    parsing.check_fields(args)
     if args.env_id not in envpool.list_all_envs():
         fail(
             f"--env-id {args.env_id} is not an envpool environment; try HalfCheetah-v4 or "

@@ -44,7 +44,7 @@ from cleanba_utils.env_records import (
 from cleanba_utils.envs import flat_observation, is_continuous, make_envs
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.handoff import check_policy_lag, send_params
-from cleanba_utils.parsing import fail
+from cleanba_utils.parsing import fail, in_range, non_negative, positive
 from cleanba_utils.replay import Mark, ReplayStore
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
@@ -59,48 +59,48 @@ from cleanba_utils.threads import queue_get, queue_put, start_thread
 class Args(DeviceArgs):
     # The run options of `DeviceArgs` whose default or meaning differ here.
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    eval_every: int = 100
+    eval_every: int = non_negative(100)
     concurrency: bool = True
-    checkpoint_every: int = 0
+    checkpoint_every: int = non_negative(0)
     """checkpoint (with the replay) every this many updates (0: at the end, SIGTERM, SIGUSR1)"""
 
     env_id: str = "HalfCheetah-v4"
     """the id of the envpool environment (continuous actions: MuJoCo or dm_control)"""
-    total_timesteps: int = 1_000_000
+    total_timesteps: int = positive(1_000_000)
     """total environment steps of the run"""
-    buffer_size: int = 1_000_000
+    buffer_size: int = positive(1_000_000)
     """the replay capacity in transitions, first in first out"""
-    gamma: float = 0.99
+    gamma: float = in_range(0.99, 0, 1, low_open=True)
     """the discount factor"""
-    tau: float = 0.005
+    tau: float = in_range(0.005, 0, 1, low_open=True)
     """the target critics' Polyak step: the fraction they move to the critics per gradient update"""
-    batch_size: int = 256
+    batch_size: int = positive(256)
     """the transitions of one gradient update, split equally over the learner devices"""
-    learning_starts: int = 5000
+    learning_starts: int = non_negative(5000)
     """environment steps of uniformly random actions before the policy acts; the first gradient
     update follows the first rollout that completes this many steps (CleanRL's follows step 5001)"""
-    policy_lr: float = 3e-4
+    policy_lr: float = positive(3e-4)
     """the learning rate of the actor's Adam"""
-    q_lr: float = 1e-3
+    q_lr: float = positive(1e-3)
     """the learning rate of the twin critics' Adam"""
-    alpha_lr: float = 1e-3
+    alpha_lr: float = positive(1e-3)
     """the learning rate of the temperature's Adam (CleanRL's script: q_lr, 1e-3; its docs: 3e-4)"""
-    policy_frequency: int = 2
+    policy_frequency: int = positive(2)
     """update the actor and the temperature every this many gradient updates, this many times
     each (making up for the skipped ones), as CleanRL's delayed policy update"""
     autotune: bool = True
     """tune the temperature alpha towards the target entropy -|A| (else keep it at --alpha)"""
-    alpha: float = 0.2
+    alpha: float = positive(0.2)
     """the temperature with --no-autotune"""
-    replay_ratio: float = 1.0
+    replay_ratio: float = positive(1.0)
     """gradient updates per environment step (CleanRL's: 1)"""
     hiddens: tuple[int, ...] = (256, 256)
     """the ReLU hidden layers of the actor and of each critic"""
-    local_num_envs: int = 1
+    local_num_envs: int = positive(1)
     """the number of environments of each actor thread (CleanRL's: 1)"""
-    num_actor_threads: int = 1
+    num_actor_threads: int = positive(1)
     """the number of actor threads per actor device"""
-    num_steps: int = 64
+    num_steps: int = positive(64)
     """the steps of each environment per rollout, one learner update, which makes the rollout's
     gradient updates in one compiled call; with --concurrency the actors are one update behind"""
 
@@ -134,14 +134,7 @@ def parse_args(argv=None) -> Args:
 
 def validate(args: Args):
     """Checks every argument that needs no device, first; exits 2 on the first problem."""
-    positive = (
-        "total_timesteps buffer_size batch_size policy_lr q_lr alpha_lr policy_frequency alpha"
-        " replay_ratio local_num_envs num_actor_threads num_steps log_frequency"
-    )
-    non_negative = "learning_starts eval_episodes eval_every checkpoint_every"
-    parsing.check_signs(args, positive.split(), non_negative.split())
-    parsing.check_in(args, "gamma", low=0, high=1, low_open=True)
-    parsing.check_in(args, "tau", low=0, high=1, low_open=True)
+    parsing.check_fields(args)
     if args.env_id not in envpool.list_all_envs():
         fail(f"--env-id {args.env_id} is not in envpool; try HalfCheetah-v4 or CheetahRun-v1")
     if not is_continuous(args.env_id):

@@ -1,6 +1,7 @@
-"""The command line of a training script: tyro's parser with one-line errors, and the checks that
-every script's `validate` and `validate_layout` share. A user's mistake is one line on stderr and
-exit code 2, in the scripts and in the experiment tools alike (`fail`).
+"""The command line of a training script: tyro's parser with one-line errors, the checks that every
+script's `validate` and `validate_layout` share, and the fields that declare their own check
+(`positive`, `non_negative`, `in_range`, `at_most`), which `check_fields` applies. A user's mistake
+is one line on stderr and exit code 2, in the scripts and in the experiment tools alike (`fail`).
 
 JAX, envpool and tyro are imported by the functions that use them: the experiment tools import
 `fail` alone, and a launcher's dry run should not wait for their imports."""
@@ -53,25 +54,61 @@ def parse_args(args_type, argv=None):
         raise
 
 
-def check_signs(args, positive: list[str], non_negative: list[str]):
-    """Every float option must be finite (NaN passes any comparison); then the signs the script
-    names."""
+CHECK = "check"
+"""The key of a field's `Check` in its metadata (tyro reads only the key "help" there)."""
+
+
+class Check(NamedTuple):
+    """What an option's value must satisfy: `holds(value)`, and `requirement`, the message's words
+    where it does not ("must be positive")."""
+
+    holds: Callable[[Any], bool]
+    requirement: str
+
+
+def checked(default, check: Check):
+    """A dataclass field with `default` whose option `check_fields` checks; None, where the default
+    is None, stands for the option left unset and is not checked."""
+    return dataclasses.field(default=default, metadata={CHECK: check})
+
+
+def positive(default):
+    """A field whose value must be above 0."""
+    return checked(default, Check(lambda value: value > 0, "must be positive"))
+
+
+def non_negative(default):
+    """A field whose value must be 0 or above."""
+    return checked(default, Check(lambda value: value >= 0, "must be non-negative"))
+
+
+def in_range(default, low: float, high: float, low_open: bool = False):
+    """A field whose value must lie in [low, high], or in (low, high] with `low_open`."""
+
+    def holds(value) -> bool:
+        return low < value <= high if low_open else low <= value <= high
+
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+    return checked(default, Check(holds, f"must be in {interval}"))
+
+
+def at_most(default, high: float):
+    """A field whose value must be `high` or below."""
+    return checked(default, Check(lambda value: value <= high, f"must be at most {high:g}"))
+
+
+def check_fields(args):
+    """Every float option must be finite (NaN passes any comparison); then every field's declared
+    `Check`, in the order of the fields."""
     for field in dataclasses.fields(args):
         value = getattr(args, field.name)
         if isinstance(value, float) and not math.isfinite(value):
             fail(f"{flag(field.name)} must be a finite number, got {value}")
-    for name in positive:
-        if getattr(args, name) <= 0:
-            fail(f"{flag(name)} must be positive, got {getattr(args, name)}")
-    for name in non_negative:
-        if getattr(args, name) < 0:
-            fail(f"{flag(name)} must be non-negative, got {getattr(args, name)}")
-
-
-def check_in(args, name: str, low: float, high: float, low_open: bool = False):
-    value = getattr(args, name)
-    if not (low < value <= high if low_open else low <= value <= high):
-        fail(f"{flag(name)} must be in {'(' if low_open else '['}{low:g}, {high:g}], got {value}")
+    for field in dataclasses.fields(args):
+        check = field.metadata.get(CHECK)
+        value = getattr(args, field.name)
+        if check is not None and value is not None and not check.holds(value):
+            fail(f"{flag(field.name)} {check.requirement}, got {value}")
 
 
 def check_run_options(args):
@@ -92,8 +129,6 @@ def check_run_options(args):
             f"--process-id must be in 0 .. {args.num_processes - 1} (--num-processes), "
             f"got {args.process_id}"
         )
-    if args.envpool_num_threads is not None and args.envpool_num_threads <= 0:
-        fail(f"--envpool-num-threads must be positive, got {args.envpool_num_threads}")
     if args.env_id not in envpool.list_all_envs():
         fail(
             f"--env-id {args.env_id} is not an envpool environment; try Breakout-v5 or CartPole-v1"

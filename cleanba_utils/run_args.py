@@ -2,11 +2,13 @@
 over processes, checkpointing and resuming it. A script's `Args` extends `RunArgs` (or `DeviceArgs`,
 which adds the devices of the actor threads and of the learner) with its algorithm's options, and
 redeclares a field where its default or its meaning differs (the option keeps its place in
-`--help`)."""
+`--help`). A numeric field declares the check of its values (`parsing.positive`, `non_negative`,
+`in_range`, `at_most`); a redeclared field replaces the whole field, so it declares its check
+again."""
 
 import dataclasses
 
-from cleanba_utils.parsing import Need
+from cleanba_utils.parsing import Need, non_negative, positive
 
 
 @dataclasses.dataclass
@@ -37,16 +39,16 @@ class RunArgs:
     hf_entity: str | None = None
     """the Hugging Face user or organization that --upload-model uploads to (default: the token's
     user)"""
-    eval_episodes: int = 0
+    eval_episodes: int = non_negative(0)
     """play this many episodes with the script's evaluation policy (its `evaluate`) in environments
     of their own every --eval-every updates and after the last; their mean is logged as
     charts/eval_return (0: no evaluation)"""
-    eval_every: int = 0
+    eval_every: int = non_negative(0)
     """evaluate every this many updates, and the untrained policy at step 0 (0: only after the
     last); evaluation never changes the run"""
-    log_frequency: int = 10
+    log_frequency: int = positive(10)
     """print and log losses every this many updates"""
-    envpool_num_threads: int | None = None
+    envpool_num_threads: int | None = positive(None)
     """worker threads of each envpool instance (default: the CPUs shared equally among the
     instances); results do not depend on it"""
     concurrency: bool = False
@@ -60,7 +62,7 @@ class RunArgs:
     """the number of processes, for --distributed outside SLURM"""
     process_id: int | None = None
     """this process's index in 0 .. num_processes - 1, for --distributed outside SLURM"""
-    checkpoint_every: int = 0
+    checkpoint_every: int = non_negative(0)
     """save a checkpoint every this many updates and after the last one (0: only on SIGTERM /
     SIGUSR1)"""
     resume: bool = False

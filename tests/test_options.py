@@ -6,6 +6,7 @@ What each option needs is written here from the scripts' behaviour (which code r
 independently of the tables the scripts' validation reads."""
 
 import dataclasses
+import types
 import typing
 
 import jax
@@ -21,6 +22,7 @@ from cleanba import (
     cleanba_ppo_continuous,
     cleanba_sac,
 )
+from cleanba_utils import parsing
 
 ATARI = ["--env-id", "Breakout-v5"]
 TRACK = ["--track"]
@@ -220,3 +222,49 @@ def test_channels_are_the_torso_convolutions_in_every_script(script):
     assert sorted(impala) == [8] * 5 + [12] * 5 + [16] * 5
     assert conv_channels(script, ["--torso", "nature"]) == [32, 64, 64]
     assert sorted(conv_channels(script, ["--torso", "impala"])) == [16] * 5 + [32] * 10
+
+
+# The numeric options of the scripts that declare no check on their field, each with what checks it
+# instead. Every other numeric option declares its check (`parsing.positive`, `non_negative`,
+# `in_range`, `at_most`).
+UNCHECKED_NUMBERS = {
+    "seed": "none: any integer seeds a run",
+    "num_processes": "parsing.check_run_options, with --process-id in 0 .. num processes - 1",
+    "process_id": "parsing.check_run_options, in 0 .. --num-processes - 1",
+    "actor_device_ids": "parsing.check_devices, against the local devices",
+    "learner_device_ids": "parsing.check_devices, against the local devices",
+    "channels": "parsing.check_layers, and torsos.check_torso_channels where a script has torsos",
+    "hiddens": "parsing.check_layers",
+    "critic_hiddens": "parsing.check_layers",
+    "actor_hiddens": "parsing.check_layers",
+    "num_peers": "GALA's validate, against --num-agents",
+}
+
+
+def number_types(annotation) -> set:
+    """The number types an option's annotation holds: `int | None` and `tuple[int, ...]` hold int;
+    bool and Literal are not numbers here."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType, tuple):
+        return set().union(*(number_types(a) for a in typing.get_args(annotation)))
+    return {annotation} & {int, float}
+
+
+def test_every_numeric_option_declares_its_check_or_says_what_checks_it():
+    """A numeric option cannot go unchecked by omission: one that declares no check on its field
+    must be in UNCHECKED_NUMBERS, with what checks it instead; an entry no script has, or one that
+    also declares a check, is refused too."""
+    unchecked_seen = set()
+    for name, (script, _) in SCRIPTS.items():
+        for field in dataclasses.fields(script.Args):
+            if not number_types(field.type):
+                continue
+            declared = parsing.CHECK in field.metadata
+            if field.name in UNCHECKED_NUMBERS:
+                assert not declared, f"{name}: --{field.name} is in UNCHECKED_NUMBERS and checked"
+                unchecked_seen.add(field.name)
+            else:
+                assert declared, (
+                    f"{name}: --{field.name} declares no check (parsing.positive, non_negative, "
+                    "in_range or at_most) and is not in UNCHECKED_NUMBERS"
+                )
+    assert unchecked_seen == set(UNCHECKED_NUMBERS), set(UNCHECKED_NUMBERS) - unchecked_seen

@@ -73,24 +73,49 @@ def test_a_wrapped_parse_error_keeps_its_whole_message_on_one_line(capsys):
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_non_finite_floats_are_refused_even_where_any_sign_is_allowed(capsys, value):
     with pytest.raises(SystemExit) as exit_:
-        parsing.check_signs(
-            parsing.parse_args(Options, ["--rate", value]), positive=[], non_negative=[]
-        )
+        parsing.check_fields(parsing.parse_args(Options, ["--rate", value]))
     assert exit_.value.code == 2 and "--rate must be a finite number" in capsys.readouterr().err
 
 
-def test_signs_and_ranges(capsys):
-    parsing.check_signs(Options(), positive=["rate", "count"], non_negative=[])
-    parsing.check_in(Options(rate=1.0), "rate", 0, 1, low_open=True)
-    for check in [
-        lambda: parsing.check_signs(Options(count=0), positive=["count"], non_negative=[]),
-        lambda: parsing.check_signs(Options(rate=-0.1), positive=[], non_negative=["rate"]),
-        lambda: parsing.check_in(Options(rate=0.0), "rate", 0, 1, low_open=True),
-        lambda: parsing.check_in(Options(rate=1.5), "rate", 0, 1),
-    ]:
-        with pytest.raises(SystemExit):
-            check()
-    assert len(capsys.readouterr().err.strip().splitlines()) == 4
+@dataclasses.dataclass
+class CheckedOptions:
+    rate: float = parsing.in_range(0.5, 0, 1, low_open=True)
+    """a rate in (0, 1]"""
+    count: int = parsing.positive(3)
+    """a positive count"""
+    offset: float = parsing.non_negative(0.0)
+    """an offset of 0 or more"""
+    exponent: float = parsing.at_most(-0.5, 0)
+    """an exponent of 0 or less"""
+    threads: int | None = parsing.positive(None)
+    """unset, or a positive number of threads"""
+
+
+def test_declared_checks_accept_their_bounds_and_refuse_beyond_in_one_line(capsys):
+    parsing.check_fields(CheckedOptions())
+    parsing.check_fields(CheckedOptions(rate=1.0, count=1, offset=0.0, exponent=0.0, threads=1))
+    refusals = {
+        "--rate must be in (0, 1], got 0.0": CheckedOptions(rate=0.0),
+        "--rate must be in (0, 1], got 1.5": CheckedOptions(rate=1.5),
+        "--count must be positive, got 0": CheckedOptions(count=0),
+        "--offset must be non-negative, got -0.1": CheckedOptions(offset=-0.1),
+        "--exponent must be at most 0, got 0.5": CheckedOptions(exponent=0.5),
+        "--threads must be positive, got 0": CheckedOptions(threads=0),
+    }
+    for message, options in refusals.items():
+        with pytest.raises(SystemExit) as exit_:
+            parsing.check_fields(options)
+        assert exit_.value.code == 2 and capsys.readouterr().err == f"error: {message}\n"
+
+
+def test_a_checked_field_keeps_its_default_and_docstring_in_help(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parsing.parse_args(CheckedOptions, ["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert exit_.value.code == 0
+    assert "a positive count (default: 3)" in help_text, help_text
+    assert "an exponent of 0 or less (default: -0.5)" in help_text, help_text
+    assert parsing.parse_args(CheckedOptions, ["--count", "7"]).count == 7
 
 
 # threads
