@@ -39,7 +39,7 @@ from cleanba_utils.devices import first_replica, gathered, local_shares, replica
 from cleanba_utils.env_records import EnvRecord
 from cleanba_utils.envs import flat_observation, is_continuous, make_envs
 from cleanba_utils.evaluation_episodes import play_episodes
-from cleanba_utils.handoff import check_policy_lag, send_params
+from cleanba_utils.handoff import OnResume, actor_fetches_params, check_policy_lag, send_params
 from cleanba_utils.n_step import n_step_transitions
 from cleanba_utils.parsing import at_most, fail, in_range, non_negative, positive
 from cleanba_utils.prioritized_learning import (
@@ -270,6 +270,12 @@ def networks_of(args: Args, spaces: Spaces) -> Networks:
 
 
 # === Actor ===
+
+# How the policy lag goes on across a resume (cleanba_utils.handoff): kept at 1, as in the
+# uninterrupted run, which the bitwise resume needs.
+ON_RESUME: OnResume = "keep_lag"
+
+
 class Played(NamedTuple):
     """Steps as an actor played them (envs, steps); `is_reset`: envpool's reset steps, whose action
     is ignored. A rollout's last n steps, its tail, wait for the next rollout's rewards."""
@@ -395,7 +401,7 @@ def actor(
         )
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
-        if update == first_update or not (args.concurrency and update == 2):
+        if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
         rollout_start = time.time()
@@ -812,15 +818,15 @@ def resumed_pending(saved: Saved | None, learner_devices: list) -> PendingPriori
     return saved.pending._replace(td=replicate(saved.pending.td, learner_devices))
 
 
-def receive(args, jobs: BackgroundJobs, replay, rollouts, update: int, learner_policy_version):
+def receive(args, jobs: BackgroundJobs, replay, rollouts, update: int, first_update: int):
     """Checks the rollouts' policy lag and inserts them; returns the records, tails and stats."""
     tic = time.time()
     check_policy_lag(
         rollouts,
         update=update,
-        learner_policy_version=learner_policy_version,
         concurrency=args.concurrency,
-        first_update=1,
+        first_update=first_update,
+        on_resume=ON_RESUME,
     )
     # Every process's rollouts in global env order: each process holds the whole replay.
     data = Transitions(*[np.concatenate(fields) for fields in zip(*[r.data for r in rollouts])])
@@ -923,7 +929,7 @@ def train(args: Args):
                 replay=replay,
                 rollouts=rollouts,
                 update=update,
-                learner_policy_version=learner_policy_version,
+                first_update=first_update,
             )
             if insert_stats["replay_size"] >= max(args.learning_starts, 1):
                 state, learned, pending = learn(

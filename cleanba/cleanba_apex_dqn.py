@@ -27,7 +27,7 @@ from cleanba_utils.devices import first_replica, gathered, local_shares, replica
 from cleanba_utils.envs import make_envs
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.frame_ring import FrameRing, frame_ring_bytes, frame_spec, make_frame_ring
-from cleanba_utils.handoff import check_policy_lag, send_params
+from cleanba_utils.handoff import OnResume, actor_fetches_params, check_policy_lag, send_params
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.n_step import n_step_transitions
 from cleanba_utils.parsing import fail, in_range, non_negative, positive
@@ -226,6 +226,11 @@ def network_of(args: Args, num_actions: int) -> Network:
 
 # === Actor ===
 
+# How the policy lag goes on across a resume (cleanba_utils.handoff): restarted, as a
+# resumed run's environments start anew from the run's seeds.
+ON_RESUME: OnResume = "restart_lag"
+
+
 EVAL_EPSILON = 0.01
 
 
@@ -337,7 +342,7 @@ def actor(args, sizes, run, network, first_update, env_offset, device, param_que
     episode_step = np.zeros(args.local_num_envs, np.uint8)
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
-        if not (args.concurrency and update == first_update + 1):
+        if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
 
@@ -853,9 +858,9 @@ def train(args: Args):
             check_policy_lag(
                 rollouts,
                 update=update,
-                learner_policy_version=learner_policy_version,
                 concurrency=args.concurrency,
                 first_update=first_update,
+                on_resume=ON_RESUME,
             )
             learn_start = time.time()
             data = gather_rollouts(args, rollouts)

@@ -37,7 +37,7 @@ from cleanba_utils.consensus import consensus_line, consensus_of, consensus_stat
 from cleanba_utils.devices import first_replica
 from cleanba_utils.envs import envpool_num_threads, is_atari
 from cleanba_utils.evaluation_episodes import play_episodes
-from cleanba_utils.handoff import check_policy_lag
+from cleanba_utils.handoff import OnResume, actor_fetches_params, check_policy_lag
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.mailboxes import Mailbox, Message, broadcast, receive
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
@@ -325,6 +325,10 @@ def network_of(args: Args, num_actions: int) -> Network:
 
 # === Actor ===
 
+# How the policy lag goes on across a resume (cleanba_utils.handoff): restarted, as a
+# resumed run's environments start anew from the run's seeds.
+ON_RESUME: OnResume = "restart_lag"
+
 
 class Transitions(NamedTuple):
     """What an actor played, (1, envs, steps, ...) arrays: `is_reset` marks envpool's reset steps,
@@ -380,7 +384,7 @@ def actor(args, sizes, run, network, first_update, agent, device, param_queue, r
     next_is_reset = np.zeros(args.local_num_envs, dtype=bool)
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
-        if not (args.concurrency and update == first_update + 1):
+        if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
         steps = []
@@ -733,9 +737,9 @@ def train_sync(args: Args, run, network, state):
             check_policy_lag(
                 rollouts,
                 update=update,
-                learner_policy_version=learner_policy_version,
                 concurrency=args.concurrency,
                 first_update=first_update,
+                on_resume=ON_RESUME,
             )
             transitions = jax.tree.map(
                 lambda *slices: from_slices(slices, sharding), *[r.transitions for r in rollouts]
@@ -806,9 +810,9 @@ def agent_learner(
         check_policy_lag(
             [rollout],
             update=update,
-            learner_policy_version=update - 1,
             concurrency=args.concurrency,
             first_update=1,
+            on_resume=ON_RESUME,
         )
         state, losses = update_fn(state, rollout.transitions, rollout.bootstrap_obs)
         if update == 1:

@@ -29,7 +29,7 @@ from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.envs import make_envs
 from cleanba_utils.evaluation_episodes import play_episodes
-from cleanba_utils.handoff import check_policy_lag, send_params
+from cleanba_utils.handoff import OnResume, actor_fetches_params, check_policy_lag, send_params
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.microbatches import microbatch_update
@@ -226,6 +226,10 @@ class Network(nn.Module):
 
 # === Actor ===
 
+# How the policy lag goes on across a resume (cleanba_utils.handoff): restarted, as a
+# resumed run's environments start anew from the run's seeds.
+ON_RESUME: OnResume = "restart_lag"
+
 
 class Trajectories(NamedTuple):
     """One rollout, env-major (envs, steps, ...): what each environment saw and did at each step
@@ -290,7 +294,7 @@ def actor(args, sizes, run, network, first_update, env_offset, devices, param_qu
     next_is_reset = np.zeros(args.local_num_envs, dtype=bool)
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
-        if not (args.concurrency and update == first_update + 1):
+        if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
 
@@ -680,9 +684,9 @@ def train(args: Args):
             check_policy_lag(
                 rollouts,
                 update=update,
-                learner_policy_version=learner_policy_version,
                 concurrency=args.concurrency,
                 first_update=first_update,
+                on_resume=ON_RESUME,
             )
             learn_start = time.time()
             state, metrics = update_fn(state, tuple(r.data for r in rollouts), np.int32(update))

@@ -27,7 +27,7 @@ from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.envs import make_envs
 from cleanba_utils.evaluation_episodes import play_episodes
-from cleanba_utils.handoff import check_policy_lag, send_params
+from cleanba_utils.handoff import OnResume, actor_fetches_params, check_policy_lag, send_params
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.microbatches import microbatch_update
@@ -227,6 +227,10 @@ class Network(nn.Module):
 
 # === Actor ===
 
+# How the policy lag goes on across a resume (cleanba_utils.handoff): restarted, as a
+# resumed run's environments start anew from the run's seeds.
+ON_RESUME: OnResume = "restart_lag"
+
 
 class Trajectories(NamedTuple):
     """One rollout, env-major (envs, steps, ...): what each environment saw and did at each step
@@ -293,7 +297,7 @@ def actor(args, sizes, run, network, first_update, env_offset, devices, param_qu
     next_is_reset = np.zeros(args.local_num_envs, dtype=bool)
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
-        if not (args.concurrency and update == first_update + 1):
+        if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
 
@@ -641,7 +645,6 @@ def train(args: Args):
     update_fn = make_update(
         args, global_learner_devices, rolled=learner_devices[0].platform != "cpu"
     )
-    learner_policy_version = counters["update"]
     first_update = counters["update"] + 1
     param_queues, rollout_queues, threads = start_actors(
         args=args,
@@ -655,11 +658,12 @@ def train(args: Args):
     with run.learner_loop(threads) as end:
         send_params(
             first_replica(state.params),
-            policy_version=learner_policy_version,
+            policy_version=first_update - 1,
             actor_devices=actor_devices,
             param_queues=param_queues,
             stop=run.stop,
         )
+        update = first_update - 1  # the updates done, where the loop makes none (a finished run)
         for update in range(first_update, sizes.num_updates + 1):
             wait_start = time.time()
             rollouts = [queue_get(q, run.stop) for q in rollout_queues]
@@ -667,18 +671,17 @@ def train(args: Args):
             check_policy_lag(
                 rollouts,
                 update=update,
-                learner_policy_version=learner_policy_version,
                 concurrency=args.concurrency,
                 first_update=first_update,
+                on_resume=ON_RESUME,
             )
             learn_start = time.time()
             state, metrics = update_fn(state, tuple(r.data for r in rollouts), np.int32(update))
             jax.block_until_ready(state)
-            learner_policy_version += 1
             learner_stats = dict(
                 rollout_queue_get_time=rollout_queue_get_time,
                 learn_time=time.time() - learn_start,
-                learner_policy_version=learner_policy_version,
+                learner_policy_version=update,
             )
             run.log_update(
                 update=update,
@@ -697,14 +700,14 @@ def train(args: Args):
             if update < sizes.num_updates:
                 send_params(
                     first_replica(state.params),
-                    policy_version=learner_policy_version,
+                    policy_version=update,
                     actor_devices=actor_devices,
                     param_queues=param_queues,
                     stop=run.stop,
                 )
     params = jax.device_get(first_replica(state.params))
-    optimizer_steps = optimizer_steps_after(args, learner_policy_version)
-    run.finish(params, learner_policy_version, evaluate, optimizer_steps)
+    optimizer_steps = optimizer_steps_after(args, update)
+    run.finish(params, update, evaluate, optimizer_steps)
 
 
 # === Main ===

@@ -63,7 +63,7 @@ from cleanba_utils.env_records import (
     record_step,
 )
 from cleanba_utils.envs import flat_observation, is_continuous, make_envs
-from cleanba_utils.handoff import check_policy_lag, send_params
+from cleanba_utils.handoff import OnResume, actor_fetches_params, check_policy_lag, send_params
 from cleanba_utils.parsing import fail, in_range, non_negative, positive
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
@@ -302,6 +302,10 @@ def gaussian_entropy(log_std):
 
 # === Actor ===
 
+# How the policy lag goes on across a resume (cleanba_utils.handoff): kept at 1, as in the
+# uninterrupted run, which the bitwise resume needs.
+ON_RESUME: OnResume = "keep_lag"
+
 
 class Policy(NamedTuple):
     """What the learner sends its actors, and what the model file holds: the parameters and the
@@ -441,7 +445,7 @@ def actor(
         next_obs, next_is_reset = fast_forward(envs, record, on_step=replayed_step)
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
-        if update == first_update or not (args.concurrency and update == 2):
+        if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
             policy_version, policy = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
 
@@ -896,9 +900,9 @@ def train(args: Args):
             check_policy_lag(
                 rollouts,
                 update=update,
-                learner_policy_version=learner_policy_version,
                 concurrency=args.concurrency,
-                first_update=1,
+                first_update=first_update,
+                on_resume=ON_RESUME,
             )
             learn_start = time.time()
             # The rollouts of an update were all played by one policy version, so with the same

@@ -43,7 +43,7 @@ from cleanba_utils.env_records import (
 )
 from cleanba_utils.envs import flat_observation, is_continuous, make_envs
 from cleanba_utils.evaluation_episodes import play_episodes
-from cleanba_utils.handoff import check_policy_lag, send_params
+from cleanba_utils.handoff import OnResume, actor_fetches_params, check_policy_lag, send_params
 from cleanba_utils.parsing import fail, in_range, non_negative, positive
 from cleanba_utils.replay import Mark, ReplayStore
 from cleanba_utils.run import open_run, run_dir_of
@@ -287,6 +287,10 @@ def squashed_gaussian(mean, log_std, noise, bounds: Bounds):
 
 # === Actor ===
 
+# How the policy lag goes on across a resume (cleanba_utils.handoff): kept at 1, as in the
+# uninterrupted run, which the bitwise resume needs.
+ON_RESUME: OnResume = "keep_lag"
+
 
 class Transitions(NamedTuple):
     """One rollout of an actor thread, env-major (envs, steps, ...), actions in the task's units.
@@ -370,7 +374,7 @@ def actor(
         next_obs, next_is_reset = fast_forward(envs, record, on_step=episodes.replayed_step)
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
-        if update == first_update or not (args.concurrency and update == 2):
+        if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
 
@@ -801,18 +805,17 @@ def learns(args: Args, sizes: Sizes, update: int) -> bool:
     return update * sizes.steps_per_update >= args.learning_starts
 
 
-def receive(args, sizes, update, rollout_queues, run, replay, learner_policy_version):
+def receive(args, sizes, update, first_update, rollout_queues, run, replay):
     """Takes `update`'s rollouts (checking which policy played them), inserts them, samples."""
     wait_start = time.time()
     rollouts = [queue_get(q, run.stop) for q in rollout_queues]
     rollout_queue_get_time = time.time() - wait_start
-    # Policy versions go on across a resume, so the lag is checked as in an uninterrupted run.
     check_policy_lag(
         rollouts,
         update=update,
-        learner_policy_version=learner_policy_version,
         concurrency=args.concurrency,
-        first_update=1,
+        first_update=first_update,
+        on_resume=ON_RESUME,
     )
     tic = time.time()
     data, env_record = gather(args, rollouts)
@@ -835,13 +838,11 @@ def receive(args, sizes, update, rollout_queues, run, replay, learner_policy_ver
     return Incoming(rollouts=rollouts, env_record=env_record, batches=batches, stats=stats)
 
 
-def log_update(
-    run, update, current: Incoming, metrics, learn_time, learner_policy_version, optimizer_steps
-):
+def log_update(run, update, current: Incoming, metrics, learn_time, optimizer_steps):
     """`Run.log_update` with the replay's size, the policy lag and the seconds of insertion,
     sampling and learning (until the parameters are ready, a checkpoint included; with --concurrency
     the next update's receive overlaps it). `metrics`: the last learning update's (None before)."""
-    param_lag = learner_policy_version - 1 - current.rollouts[0].policy_version
+    param_lag = update - 1 - current.rollouts[0].policy_version
     run.log_update(
         update,
         rollouts=current.rollouts,
@@ -849,7 +850,7 @@ def log_update(
         learner_stats=dict(
             current.stats,
             learn_time=learn_time,
-            learner_policy_version=learner_policy_version,
+            learner_policy_version=update,
             param_lag=param_lag,
         ),
         optimizer_steps=optimizer_steps,
@@ -909,7 +910,6 @@ def train(args: Args):
     state = replicate(state, learner_devices)
     run.evaluate_untrained(lambda: model_params(state), evaluate)
     update_fn = make_update(args, global_learner_devices, networks)
-    learner_policy_version = counters["update"]
     first_update = counters["update"] + 1
     param_queues, rollout_queues, threads = start_actors(
         args,
@@ -924,10 +924,10 @@ def train(args: Args):
         args,
         sizes=sizes,
         update=update,
+        first_update=first_update,
         rollout_queues=rollout_queues,
         run=run,
         replay=replay,
-        learner_policy_version=learner_policy_version,
     )
     send = functools.partial(
         send_params, actor_devices=actor_devices, param_queues=param_queues, stop=run.stop
@@ -938,9 +938,10 @@ def train(args: Args):
         # The actor parameters last sent: under --concurrency the actors' next rollout is played
         # with them, so a resumed run sends the checkpoint's first.
         if saved is not None and args.concurrency and first_update <= sizes.num_updates:
-            send(saved.acting_params, learner_policy_version - 1)
+            send(saved.acting_params, first_update - 2)
         last_sent = first_replica(state.actor_params)
-        send(last_sent, learner_policy_version)
+        send(last_sent, first_update - 1)
+        update = first_update - 1  # the updates done, where the loop makes none (a finished run)
         for update in range(first_update, sizes.num_updates + 1):
             if incoming is None:
                 incoming = receive_update(update)
@@ -948,7 +949,6 @@ def train(args: Args):
             if incoming.batches is not None:
                 state, metrics = update_fn(state, incoming.batches)
                 optimizer_steps += sizes.gradient_steps_per_update
-            learner_policy_version += 1
             current = incoming
             incoming = None
             checkpointable = Checkpointable(
@@ -970,7 +970,6 @@ def train(args: Args):
                 current=current,
                 metrics=metrics,
                 learn_time=time.time() - learn_start,
-                learner_policy_version=learner_policy_version,
                 optimizer_steps=optimizer_steps,
             )
             if run.evaluation_due(update):
@@ -979,8 +978,8 @@ def train(args: Args):
                 break
             if update < sizes.num_updates:
                 last_sent = first_replica(state.actor_params)
-                send(last_sent, learner_policy_version)
-    run.finish(model_params(state), learner_policy_version, evaluate, optimizer_steps)
+                send(last_sent, update)
+    run.finish(model_params(state), update, evaluate, optimizer_steps)
 
 
 # === Main ===

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import envpool
 import flax.serialization
@@ -27,6 +27,7 @@ from cleanba_utils import (
     checkpoints,
     devices,
     env_records,
+    handoff,
     huge_pages,
     parsing,
     run_files,
@@ -608,3 +609,50 @@ def test_track_without_a_weights_and_biases_login_is_one_line_and_exit_2(tmp_pat
         "error: --track could not start Weights & Biases (No API key configured"
     ), result.stderr[-3000:]
     assert "Traceback" not in result.stderr
+
+
+# handoff
+
+
+class PlayedRollout(NamedTuple):
+    update: int
+    policy_version: int
+
+
+def played_rollouts(first_update: int, num_updates: int, concurrency: bool, on_resume: str):
+    """The rollouts an actor plays under the handoff rule, as the scripts' learners send: a
+    "keep_lag" run resumed with --concurrency first the version before its checkpoint's (the one
+    the actors would have played next), then the checkpoint's, then version u after update u."""
+    sends = [first_update - 1, *range(first_update, num_updates)]
+    if on_resume == "keep_lag" and concurrency and first_update > 1:
+        sends.insert(0, first_update - 2)
+    sent = iter(sends)
+    rollouts = []
+    for update in range(first_update, num_updates + 1):
+        if handoff.actor_fetches_params(update, first_update, concurrency, on_resume):
+            version = next(sent)
+        rollouts.append(PlayedRollout(update, version))
+    return rollouts
+
+
+@pytest.mark.parametrize("concurrency", [False, True])
+@pytest.mark.parametrize("on_resume", ["restart_lag", "keep_lag"])
+def test_the_handoff_rule_and_its_check_agree_in_fresh_and_resumed_runs(concurrency, on_resume):
+    lag = int(concurrency)
+    fresh = played_rollouts(1, 6, concurrency, on_resume)
+    assert [r.update - 1 - r.policy_version for r in fresh] == [0] + [lag] * 5
+    resumed = played_rollouts(4, 6, concurrency, on_resume)
+    # "restart_lag" starts the lag over (0, then 1); "keep_lag" keeps the uninterrupted run's.
+    first_lag = 0 if on_resume == "restart_lag" else lag
+    assert [r.update - 1 - r.policy_version for r in resumed] == [first_lag, lag, lag]
+    for first_update, rollouts in [(1, fresh), (4, resumed)]:
+        for rollout in rollouts:
+            handoff.check_policy_lag(
+                [rollout], rollout.update, first_update, concurrency, on_resume
+            )
+    # A rollout of another policy, or of another update, is refused.
+    with pytest.raises(RuntimeError, match="expected"):
+        stale = fresh[3]._replace(policy_version=fresh[3].policy_version - 1)
+        handoff.check_policy_lag([stale], stale.update, 1, concurrency, on_resume)
+    with pytest.raises(RuntimeError, match="rollout 3"):
+        handoff.check_policy_lag([fresh[2]], 4, 1, concurrency, on_resume)
