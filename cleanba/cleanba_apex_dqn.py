@@ -62,7 +62,7 @@ class Args(DeviceArgs):
     anneal_lr: bool = False
     """decay the learning rate linearly towards 0 over --updates-per-rollout x the run's updates
     optimizer steps (the updates before --learning-starts take none, so it ends a little above 0);
-    Ape-X keeps it constant. Annealing lets a small task's final greedy policy settle, where under a
+    Ape-X keeps it constant. Annealing lets a small task's final policy settle, where under a
     constant rate it keeps swinging between good and poor"""
     local_num_envs: int = positive(64)
     """the number of environments of each actor thread"""
