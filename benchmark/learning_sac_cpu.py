@@ -59,18 +59,19 @@ import numpy as np
 
 from cleanba import cleanba_sac as sac
 from cleanba_utils.devices import replicate
+from cleanba_utils.envs import observation_size
 
 args = sac.parse_args(["--env-id", sys.argv[1]])
 sizes = sac.sizes_of(args, 1)
 spec = envpool.make_spec(args.env_id)
-obs_size = sac.observation_size(spec)
+obs_size = observation_size(args.env_id)
 action_size = spec.action_space.shape[0]
 replay = sac.make_replay(sac.Args(buffer_size=1), obs_size, action_size)
 networks, state, _, _ = sac.init_state(args, sizes, replay)
 devices = jax.local_devices()[:1]
 update_fn = sac.make_update(args, devices, networks)
 state = replicate(state, devices)
-count = sizes.gradient_steps_per_update
+count = sac.gradient_steps_per_update(args, sizes)
 rng = np.random.default_rng(0)
 shape = (1, count, args.batch_size)
 batches = sac.Batch(

@@ -2,24 +2,20 @@
 and appendix D) for envpool's MuJoCo and DeepMind Control tasks. Actor threads play the policy with
 Gaussian noise and compute n-step transitions with initial priorities; each learner update inserts
 every rollout into one prioritized replay (global env order), makes --updates-per-rollout optimizer
-steps of the critic and the actor (pmap'd) and publishes the parameters. With --concurrency (the
-default) actors play with parameters one version behind, as in Cleanba.
+steps of the critic and the actor (pmap'd) and publishes the parameters, which the actors play one
+version behind with --concurrency (the default).
 
-The replay's work runs in a background thread in a fixed order, every random draw seeded by the seed
-and a counter: a seed gives the same run on every layout. A learner call scans --steps-per-call
-steps over batches sampled beforehand; its TD errors become priorities after the next call's batches
-are drawn (`prioritized_learning.learn`). Unlike Ape-X DQN's script, a transition stores its
-observation and its bootstrap observation (as the paper did), so the replay holds valid transitions
-only, and eviction is by priority (the paper's choice for DPG) or FIFO. A checkpoint saves the
-replay and what the actors continue from: a resumed run repeats the uninterrupted one. Defaults are
-the paper's, or Ape-X DQN's where it names none (each field says which); results and ablations:
-benchmark/results/learning_apex_dpg_cpu.md.
-"""
+The replay's work runs in a background thread in a fixed order (`prioritized_learning.learn`),
+every random draw seeded by the seed and a counter: a seed gives the same run on every layout.
+Unlike Ape-X DQN's, a transition stores its bootstrap observation (as the paper's did), so the
+replay holds valid transitions only, evicted by priority (the paper's choice for DPG) or FIFO. A
+checkpoint saves the replay and what the actors continue from: a resumed run repeats the
+uninterrupted one. Defaults are the paper's, or Ape-X DQN's where it names none (each field says
+which); results: benchmark/results/learning_apex_dpg_cpu.md."""
 
 import dataclasses
 import functools
 import os
-import queue
 import time
 from typing import Any, Literal, NamedTuple
 
@@ -33,27 +29,28 @@ from flax import struct
 from flax.training.train_state import TrainState
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from cleanba_utils import distributed, env_records, parsing
+from cleanba_utils import distributed, env_records, handoff, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
 from cleanba_utils.env_records import EnvRecord
-from cleanba_utils.envs import flat_observation, is_continuous, make_envs
+from cleanba_utils.envs import flat_observation, make_env, observation_size
 from cleanba_utils.evaluation_episodes import play_episodes
-from cleanba_utils.handoff import OnResume, actor_fetches_params, check_policy_lag, send_params
 from cleanba_utils.n_step import n_step_transitions
 from cleanba_utils.parsing import at_most, fail, in_range, non_negative, positive
 from cleanba_utils.prioritized_learning import (
     NO_PENDING,
     PRIORITY_EPSILON,
+    Learned,
     PendingPriorities,
     Sampled,
     learn,
+    log_priorities,
 )
-from cleanba_utils.replay import Mark, ReplayStore
+from cleanba_utils.replay import Mark, ReplayStore, store_bytes
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
-from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put, start_thread
+from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put
 
 
 # === Args ===
@@ -156,10 +153,7 @@ def parse_args(argv=None) -> Args:
 def validate(args: Args):
     """Checks every argument that needs no device; exits 2 on the first problem."""
     parsing.check_fields(args)
-    if args.env_id not in envpool.list_all_envs():
-        fail(f"--env-id {args.env_id} is not an envpool environment; try HalfCheetah-v4")
-    if not is_continuous(args.env_id):
-        fail(f"--env-id {args.env_id} has discrete actions; train it with cleanba_apex_dqn.py")
+    parsing.check_continuous_actions(args)
     parsing.check_run_options(args)
     for layers in ("critic_hiddens", "actor_hiddens"):
         parsing.check_layers(args, [layers])
@@ -173,20 +167,12 @@ def validate(args: Args):
 def validate_layout(args: Args):
     """The checks that need the devices, the number of processes or the machine's memory."""
     sizes = sizes_of(args, jax.process_count())
-    parsing.check_devices(args, sizes.num_updates, sizes.steps_per_update)
-    num_learner_devices = len(args.learner_device_ids) * jax.process_count()
-    if args.batch_size % num_learner_devices:
-        fail(
-            f"--batch-size {args.batch_size} must be divisible by the {num_learner_devices} "
-            "learner device(s)"
-        )
+    parsing.check_devices(args, sizes.num_updates, sizes.steps_per_update, split_batches=True)
     parsing.check_memory(args, "buffer_size", replay_bytes(args), MEMORY_RESERVE_BYTES)
 
 
 # === Environment ===
-def make_env(args: Args, seed: int, num_envs: int):
-    """Environment i has seed `seed + i`; the time limit (1000 steps) is a truncation."""
-    return make_envs(args, seed, num_envs, args.num_actor_threads * len(args.actor_device_ids))
+# `cleanba_utils.envs.make_env`: envpool's environments, a time limit (1000 steps) a truncation.
 
 
 class Spaces(NamedTuple):
@@ -200,10 +186,8 @@ class Spaces(NamedTuple):
 def spaces_of(env_id: str) -> Spaces:
     """From envpool's spec; dm_control's dict observations count every key's features."""
     spec = envpool.make_spec(env_id)
-    space = spec.observation_space
-    shapes = [s.shape for s in space.spaces.values()] if hasattr(space, "spaces") else [space.shape]
     return Spaces(
-        obs_dim=sum(int(np.prod(shape)) for shape in shapes),
+        obs_dim=observation_size(env_id),
         action_low=tuple(float(x) for x in spec.action_space.low),
         action_high=tuple(float(x) for x in spec.action_space.high),
     )
@@ -258,22 +242,15 @@ class Networks(NamedTuple):
 
 
 def networks_of(args: Args, spaces: Spaces) -> Networks:
-    return Networks(
-        actor=Actor(
-            hiddens=args.actor_hiddens,
-            first_activation=args.first_activation,
-            action_low=spaces.action_low,
-            action_high=spaces.action_high,
-        ),
-        critic=Critic(hiddens=args.critic_hiddens, first_activation=args.first_activation),
-    )
+    actor = Actor(args.actor_hiddens, args.first_activation, spaces.action_low, spaces.action_high)
+    critic = Critic(hiddens=args.critic_hiddens, first_activation=args.first_activation)
+    return Networks(actor=actor, critic=critic)
 
 
 # === Actor ===
 
-# How the policy lag goes on across a resume (cleanba_utils.handoff): kept at 1, as in the
-# uninterrupted run, which the bitwise resume needs.
-ON_RESUME: OnResume = "keep_lag"
+# Across a resume the policy lag stays 1 (cleanba_utils.handoff), which the bitwise resume needs.
+ON_RESUME: handoff.OnResume = "keep_lag"
 
 
 class Played(NamedTuple):
@@ -314,7 +291,7 @@ class Rollout(NamedTuple):
     timing: dict
 
 
-def padding_tail(num_envs: int, n: int, spaces: "Spaces") -> Played:
+def padding_tail(num_envs: int, n: int, spaces: Spaces) -> Played:
     """The tail before the first rollout: n reset steps, which start no transition."""
     per_step = lambda dtype, *shape: np.zeros((num_envs, n, *shape), dtype)
     return Played(
@@ -349,21 +326,42 @@ def explore(policy_actions, stds, bounds: tuple, key, step, env_ids, random_acti
     return jnp.where(random_actions, uniform, jnp.clip(noisy, low, high))
 
 
-def actor(
-    args,
-    sizes,
-    run,
-    networks,
-    first_update,
-    env_offset,
-    device,
-    param_queue,
-    rollout_queue,
-    resumed,
+def rollout_data(played: Played, tail: Played, gamma: float, n: int):
+    """The rollout's `Transitions` after `tail` (first `padding_tail`) and the new tail."""
+    length = played.rewards.shape[1]
+    window = Played(*[np.concatenate([old, new], axis=1) for old, new in zip(tail, played)])
+    returns, discounts, offsets, valid = n_step_transitions(
+        rewards=window.rewards,
+        terminations=window.terminations,
+        truncations=window.truncations,
+        is_reset=window.is_reset,
+        gamma=gamma,
+        n=n,
+    )
+    # The bootstrap observation follows the last reward (a truncated episode's last observation).
+    bootstrap = np.arange(length) + offsets.astype(np.int64)
+    next_obs = np.take_along_axis(window.obs, bootstrap[:, :, None], axis=1)
+    # Initial priority: |n-step TD error| under the actor's parameters, online and target alike.
+    q_bootstrap = np.take_along_axis(window.q_policy, bootstrap, axis=1)
+    td = returns + discounts * q_bootstrap - window.q_taken[:, :length]
+    data = Transitions(
+        obs=window.obs[:, :length],
+        actions=window.actions[:, :length],
+        returns=returns,
+        discounts=discounts,
+        next_obs=next_obs,
+        valid=valid,
+        priorities=np.abs(td).astype(np.float32),
+    )
+    return data, Played(*[field[:, -n:] for field in window])
+
+
+def actor_thread(
+    args, sizes, run, networks, first_update, env_offset, device, param_queue, rollout_queue, saved
 ):
-    """One actor thread, global envs from env_offset; `resumed`: their record and tail at the
-    checkpoint. Update u is played by version u - 1, or u - 2 with --concurrency (0 for the first
-    two): the actor takes parameters before every rollout but a fresh concurrent run's second."""
+    """One actor thread, global envs from env_offset, resumed from their records and tails in
+    `saved` (a checkpoint; None: a fresh run). Update u is played by version u - 1, or u - 2 with
+    --concurrency (`cleanba_utils.handoff`)."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
     stds = noise_stds_of(env_ids, sizes.num_envs, args.noise_std, args.noise_alpha)
@@ -388,20 +386,21 @@ def actor(
         return action, q_taken, q_policy
 
     episodes = run.episodes(args.local_num_envs)
-    if resumed is None:
+    if saved is None:
         record = env_records.empty_record(args.local_num_envs, args.env_id)
         tail = padding_tail(args.local_num_envs, args.n_step, spaces_of(args.env_id))
         next_obs = flat_observation(envs.reset()[0])
         next_is_reset = np.zeros(args.local_num_envs, bool)
     else:
-        record, tail = resumed
-        record = env_records.copy_of(record)
+        own_envs = slice(env_offset, env_offset + args.local_num_envs)
+        record = env_records.part(saved.env_record, own_envs)
+        tail = Played(*[np.array(field[own_envs]) for field in saved.tail])
         next_obs, next_is_reset = env_records.fast_forward(
             envs, record, on_step=episodes.replayed_step
         )
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
-        if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
+        if handoff.actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
         rollout_start = time.time()
@@ -452,43 +451,12 @@ def actor(
         queue_put(rollout_queue, rollout, run.stop)
 
 
-def rollout_data(played: Played, tail: Played, gamma: float, n: int):
-    """The rollout's `Transitions` after `tail` (first `padding_tail`) and the new tail."""
-    length = played.rewards.shape[1]
-    window = Played(*[np.concatenate([old, new], axis=1) for old, new in zip(tail, played)])
-    returns, discounts, offsets, valid = n_step_transitions(
-        rewards=window.rewards,
-        terminations=window.terminations,
-        truncations=window.truncations,
-        is_reset=window.is_reset,
-        gamma=gamma,
-        n=n,
-    )
-    # The bootstrap observation follows the last reward (a truncated episode's last observation).
-    bootstrap = np.arange(length) + offsets.astype(np.int64)
-    next_obs = np.take_along_axis(window.obs, bootstrap[:, :, None], axis=1)
-    # Initial priority: |n-step TD error| under the actor's parameters, online and target alike.
-    q_bootstrap = np.take_along_axis(window.q_policy, bootstrap, axis=1)
-    td = returns + discounts * q_bootstrap - window.q_taken[:, :length]
-    data = Transitions(
-        obs=window.obs[:, :length],
-        actions=window.actions[:, :length],
-        returns=returns,
-        discounts=discounts,
-        next_obs=next_obs,
-        valid=valid,
-        priorities=np.abs(td).astype(np.float32),
-    )
-    return data, Played(*[field[:, -n:] for field in window])
-
-
 def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     """One episode in each of `num_episodes` fresh environments with the noiseless policy."""
     envs = make_env(args, seed, num_episodes)
     act = jax.jit(networks_of(args, spaces_of(args.env_id)).actor.apply)
-    returns = play_episodes(
-        envs, num_episodes, lambda obs, _: act(params["actor"], flat_observation(obs))
-    )
+    policy = lambda obs, _: act(params["actor"], flat_observation(obs))
+    returns = play_episodes(envs, num_episodes, policy)
     envs.close()
     return returns
 
@@ -508,26 +476,24 @@ class Stored(NamedTuple):
     next_obs: np.ndarray
 
 
+def stored_example(spaces: Spaces) -> Stored:
+    obs = np.zeros(spaces.obs_dim, np.float32)
+    actions = np.zeros(len(spaces.action_low), np.float32)
+    zero = np.float32(0)
+    return Stored(obs=obs, actions=actions, returns=zero, discounts=zero, next_obs=obs)
+
+
 def replay_bytes(args: Args) -> int:
-    """Transitions, insertion counts and sum trees; twice with --checkpoint-replay (a copy)."""
-    spaces = spaces_of(args.env_id)
-    transition = 4 * (2 * spaces.obs_dim + len(spaces.action_low) + 2) + 8
-    tree_bytes = 2 * 8 * (1 << max(0, args.buffer_size - 1).bit_length())
-    num_trees = 2 if args.eviction == "prioritized" else 1
-    replay = args.buffer_size * transition + num_trees * tree_bytes
+    """The replay's memory; twice with --checkpoint-replay (a checkpoint holds a copy)."""
+    example = stored_example(spaces_of(args.env_id))
+    prioritized = args.eviction == "prioritized"
+    replay = store_bytes(example, args.buffer_size, prioritized_eviction=prioritized)
     return 2 * replay if args.checkpoint_replay else replay
 
 
 def make_replay(args: Args, spaces: Spaces) -> ReplayStore:
-    example = Stored(
-        obs=np.zeros(spaces.obs_dim, np.float32),
-        actions=np.zeros(len(spaces.action_low), np.float32),
-        returns=np.float32(0),
-        discounts=np.float32(0),
-        next_obs=np.zeros(spaces.obs_dim, np.float32),
-    )
     return ReplayStore(
-        example,
+        stored_example(spaces),
         args.buffer_size,
         priority_exponent=args.priority_exponent,
         eviction_exponent=args.eviction_exponent if args.eviction == "prioritized" else None,
@@ -632,16 +598,12 @@ def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
     action = np.zeros((1, len(spaces.action_low)), np.float32)
     critic_params = networks.critic.init(jax.random.fold_in(init_key, 1), obs, action)
     # Adam for both; the critic's gradient norm is clipped here, the actor's dq/da in its loss.
+    adam = optax.adam(args.learning_rate)
+    critic_tx = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), adam)
     state = LearnerState(
-        actor=TrainState.create(
-            apply_fn=networks.actor.apply, params=actor_params, tx=optax.adam(args.learning_rate)
-        ),
+        actor=TrainState.create(apply_fn=networks.actor.apply, params=actor_params, tx=adam),
         critic=TrainState.create(
-            apply_fn=networks.critic.apply,
-            params=critic_params,
-            tx=optax.chain(
-                optax.clip_by_global_norm(args.max_grad_norm), optax.adam(args.learning_rate)
-            ),
+            apply_fn=networks.critic.apply, params=critic_params, tx=critic_tx
         ),
         target_params={"actor": actor_params, "critic": critic_params},
     )
@@ -661,8 +623,6 @@ def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
         return networks, state, dict(update=0, wall_time_s=0.0, **identity), None
     saved, counters = checkpoint
     replay.restore(saved.replay)
-    if len(saved.pending.slots):
-        saved = saved._replace(pending=saved.pending._replace(inserted=int(saved.pending.inserted)))
     counters = dict(update=counters["update"], wall_time_s=counters["wall_time_s"], **identity)
     return networks, saved.state, counters, saved
 
@@ -721,43 +681,6 @@ def make_update(args: Args, learner_devices):
 
 
 # === Learner loop ===
-def start_actors(args, sizes, run, networks, first_update, actor_devices, saved):
-    """A param queue, a rollout queue and a thread per local actor thread (resumed from `saved`)."""
-    param_queues = []
-    rollout_queues = []
-    threads = []
-    first_thread = jax.process_index() * len(actor_devices) * args.num_actor_threads
-    for index in range(len(actor_devices) * args.num_actor_threads):
-        env_offset = (first_thread + index) * args.local_num_envs
-        own_envs = slice(env_offset, env_offset + args.local_num_envs)
-        resumed = None
-        if saved is not None:
-            resumed = (
-                env_records.part(saved.env_record, own_envs),
-                Played(*[np.array(field[own_envs]) for field in saved.tail]),
-            )
-        param_queues.append(queue.Queue(maxsize=1))
-        rollout_queues.append(queue.Queue(maxsize=1))
-        thread = start_thread(
-            target=actor,
-            name=f"actor-{first_thread + index}",
-            stop=run.stop,
-            failures=run.failures,
-            args=args,
-            sizes=sizes,
-            run=run,
-            networks=networks,
-            first_update=first_update,
-            env_offset=env_offset,
-            device=actor_devices[index // args.num_actor_threads],
-            param_queue=param_queues[-1],
-            rollout_queue=rollout_queues[-1],
-            resumed=resumed,
-        )
-        threads.append(thread)
-    return param_queues, rollout_queues, threads
-
-
 def sample_batches(args, replay: ReplayStore, learner_devices, first_step: int) -> Sampled:
     """A call's batches, each seeded by (seed, step), put on the learner devices in the background
     (sparing the learner's thread the copy)."""
@@ -766,44 +689,56 @@ def sample_batches(args, replay: ReplayStore, learner_devices, first_step: int) 
     rngs = [np.random.default_rng([args.seed, 3, step]) for step in steps]
     sample = replay.sample_many(args.batch_size, rngs, beta=args.importance_sampling_exponent)
     batches = Batch(*sample.items, weights=sample.weights)
-    shards = local_shares(batches, len(args.learner_device_ids), batch_axis=1)
+    shares = local_shares(batches, len(args.learner_device_ids), batch_axis=1)
     mesh = Mesh(np.array(learner_devices), ("devices",))
-    return Sampled(
-        shards=jax.device_put(shards, NamedSharding(mesh, PartitionSpec("devices"))),
-        slots=sample.slots,
-        inserted=sample.inserted,
-        seconds=time.time() - tic,
-    )
+    shards = jax.device_put(shares, NamedSharding(mesh, PartitionSpec("devices")))
+    return Sampled(shards, sample.slots, sample.inserted, seconds=time.time() - tic)
 
 
-class Checkpointable(NamedTuple):
-    """What `Run.after_update` gets: a `Saved` before its host copy (`saved_of`, when written)."""
+class Learner(NamedTuple):
+    """What the learner loop carries from update to update: the state and its optimizer steps, the
+    last call's TD errors not yet written as priorities (`pending`, see `learn`), the parameters
+    last sent (they play the actors' next rollout under --concurrency), the last learning update's
+    `Learned`, and every env's record and tail after the last rollouts. With `replay_mark`, what
+    `Run.after_update` gets: a `Saved` before its host copy (`saved_of`)."""
 
     state: LearnerState
-    replay: ReplayStore
-    replay_mark: Mark
+    optimizer_steps: int
     pending: PendingPriorities | None
-    acting_params: Any
-    env_record: EnvRecord
-    tail: Played
+    last_sent: Any
+    learned: Learned | None = None
+    env_record: EnvRecord | None = None
+    tail: Played | None = None
+    replay_mark: Mark | None = None
 
 
-def saved_of(args, empty_replay: dict, checkpointable: Checkpointable) -> Saved:
-    """With --checkpoint-replay, the replay and the pending TD errors; without, `empty_replay`."""
-    actors = dict(
-        acting_params=checkpointable.acting_params,
-        env_record=checkpointable.env_record,
-        tail=checkpointable.tail,
+def first_learner(state: LearnerState, saved: Saved | None, learner_devices: list) -> Learner:
+    """The learner before the session's first update (with a resumed run's pending priorities)."""
+    pending = None
+    if saved is not None and len(saved.pending.slots):
+        td = replicate(saved.pending.td, learner_devices)
+        pending = saved.pending._replace(inserted=int(saved.pending.inserted), td=td)
+    replicated = replicate(state, learner_devices)
+    params = first_replica(replicated.params())
+    steps = int(state.critic.step)
+    return Learner(state=replicated, optimizer_steps=steps, pending=pending, last_sent=params)
+
+
+def saved_of(args, replay: ReplayStore, empty_replay: dict, learner: Learner) -> Saved:
+    """With --checkpoint-replay, the replay at the learner's mark and its pending TD errors;
+    without, `empty_replay`."""
+    pending = NO_PENDING
+    if args.checkpoint_replay and learner.pending is not None:
+        td = np.asarray(jax.device_get(first_replica(learner.pending.td)))
+        pending = learner.pending._replace(td=td)
+    return Saved(
+        state=first_replica(learner.state),
+        replay=replay.snapshot_at(learner.replay_mark) if args.checkpoint_replay else empty_replay,
+        pending=pending,
+        acting_params=learner.last_sent,
+        env_record=learner.env_record,
+        tail=learner.tail,
     )
-    state = first_replica(checkpointable.state)
-    if not args.checkpoint_replay:
-        return Saved(state=state, replay=empty_replay, pending=NO_PENDING, **actors)
-    pending = checkpointable.pending
-    saved_pending = NO_PENDING
-    if pending is not None:
-        saved_pending = pending._replace(td=np.asarray(jax.device_get(first_replica(pending.td))))
-    replay = checkpointable.replay.snapshot_at(checkpointable.replay_mark)
-    return Saved(state=state, replay=replay, pending=saved_pending, **actors)
 
 
 def model_params(state: LearnerState) -> dict:
@@ -811,47 +746,50 @@ def model_params(state: LearnerState) -> dict:
     return jax.device_get(first_replica(state.params()))
 
 
-def resumed_pending(saved: Saved | None, learner_devices: list) -> PendingPriorities | None:
-    """A resumed run's pending priorities, their TD errors on the learner devices (None: none)."""
-    if saved is None or not len(saved.pending.slots):
-        return None
-    return saved.pending._replace(td=replicate(saved.pending.td, learner_devices))
-
-
-def receive(args, jobs: BackgroundJobs, replay, rollouts, update: int, first_update: int):
-    """Checks the rollouts' policy lag and inserts them; returns the records, tails and stats."""
-    tic = time.time()
-    check_policy_lag(
-        rollouts,
-        update=update,
-        concurrency=args.concurrency,
-        first_update=first_update,
-        on_resume=ON_RESUME,
-    )
+def update_learner(args, jobs, replay, update_fn, sample, learner, rollouts, update):
+    """Inserts the rollouts into the replay; once it holds --learning-starts transitions, makes
+    --updates-per-rollout optimizer steps (`learn`). Returns the learner and the update's stats."""
+    learn_start = time.time()
     # Every process's rollouts in global env order: each process holds the whole replay.
-    data = Transitions(*[np.concatenate(fields) for fields in zip(*[r.data for r in rollouts])])
-    record = env_records.concatenated([r.record for r in rollouts])
-    tail = Played(*[np.concatenate(fields) for fields in zip(*[r.tail for r in rollouts])])
-    data, env_record, tail = gathered((data, record, tail), args.distributed)
+    parts = [(r.data, r.record, r.tail) for r in rollouts]
+    concatenated = jax.tree.map(lambda *fields: np.concatenate(fields), *parts)
+    data, env_record, tail = gathered(concatenated, args.distributed)
 
     def insert():  # a full replay evicts with a generator seeded by (seed, update)
         replay_insert(replay, data, rng=np.random.default_rng([args.seed, 4, update]))
         return replay.num_sampleable()
 
     replay_size = jobs.wait(jobs.submit(insert))
-    return env_record, tail, dict(replay_size=replay_size, insert_time=time.time() - tic)
+    insert_time = time.time() - learn_start
+    learner = learner._replace(env_record=env_record, tail=tail)
+    if replay_size >= max(args.learning_starts, 1):
+        state, learned, pending = learn(
+            args,
+            jobs=jobs,
+            replay=replay,
+            state=learner.state,
+            update_fn=update_fn,
+            sample=sample,
+            first_step=learner.optimizer_steps,
+            pending=learner.pending,
+        )
+        learner = learner._replace(state=state, pending=pending, learned=learned)
+        steps = learner.optimizer_steps + args.updates_per_rollout
+        learner = learner._replace(optimizer_steps=steps)
+    learn_time = time.time() - learn_start
+    return learner, dict(replay_size=replay_size, insert_time=insert_time, learn_time=learn_time)
 
 
-def log_update(
-    args, sizes, run, update, rollouts, learner_stats, learned, optimizer_steps, read_priorities
-):
+def log_update(args, sizes, run, update, rollouts, learner, learner_stats, read_priorities):
     """`Run.log_update` with Ape-X DPG's statistics; the priorities (O(N)) every --log-frequency."""
-    env_ids = np.arange(sizes.num_envs)
-    stds = noise_stds_of(env_ids, sizes.num_envs, args.noise_std, args.noise_alpha)
+    stds = noise_stds_of(
+        np.arange(sizes.num_envs), sizes.num_envs, args.noise_std, args.noise_alpha
+    )
     rollout_time = np.mean([r.timing["rollout_time"] for r in rollouts])
+    learned = learner.learned
     stats = dict(
         learner_stats,
-        param_lag=learner_stats["learner_policy_version"] - 1 - rollouts[0].policy_version,
+        param_lag=update - 1 - rollouts[0].policy_version,
         noise_std_min=stds.min(),
         noise_std_max=stds.max(),
         actor_sps=args.local_num_envs * args.num_steps / rollout_time,
@@ -862,26 +800,17 @@ def log_update(
         rollouts=rollouts,
         metrics=None if learned is None else learned.metrics,
         learner_stats=stats,
-        optimizer_steps=optimizer_steps,
+        optimizer_steps=learner.optimizer_steps,
         details=f"replay={stats['replay_size']} policy lag={stats['param_lag']}",
     )
-    if update % args.log_frequency and update != sizes.num_updates:
-        return
-    priorities = read_priorities()
-    if priorities.size and args.priority_exponent:
-        run.log(
-            {"stats/priority_mean": priorities.mean(), "stats/priority_max": priorities.max()},
-            update * sizes.steps_per_update,
-        )
+    log_priorities(run, update, read_priorities, args.priority_exponent)
 
 
 def train(args: Args):
     sizes = sizes_of(args, jax.process_count())
-    actor_devices = [jax.local_devices()[i] for i in args.actor_device_ids]
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
     replay = make_replay(args, spaces_of(args.env_id))
-    empty_replay = replay.snapshot()
     networks, state, counters, saved = init_state(args, sizes, replay)
     run = open_run(
         args=args,
@@ -889,92 +818,74 @@ def train(args: Args):
         script_path=__file__,
         counters=counters,
         global_learner_devices=global_learner_devices,
+        evaluate=evaluate,
+        host_copy=functools.partial(saved_of, args, replay, replay.snapshot()),
+        frozen_by=(replay.lock,),
     )
-    run.host_copy = functools.partial(saved_of, args, empty_replay)
-    run.frozen_by.append(replay.lock)
-    optimizer_steps = int(state.critic.step)
-    state = replicate(state, learner_devices)
-    run.evaluate_untrained(lambda: model_params(state), evaluate)
-    pending = resumed_pending(saved, learner_devices)
+    learner = first_learner(state, saved, learner_devices)
+    run.evaluate_untrained(lambda: model_params(learner.state))
     update_fn = make_update(args, global_learner_devices)
-    learner_policy_version = counters["update"]
-    first_update = learner_policy_version + 1
-    param_queues, rollout_queues, threads = start_actors(
+    first_update = counters["update"] + 1
+    actors = handoff.start_actor_threads(
+        actor_thread,
+        [jax.local_devices()[i] for i in args.actor_device_ids],
         args=args,
-        sizes=sizes,
         run=run,
+        sizes=sizes,
         networks=networks,
         first_update=first_update,
-        actor_devices=actor_devices,
         saved=saved,
     )
     jobs = BackgroundJobs("replay", run.stop, run.failures)
-    learned = None
-    send = functools.partial(
-        send_params, actor_devices=actor_devices, param_queues=param_queues, stop=run.stop
-    )
-    with run.learner_loop([*threads, jobs.thread]) as end:
-        # A resumed concurrent run's next rollout is played with the version before the last.
-        if saved is not None and args.concurrency and first_update <= sizes.num_updates:
-            send(saved.acting_params, learner_policy_version - 1)
+    sample = functools.partial(sample_batches, args, replay, learner_devices)
+    with run.learner_loop([*actors.threads, jobs.thread]) as end:
+        handoff.send_first_params(
+            actors.send,
+            params=learner.last_sent,
+            acting_params=None if saved is None else saved.acting_params,
+            first_update=first_update,
+            num_updates=sizes.num_updates,
+            concurrency=args.concurrency,
+        )
+        update = first_update - 1  # the updates done, where the loop makes none (a finished run)
         for update in range(first_update, sizes.num_updates + 1):
-            last_sent = first_replica(state.params())
-            send(last_sent, learner_policy_version)
-            wait_start = time.time()
-            rollouts = [queue_get(q, run.stop) for q in rollout_queues]
-            learn_start = time.time()
-            env_record, tail, insert_stats = receive(
+            rollouts, rollout_queue_get_time = handoff.take_rollouts(
+                actors.rollout_queues,
+                update=update,
+                first_update=first_update,
+                concurrency=args.concurrency,
+                on_resume=ON_RESUME,
+                stop=run.stop,
+            )
+            learner, learner_stats = update_learner(
                 args,
                 jobs=jobs,
                 replay=replay,
+                update_fn=update_fn,
+                sample=sample,
+                learner=learner,
                 rollouts=rollouts,
                 update=update,
-                first_update=first_update,
             )
-            if insert_stats["replay_size"] >= max(args.learning_starts, 1):
-                state, learned, pending = learn(
-                    args,
-                    jobs=jobs,
-                    replay=replay,
-                    state=state,
-                    update_fn=update_fn,
-                    sample=functools.partial(sample_batches, args, replay, learner_devices),
-                    first_step=optimizer_steps,
-                    pending=pending,
-                )
-                optimizer_steps += args.updates_per_rollout
-            learner_policy_version += 1
             log_update(
                 args,
                 sizes=sizes,
                 run=run,
                 update=update,
                 rollouts=rollouts,
-                learner_stats=dict(
-                    insert_stats,
-                    rollout_queue_get_time=learn_start - wait_start,
-                    learn_time=time.time() - learn_start,
-                    learner_policy_version=learner_policy_version,
-                ),
-                learned=learned,
-                optimizer_steps=optimizer_steps,
+                learner=learner,
+                learner_stats=dict(learner_stats, rollout_queue_get_time=rollout_queue_get_time),
                 read_priorities=lambda: jobs.wait(jobs.submit(replay.priorities)),
             )
             if run.evaluation_due(update):
-                run.evaluate(update, model_params(state), optimizer_steps, evaluate)
-            checkpointable = Checkpointable(
-                state=state,
-                replay=replay,
-                replay_mark=replay.mark(),
-                pending=pending,
-                acting_params=last_sent,
-                env_record=env_record,
-                tail=tail,
-            )
-            end.exit_code = run.after_update(checkpointable, update)
+                run.evaluate_and_log(update, model_params(learner.state), learner.optimizer_steps)
+            end.exit_code = run.after_update(learner._replace(replay_mark=replay.mark()), update)
             if end.exit_code:
                 break
-    run.finish(model_params(state), learner_policy_version, evaluate, optimizer_steps)
+            if update < sizes.num_updates:
+                learner = learner._replace(last_sent=first_replica(learner.state.params()))
+                actors.send(learner.last_sent, policy_version=update)
+    run.finish(model_params(learner.state), update, learner.optimizer_steps)
 
 
 # === Main ===

@@ -9,7 +9,6 @@ the same run on every layout, pipelined or not."""
 import dataclasses
 import functools
 import os
-import queue
 import time
 from typing import Any, Literal, NamedTuple
 
@@ -24,18 +23,24 @@ from flax.training.train_state import TrainState
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
-from cleanba_utils.envs import make_envs
+from cleanba_utils.envs import make_env
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.frame_ring import FrameRing, frame_ring_bytes, frame_spec, make_frame_ring
-from cleanba_utils.handoff import OnResume, actor_fetches_params, check_policy_lag, send_params
+from cleanba_utils.handoff import (
+    OnResume,
+    actor_fetches_params,
+    start_actor_threads,
+    take_rollouts,
+)
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.n_step import n_step_transitions
 from cleanba_utils.parsing import fail, in_range, non_negative, positive
-from cleanba_utils.replay import ReplayStore
+from cleanba_utils.prioritized_learning import log_priorities
+from cleanba_utils.replay import ReplayStore, store_bytes
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
-from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put, start_thread
+from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put
 from cleanba_utils.torsos import ImpalaTorso, NatureTorso, check_torso_channels, torso_channels
 
 # === Args ===
@@ -161,13 +166,7 @@ def validate_layout(args: Args):
     """The checks that need the devices (and, with --distributed, the number of processes) or the
     machine."""
     sizes = sizes_of(args, jax.process_count())
-    parsing.check_devices(args, sizes.num_updates, sizes.steps_per_update)
-    num_learner_devices = len(args.learner_device_ids) * jax.process_count()
-    if args.batch_size % num_learner_devices:
-        fail(
-            f"--batch-size {args.batch_size} must be divisible by the {num_learner_devices} "
-            "learner device(s)"
-        )
+    parsing.check_devices(args, sizes.num_updates, sizes.steps_per_update, split_batches=True)
     if args.buffer_size < sizes.steps_per_update:
         fail(
             f"--buffer-size {args.buffer_size} holds fewer transitions than one update inserts "
@@ -181,11 +180,7 @@ def validate_layout(args: Args):
 # === Environment ===
 
 
-def make_env(args: Args, seed: int, num_envs: int):
-    """envpool seeds its environment i with `seed + i`; Atari follows Machado et al. (2018)
-    (`MACHADO_ATARI`). One envpool instance per actor thread."""
-    instances = args.num_actor_threads * len(args.actor_device_ids)
-    return make_envs(args, seed, num_envs, instances)
+# `cleanba_utils.envs.make_env`: envpool's environments, Atari as Machado et al. (2018) play it.
 
 
 # === Network ===
@@ -312,7 +307,9 @@ def epsilon_greedy(q_values, epsilons, key, step, env_ids):
     return jnp.where(explore, random, jnp.argmax(q_values, axis=1))
 
 
-def actor(args, sizes, run, network, first_update, env_offset, device, param_queue, rollout_queue):
+def actor_thread(
+    args, sizes, run, network, first_update, env_offset, device, param_queue, rollout_queue
+):
     """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs
     - 1."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
@@ -456,12 +453,7 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
 
 # === Replay ===
 
-# Bytes of a stored transition: action (int32), n-step return and discount (float32), the frame
-# slots of its observation and bootstrap observation (int64) and its insertion count (int64); the
-# sum tree has 2 float64 nodes per leaf, leaves a power of two. 3 GiB are kept for the rest of the
-# process (networks, environments, batches).
-TRANSITION_BYTES = 4 + 4 + 4 + 8 + 8 + 8
-MEMORY_RESERVE_BYTES = 3 * 2**30
+MEMORY_RESERVE_BYTES = 3 * 2**30  # for the rest of the process: networks, environments, batches
 PRIORITY_EPSILON = 1e-6  # keeps a transition with zero TD error sampleable
 
 
@@ -491,21 +483,24 @@ def frame_ring_steps(args: Args, num_envs: int) -> int:
     return args.buffer_size // num_envs + args.num_steps + args.n_step + frame_spec(args.env_id)[0]
 
 
+STORED_EXAMPLE = Stored(
+    actions=np.int32(0),
+    returns=np.float32(0),
+    discounts=np.float32(0),
+    obs=np.int64(0),
+    next_obs=np.int64(0),
+)
+
+
 def replay_bytes(args: Args, num_envs: int) -> int:
-    tree_bytes = 2 * 8 * (1 << max(0, args.buffer_size - 1).bit_length())
     frames = frame_ring_bytes(args.env_id, num_envs, frame_ring_steps(args, num_envs))
-    return frames + args.buffer_size * TRANSITION_BYTES + tree_bytes
+    return frames + store_bytes(STORED_EXAMPLE, args.buffer_size)
 
 
 def make_replay(args: Args, num_envs: int) -> Replay:
-    example = Stored(
-        actions=np.int32(0),
-        returns=np.float32(0),
-        discounts=np.float32(0),
-        obs=np.int64(0),
-        next_obs=np.int64(0),
+    transitions = ReplayStore(
+        STORED_EXAMPLE, args.buffer_size, priority_exponent=args.priority_exponent
     )
-    transitions = ReplayStore(example, args.buffer_size, priority_exponent=args.priority_exponent)
     frames = make_frame_ring(args.env_id, num_envs, frame_ring_steps(args, num_envs))
     return Replay(transitions=transitions, frames=frames)
 
@@ -642,35 +637,6 @@ def make_update(args: Args, learner_devices):
 # === Learner loop ===
 
 
-def start_actors(args, sizes, run, network, first_update, actor_devices):
-    """One param queue, one rollout queue and one thread per actor thread of every local actor
-    device."""
-    param_queues = []
-    rollout_queues = []
-    threads = []
-    first_thread = jax.process_index() * len(actor_devices) * args.num_actor_threads
-    for index in range(len(actor_devices) * args.num_actor_threads):
-        param_queues.append(queue.Queue(maxsize=1))
-        rollout_queues.append(queue.Queue(maxsize=1))
-        thread = start_thread(
-            target=actor,
-            name=f"actor-{first_thread + index}",
-            stop=run.stop,
-            failures=run.failures,
-            args=args,
-            sizes=sizes,
-            run=run,
-            network=network,
-            first_update=first_update,
-            env_offset=(first_thread + index) * args.local_num_envs,
-            device=actor_devices[index // args.num_actor_threads],
-            param_queue=param_queues[-1],
-            rollout_queue=rollout_queues[-1],
-        )
-        threads.append(thread)
-    return param_queues, rollout_queues, threads
-
-
 def gather_rollouts(args, rollouts: list) -> Transitions:
     """Every process's rollouts, env-major in global env order (each process holds the whole
     replay): a collective."""
@@ -678,10 +644,16 @@ def gather_rollouts(args, rollouts: list) -> Transitions:
     return gathered(local, args.distributed)
 
 
-def insert_and_count(args, replay: Replay, data: Transitions) -> int:
-    """Inserts a rollout of every environment; returns the valid transitions in the replay."""
-    replay_insert(replay, data, n=args.n_step)
-    return replay.transitions.num_sampleable()
+def insert_rollouts(args, jobs: BackgroundJobs, replay: Replay, rollouts: list) -> int:
+    """Inserts the rollouts of every process, in `jobs` (the replay's thread); returns the valid
+    transitions in the replay."""
+    data = gather_rollouts(args, rollouts)
+
+    def insert_and_count() -> int:
+        replay_insert(replay, data, n=args.n_step)
+        return replay.transitions.num_sampleable()
+
+    return jobs.wait(jobs.submit(insert_and_count))
 
 
 class Sampled(NamedTuple):
@@ -802,14 +774,13 @@ def log_update(
         learning_rate=schedule(optimizer_steps) if callable(schedule) else schedule,
         details=f"replay={learner_stats['replay_size']} policy lag={learner_stats['param_lag']}",
     )
-    if update % args.log_frequency and update != sizes.num_updates:
-        return
-    priorities = read_priorities()
-    if priorities.size and args.priority_exponent:
-        run.log(
-            {"stats/priority_mean": priorities.mean(), "stats/priority_max": priorities.max()},
-            update * sizes.steps_per_update,
-        )
+    log_priorities(run, update, read_priorities, args.priority_exponent)
+
+
+def model_params(state: QState):
+    """What `evaluate` plays, the model file saves and the fingerprint hashes: the online network's
+    parameters."""
+    return jax.device_get(first_replica(state.params))
 
 
 def train(args: Args):
@@ -824,68 +795,53 @@ def train(args: Args):
         script_path=__file__,
         counters=counters,
         global_learner_devices=global_learner_devices,
+        evaluate=evaluate,
     )
     optimizer_steps = int(state.step)
     state = replicate(state, learner_devices)
-    run.evaluate_untrained(lambda: jax.device_get(first_replica(state.params)), evaluate)
+    run.evaluate_untrained(lambda: model_params(state))
     update_fn = make_update(args, global_learner_devices)
     replay = make_replay(args, sizes.num_envs)
-    learner_policy_version = counters["update"]
     first_update = counters["update"] + 1
-    param_queues, rollout_queues, threads = start_actors(
+    actors = start_actor_threads(
+        actor_thread,
+        actor_devices,
         args=args,
-        sizes=sizes,
         run=run,
+        sizes=sizes,
         network=network,
         first_update=first_update,
-        actor_devices=actor_devices,
     )
     jobs = BackgroundJobs("replay", run.stop, run.failures)
+    learn_batches = functools.partial(learn, args, replay=replay, jobs=jobs, update_fn=update_fn)
     learned = None
     pending = None
-    with run.learner_loop([*threads, jobs.thread]) as end:
+    with run.learner_loop([*actors.threads, jobs.thread]) as end:
+        update = first_update - 1  # the updates done, where the loop makes none (a finished run)
         for update in range(first_update, sizes.num_updates + 1):
-            send_params(
-                first_replica(state.params),
-                policy_version=learner_policy_version,
-                actor_devices=actor_devices,
-                param_queues=param_queues,
+            actors.send(first_replica(state.params), policy_version=update - 1)
+            rollouts, rollout_queue_get_time = take_rollouts(
+                actors.rollout_queues,
+                update=update,
+                first_update=first_update,
+                concurrency=args.concurrency,
+                on_resume=ON_RESUME,
                 stop=run.stop,
             )
-            wait_start = time.time()
-            rollouts = [queue_get(q, run.stop) for q in rollout_queues]
-            rollout_queue_get_time = time.time() - wait_start
-            check_policy_lag(
-                rollouts,
-                update=update,
-                concurrency=args.concurrency,
-                first_update=first_update,
-                on_resume=ON_RESUME,
-            )
             learn_start = time.time()
-            data = gather_rollouts(args, rollouts)
-            insert = jobs.submit(functools.partial(insert_and_count, args, replay, data))
-            replay_size = jobs.wait(insert)
+            replay_size = insert_rollouts(args, jobs=jobs, replay=replay, rollouts=rollouts)
             insert_time = time.time() - learn_start
             if replay_size >= max(args.learning_starts, 1):
-                state, learned, pending = learn(
-                    args,
-                    replay=replay,
-                    jobs=jobs,
-                    state=state,
-                    update_fn=update_fn,
-                    first_step=optimizer_steps,
-                    pending=pending,
+                state, learned, pending = learn_batches(
+                    state=state, first_step=optimizer_steps, pending=pending
                 )
                 optimizer_steps += args.updates_per_rollout
-            learner_policy_version += 1
             learner_stats = dict(
                 rollout_queue_get_time=rollout_queue_get_time,
                 insert_time=insert_time,
                 learn_time=time.time() - learn_start,
-                learner_policy_version=learner_policy_version,
                 replay_size=replay_size,
-                param_lag=learner_policy_version - 1 - rollouts[0].policy_version,
+                param_lag=update - 1 - rollouts[0].policy_version,
             )
             log_update(
                 args,
@@ -899,13 +855,11 @@ def train(args: Args):
                 read_priorities=lambda: jobs.wait(jobs.submit(replay.transitions.priorities)),
             )
             if run.evaluation_due(update):
-                params = jax.device_get(first_replica(state.params))
-                run.evaluate(update, params, optimizer_steps, evaluate)
+                run.evaluate_and_log(update, model_params(state), optimizer_steps)
             end.exit_code = run.after_update(state, update)
             if end.exit_code:
                 break
-    params = jax.device_get(first_replica(state.params))
-    run.finish(params, learner_policy_version, evaluate, optimizer_steps)
+    run.finish(model_params(state), update, optimizer_steps)
 
 
 # === Main ===

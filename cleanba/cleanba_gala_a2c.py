@@ -37,7 +37,7 @@ from cleanba_utils.consensus import consensus_line, consensus_of, consensus_stat
 from cleanba_utils.devices import first_replica
 from cleanba_utils.envs import envpool_num_threads, is_atari
 from cleanba_utils.evaluation_episodes import play_episodes
-from cleanba_utils.handoff import OnResume, actor_fetches_params, check_policy_lag
+from cleanba_utils.handoff import OnResume, actor_fetches_params, take_rollouts
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.mailboxes import Mailbox, Message, broadcast, receive
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
@@ -362,7 +362,9 @@ def sample_actions(logits, key, step, env_ids):
     return jnp.argmax(logits + gumbel, axis=1)
 
 
-def actor(args, sizes, run, network, first_update, agent, device, param_queue, rollout_queue):
+def actor_thread(
+    args, sizes, run, network, first_update, agent, device, param_queue, rollout_queue
+):
     """Agent `agent`'s actor thread: environments with global indices agent x local_num_envs + 0, 1,
     ..."""
     env_offset = agent * args.local_num_envs
@@ -671,7 +673,7 @@ def start_actors(args, sizes, run, network, agent_devices, first_update: int = 1
         param_queues.append(queue.Queue(maxsize=1))
         rollout_queues.append(queue.Queue(maxsize=1))
         thread = start_thread(
-            target=actor,
+            target=actor_thread,
             name=f"actor-{agent}",
             stop=run.stop,
             failures=run.failures,
@@ -706,17 +708,14 @@ def log_distances(run, global_step: int, consensus, agent_steps: list):
 
 
 def train_sync(args: Args, run, network, state):
-    """All agents in lock step, one pmap'd update over their devices. Returns the consensus average,
-    the version."""
+    """All agents in lock step, one pmap'd update over their devices. Returns the consensus average
+    and the updates done."""
     sizes = run.sizes
     agent_devices, global_devices = agent_devices_of(args)
     sharding = agents_sharding(global_devices)
     state = sharded(state, sharding)
     update_fn = make_update(args, global_devices)
-    run.host_copy = gathered_agents
-    run.host_copy_is_collective = True
     first_update = run.counters["update"] + 1
-    learner_policy_version = run.counters["update"]
     param_queues, rollout_queues, threads = start_actors(
         args=args,
         sizes=sizes,
@@ -726,21 +725,20 @@ def train_sync(args: Args, run, network, state):
         first_update=first_update,
     )
     with run.learner_loop(threads) as end:
+        update = first_update - 1  # the updates done, where the loop makes none (a finished run)
         for update in range(first_update, sizes.num_updates + 1):
             for param_queue, device in zip(param_queues, agent_devices):
                 params = slice_on(state.params, device)
-                queue_put(param_queue, (learner_policy_version, params), run.stop)
-            wait_start = time.time()
-            rollouts = [queue_get(q, run.stop) for q in rollout_queues]
-            rollout_queue_get_time = time.time() - wait_start
-            learn_start = time.time()
-            check_policy_lag(
-                rollouts,
+                queue_put(param_queue, (update - 1, params), run.stop)
+            rollouts, rollout_queue_get_time = take_rollouts(
+                rollout_queues,
                 update=update,
-                concurrency=args.concurrency,
                 first_update=first_update,
+                concurrency=args.concurrency,
                 on_resume=ON_RESUME,
+                stop=run.stop,
             )
+            learn_start = time.time()
             transitions = jax.tree.map(
                 lambda *slices: from_slices(slices, sharding), *[r.transitions for r in rollouts]
             )
@@ -750,12 +748,10 @@ def train_sync(args: Args, run, network, state):
                 state, transitions, bootstrap_obs, with_similarity
             )
             consensus = jax.device_get(first_replica(consensus))
-            learner_policy_version += 1
             learner_stats = dict(
                 consensus_stats(consensus),
                 learn_time=time.time() - learn_start,
                 rollout_queue_get_time=rollout_queue_get_time,
-                learner_policy_version=learner_policy_version,
             )
             if with_similarity:
                 learner_stats["gradient_similarity"] = jax.device_get(first_replica(similarity))
@@ -776,12 +772,12 @@ def train_sync(args: Args, run, network, state):
                 # Every process gathers (a collective); the one that logs plays the episodes. Each
                 # agent has made one optimizer step per update.
                 consensus_params = jax.tree.map(lambda x: x.mean(0), gathered_agents(state.params))
-                run.evaluate(update, consensus_params, update, evaluate)
+                run.evaluate_and_log(update, consensus_params, update)
             end.exit_code = run.after_update(state, update)
             if end.exit_code:
                 break
     consensus_params = jax.tree.map(lambda x: x.mean(0), gathered_agents(state.params))
-    return consensus_params, learner_policy_version
+    return consensus_params, update
 
 
 @dataclasses.dataclass
@@ -806,13 +802,13 @@ def agent_learner(
     mix_on_device = jax.jit(mix)
     for update in range(1, sizes.num_updates + 1):
         queue_put(param_queue, (update - 1, state.params), run.stop)
-        rollout = queue_get(rollout_queue, run.stop)
-        check_policy_lag(
-            [rollout],
+        [rollout], _ = take_rollouts(
+            [rollout_queue],
             update=update,
-            concurrency=args.concurrency,
             first_update=1,
+            concurrency=args.concurrency,
             on_resume=ON_RESUME,
+            stop=run.stop,
         )
         state, losses = update_fn(state, rollout.transitions, rollout.bootstrap_obs)
         if update == 1:
@@ -918,12 +914,15 @@ def train(args: Args):
         script_path=__file__,
         counters=counters,
         global_learner_devices=agent_devices_of(args).every,
+        evaluate=evaluate,
+        host_copy=gathered_agents,
+        host_copy_is_collective=True,
     )
-    run.evaluate_untrained(lambda: jax.tree.map(lambda x: x.mean(0), state.params), evaluate)
+    run.evaluate_untrained(lambda: jax.tree.map(lambda x: x.mean(0), state.params))
     train_agents = train_async if args.gossip == "async" else train_sync
-    consensus_params, version = train_agents(args, run, network, state)
+    consensus_params, update = train_agents(args, run, network, state)
     # Each agent has made one optimizer step per update.
-    run.finish(consensus_params, version, evaluate, optimizer_steps=version)
+    run.finish(consensus_params, update, optimizer_steps=update)
 
 
 # === Main ===

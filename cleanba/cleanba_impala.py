@@ -11,7 +11,6 @@ corrects for the difference between the behaviour policy and the policy being tr
 import dataclasses
 import functools
 import os
-import queue
 import time
 from typing import NamedTuple
 
@@ -27,16 +26,22 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, replicate
-from cleanba_utils.envs import make_envs
+from cleanba_utils.envs import make_env
 from cleanba_utils.evaluation_episodes import play_episodes
-from cleanba_utils.handoff import OnResume, actor_fetches_params, check_policy_lag, send_params
+from cleanba_utils.handoff import (
+    OnResume,
+    actor_fetches_params,
+    start_actor_threads,
+    take_rollouts,
+)
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.microbatches import microbatch_update
 from cleanba_utils.parsing import fail, in_range, non_negative, positive
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
-from cleanba_utils.threads import queue_get, queue_put, start_thread
+from cleanba_utils.sizes import Sizes, rollout_sizes
+from cleanba_utils.threads import queue_get, queue_put
 
 # === Args ===
 
@@ -97,25 +102,11 @@ NEEDS = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Sizes:
-    num_envs: int
-    steps_per_update: int
-    minibatch_size: int
-    num_updates: int
-
-
 def sizes_of(args: Args, num_processes: int) -> Sizes:
     num_envs = (
         args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids) * num_processes
     )
-    steps_per_update = num_envs * args.num_steps
-    return Sizes(
-        num_envs=num_envs,
-        steps_per_update=steps_per_update,
-        minibatch_size=steps_per_update // args.num_minibatches,
-        num_updates=args.total_timesteps // steps_per_update,
-    )
+    return rollout_sizes(num_envs, args.num_steps, args.total_timesteps)
 
 
 def parse_args(argv=None) -> Args:
@@ -153,11 +144,7 @@ def validate_layout(args: Args):
 # === Environment ===
 
 
-def make_env(args: Args, seed: int, num_envs: int):
-    """envpool seeds its environment i with `seed + i`; Atari follows Machado et al. (2018)
-    (`MACHADO_ATARI`). One envpool instance per actor thread."""
-    instances = args.num_actor_threads * len(args.actor_device_ids)
-    return make_envs(args, seed, num_envs, instances)
+# `cleanba_utils.envs.make_env`: envpool's environments, Atari as Machado et al. (2018) play it.
 
 
 # === Network ===
@@ -268,13 +255,24 @@ def sample_actions(logits, key, step, env_ids):
     return jnp.argmax(logits + gumbel, axis=1)
 
 
-def actor(args, sizes, run, network, first_update, env_offset, devices, param_queue, rollout_queue):
-    """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs
-    - 1. `devices` are its own device and the local learner devices."""
-    actor_device, learner_devices = devices
+def actor_thread(
+    args,
+    sizes,
+    run,
+    network,
+    first_update,
+    env_offset,
+    device,
+    learner_devices,
+    param_queue,
+    rollout_queue,
+):
+    """One actor thread (`start_actor_threads`) on `device`: environments with global indices
+    env_offset .. env_offset + local_num_envs - 1, their rollouts split among the local
+    `learner_devices`."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
-    env_ids_on_device = jax.device_put(env_ids, actor_device)
+    env_ids_on_device = jax.device_put(env_ids, device)
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     learner_sharding = NamedSharding(
         Mesh(np.array(learner_devices), ("devices",)), PartitionSpec("devices")
@@ -306,7 +304,7 @@ def actor(args, sizes, run, network, first_update, env_offset, devices, param_qu
             tic = time.time()
             policy_step = (update - 1) * args.num_steps + step
             action, logprob = jax.device_get(
-                get_action(params, jax.device_put(next_obs, actor_device), policy_step)
+                get_action(params, jax.device_put(next_obs, device), policy_step)
             )
             inference_time += time.time() - tic
             tic = time.time()
@@ -609,37 +607,6 @@ def optimizer_steps_after(args: Args, update: int) -> int:
 # === Learner loop ===
 
 
-def start_actors(args, sizes, run, network, first_update, actor_devices, learner_devices):
-    """One param queue, one rollout queue and one thread per actor thread of every local actor
-    device."""
-    param_queues = []
-    rollout_queues = []
-    threads = []
-    for device_index, actor_device in enumerate(actor_devices):
-        for thread_id in range(args.num_actor_threads):
-            device_number = jax.process_index() * len(actor_devices) + device_index
-            thread_index = device_number * args.num_actor_threads + thread_id
-            param_queues.append(queue.Queue(maxsize=1))
-            rollout_queues.append(queue.Queue(maxsize=1))
-            thread = start_thread(
-                target=actor,
-                name=f"actor-{thread_index}",
-                stop=run.stop,
-                failures=run.failures,
-                args=args,
-                sizes=sizes,
-                run=run,
-                network=network,
-                first_update=first_update,
-                env_offset=thread_index * args.local_num_envs,
-                devices=(actor_device, learner_devices),
-                param_queue=param_queues[-1],
-                rollout_queue=rollout_queues[-1],
-            )
-            threads.append(thread)
-    return param_queues, rollout_queues, threads
-
-
 def train(args: Args):
     sizes = sizes_of(args, jax.process_count())
     actor_devices = [jax.local_devices()[i] for i in args.actor_device_ids]
@@ -652,50 +619,42 @@ def train(args: Args):
         script_path=__file__,
         counters=counters,
         global_learner_devices=global_learner_devices,
+        evaluate=evaluate,
     )
     state = replicate(state, learner_devices)
-    run.evaluate_untrained(lambda: jax.device_get(first_replica(state.params)), evaluate)
+    run.evaluate_untrained(lambda: jax.device_get(first_replica(state.params)))
     update_fn = make_update(
         args, global_learner_devices, rolled=learner_devices[0].platform != "cpu"
     )
-    learner_policy_version = counters["update"]
     first_update = counters["update"] + 1
-    param_queues, rollout_queues, threads = start_actors(
+    actors = start_actor_threads(
+        actor_thread,
+        actor_devices,
         args=args,
-        sizes=sizes,
         run=run,
+        sizes=sizes,
         network=network,
         first_update=first_update,
-        actor_devices=actor_devices,
         learner_devices=learner_devices,
     )
-    with run.learner_loop(threads) as end:
-        send_params(
-            first_replica(state.params),
-            policy_version=learner_policy_version,
-            actor_devices=actor_devices,
-            param_queues=param_queues,
-            stop=run.stop,
-        )
+    with run.learner_loop(actors.threads) as end:
+        actors.send(first_replica(state.params), policy_version=first_update - 1)
+        update = first_update - 1  # the updates done, where the loop makes none (a finished run)
         for update in range(first_update, sizes.num_updates + 1):
-            wait_start = time.time()
-            rollouts = [queue_get(q, run.stop) for q in rollout_queues]
-            rollout_queue_get_time = time.time() - wait_start
-            check_policy_lag(
-                rollouts,
+            rollouts, rollout_queue_get_time = take_rollouts(
+                actors.rollout_queues,
                 update=update,
-                concurrency=args.concurrency,
                 first_update=first_update,
+                concurrency=args.concurrency,
                 on_resume=ON_RESUME,
+                stop=run.stop,
             )
             learn_start = time.time()
             state, metrics = update_fn(state, tuple(r.data for r in rollouts), np.int32(update))
             jax.block_until_ready(state)
-            learner_policy_version += 1
             learner_stats = dict(
                 rollout_queue_get_time=rollout_queue_get_time,
                 learn_time=time.time() - learn_start,
-                learner_policy_version=learner_policy_version,
             )
             run.log_update(
                 update=update,
@@ -707,21 +666,14 @@ def train(args: Args):
             )
             if run.evaluation_due(update):
                 params = jax.device_get(first_replica(state.params))
-                run.evaluate(update, params, optimizer_steps_after(args, update), evaluate)
+                run.evaluate_and_log(update, params, optimizer_steps_after(args, update))
             end.exit_code = run.after_update(state, update)
             if end.exit_code:
                 break
             if update < sizes.num_updates:
-                send_params(
-                    first_replica(state.params),
-                    policy_version=learner_policy_version,
-                    actor_devices=actor_devices,
-                    param_queues=param_queues,
-                    stop=run.stop,
-                )
+                actors.send(first_replica(state.params), policy_version=update)
     params = jax.device_get(first_replica(state.params))
-    optimizer_steps = optimizer_steps_after(args, learner_policy_version)
-    run.finish(params, learner_policy_version, evaluate, optimizer_steps)
+    run.finish(params, update, optimizer_steps_after(args, update))
 
 
 # === Main ===

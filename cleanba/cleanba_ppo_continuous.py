@@ -1,15 +1,12 @@
 """Cleanba PPO for continuous control: a diagonal Gaussian policy on envpool's MuJoCo and dm_control
 tasks, with the hyperparameters of CleanRL's `ppo_continuous_action.py`.
 
-The default layout, 8 environments x 256 steps, keeps CleanRL's batch of 2048 steps but needs 256
-policy calls per rollout instead of 2048: on a CPU the policy calls, not the environments' steps,
-take most of a rollout of CleanRL's exact layout, `--local-num-envs 1 --num-steps 2048`, which this
-script also runs. benchmark/results/learning_mujoco_cpu.md (2026-11-23) times both layouts.
+The default layout, 8 environments x 256 steps, keeps CleanRL's batch of 2048 steps in 256 policy
+calls per rollout instead of 2048; CleanRL's own layout, `--local-num-envs 1 --num-steps 2048`, runs
+too.
 
-Actor threads collect rollouts, a pmap'd learner trains on them. Each actor thread owns one
-`param_queue` and one `rollout_queue` (both maxsize 1). With `--concurrency` the actor skips its
-parameter fetch on its second rollout, so the learner always trains on data from the policy exactly
-one version behind; without it (the default) actor and learner take turns and the lag is zero.
+Actor threads collect rollouts, a pmap'd learner trains on them: on data of the policy one version
+behind with `--concurrency`, of its current policy without (`cleanba_utils.handoff`).
 
 Observation normalization and reward scaling. The running statistics (mean and variance of the
 observations; variance of each environment's discounted return) belong to the learner, are saved
@@ -34,11 +31,9 @@ step, gym's vector environments in `info`) is not.
 import dataclasses
 import functools
 import os
-import queue
 import time
 from typing import NamedTuple
 
-import envpool
 import flax.linen as nn
 import flax.serialization
 import jax
@@ -62,12 +57,20 @@ from cleanba_utils.env_records import (
     part,
     record_step,
 )
-from cleanba_utils.envs import flat_observation, is_continuous, make_envs
-from cleanba_utils.handoff import OnResume, actor_fetches_params, check_policy_lag, send_params
+from cleanba_utils.envs import flat_observation, make_env
+from cleanba_utils.evaluation_episodes import play_episodes
+from cleanba_utils.handoff import (
+    OnResume,
+    actor_fetches_params,
+    send_first_params,
+    start_actor_threads,
+    take_rollouts,
+)
 from cleanba_utils.parsing import fail, in_range, non_negative, positive
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
-from cleanba_utils.threads import queue_get, queue_put, start_thread
+from cleanba_utils.sizes import Sizes, rollout_sizes
+from cleanba_utils.threads import queue_get, queue_put
 
 # === Args ===
 
@@ -130,24 +133,11 @@ NEEDS = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Sizes:
-    num_envs: int
-    steps_per_update: int
-    minibatch_size: int
-    num_updates: int
-
-
 def sizes_of(args: Args, num_processes: int) -> Sizes:
-    num_envs = args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids)
-    num_envs *= num_processes
-    steps_per_update = num_envs * args.num_steps
-    return Sizes(
-        num_envs=num_envs,
-        steps_per_update=steps_per_update,
-        minibatch_size=steps_per_update // args.num_minibatches,
-        num_updates=args.total_timesteps // steps_per_update,
+    num_envs = (
+        args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids) * num_processes
     )
+    return rollout_sizes(num_envs, args.num_steps, args.total_timesteps)
 
 
 def parse_args(argv=None) -> Args:
@@ -157,16 +147,9 @@ def parse_args(argv=None) -> Args:
 
 
 def validate(args: Args):
-    """Checks every argument that needs no device, before any other work; exits 2 on the first
-    problem."""
+    """Checks every argument that needs no device, first; exits 2 on the first problem."""
     parsing.check_fields(args)
-    if args.env_id not in envpool.list_all_envs():
-        fail(
-            f"--env-id {args.env_id} is not an envpool environment; try HalfCheetah-v4 or "
-            "CheetahRun-v1"
-        )
-    if not is_continuous(args.env_id):
-        fail(f"--env-id {args.env_id} has discrete actions; train it with cleanba_ppo.py")
+    parsing.check_continuous_actions(args)
     parsing.check_needs(args, NEEDS)
     parsing.check_run_options(args)
     parsing.check_layers(args, ["hiddens"])
@@ -186,11 +169,7 @@ def validate_layout(args: Args):
 # === Environment ===
 
 
-def make_env(args: Args, seed: int, num_envs: int):
-    """envpool seeds its environment i with `seed + i`. Episodes end on termination or at the task's
-    time limit (1000 steps for MuJoCo and dm_control), which envpool reports as a truncation."""
-    instances = args.num_actor_threads * len(args.actor_device_ids)
-    return make_envs(args, seed, num_envs, instances)
+# `cleanba_utils.envs.make_env`: envpool's tasks; a MuJoCo or dm_control time limit truncates.
 
 
 # === Normalization ===
@@ -201,8 +180,7 @@ EPSILON = 1e-8
 
 
 class MeanVar(NamedTuple):
-    """Running statistics of a stream of samples; the count starts at 1e-4 (mean 0, variance 1), as
-    gym's RunningMeanStd."""
+    """Running statistics, from a count of 1e-4 (mean 0, variance 1) as gym's RunningMeanStd."""
 
     mean: jax.Array
     var: jax.Array
@@ -275,8 +253,7 @@ class MLP(nn.Module):
 
 class Network(nn.Module):
     """Separate actor and critic MLPs on normalized observations (N, D): the actor gives the mean of
-    a diagonal Gaussian whose log standard deviation is a state-independent parameter (initially
-    0)."""
+    a diagonal Gaussian, its log standard deviation a state-independent parameter (initially 0)."""
 
     hiddens: tuple[int, ...]
     action_dim: int
@@ -302,8 +279,7 @@ def gaussian_entropy(log_std):
 
 # === Actor ===
 
-# How the policy lag goes on across a resume (cleanba_utils.handoff): kept at 1, as in the
-# uninterrupted run, which the bitwise resume needs.
+# Across a resume the policy lag stays 1 (cleanba_utils.handoff), which the bitwise resume needs.
 ON_RESUME: OnResume = "keep_lag"
 
 
@@ -316,8 +292,7 @@ class Policy(NamedTuple):
 
 
 def policy_from_dict(saved: dict) -> Policy:
-    """A Policy from its flax state dict (`flax.serialization.to_state_dict`), as the model file
-    holds it."""
+    """A Policy from the flax state dict the model file holds (`to_state_dict`)."""
     normalizer = saved["normalizer"]
     return Policy(
         params=saved["params"],
@@ -325,6 +300,11 @@ def policy_from_dict(saved: dict) -> Policy:
             obs=MeanVar(**normalizer["obs"]), returns=MeanVar(**normalizer["returns"])
         ),
     )
+
+
+def policy_outputs(network: Network, policy: Policy, obs):
+    """The network on observations normalized with the policy's statistics: mean, log_std, value."""
+    return network.apply(policy.params, normalize_observations(policy.normalizer.obs, obs))
 
 
 def sample_actions(mean, log_std, key, step, env_ids):
@@ -355,11 +335,10 @@ class Trajectories(NamedTuple):
 
 
 class Rollout(NamedTuple):
-    """What an actor thread puts on its rollout queue: the learner update it is for, the version of
-    the policy that played it and the normalizer statistics it played with, its trajectories with
-    one slice of environments per learner device, its environments' record after it (what a
-    checkpoint needs to bring them back), and the seconds the actor spent waiting for parameters,
-    playing, stepping and inferring."""
+    """What an actor thread puts on its rollout queue: the update it is for, the policy version that
+    played it and the normalizer statistics it played with, its trajectories (one slice of
+    environments per learner device), its environments' record after it (for a checkpoint to bring
+    them back) and the seconds it spent waiting for parameters, playing, stepping and inferring."""
 
     update: int
     policy_version: int
@@ -387,25 +366,31 @@ def empty_trajectories(
     )
 
 
-def actor(
-    args, sizes, run, network, first_update, env_offset, devices, param_queue, rollout_queue, record
+def actor_thread(
+    args,
+    sizes,
+    run,
+    network,
+    first_update,
+    env_offset,
+    device,
+    learner_devices,
+    param_queue,
+    rollout_queue,
+    env_record,
 ):
-    """One actor thread: environments with global indices env_offset .. env_offset +
-    local_num_envs - 1. `devices` are its own device and the local learner devices; `record` (on a
-    resumed run) is their `EnvRecord` at the checkpoint.
-
-    The policy's actions are stored unclipped (their log-probabilities are the Gaussian's); the
-    environments receive them clipped to the action bounds.
-
-    The rollout of update u is played by the policy of version u - 1, or u - 2 with --concurrency
-    (version 0 for the first two): the actor takes a policy from its queue before every rollout
-    but the second of a fresh concurrent run."""
-    actor_device, learner_devices = devices
+    """One actor thread (`start_actor_threads`) on `device`: environments with global indices
+    env_offset .. env_offset + local_num_envs - 1, their rollouts split among the local
+    `learner_devices`; a resumed run continues them from their part of `env_record`, every
+    environment's `EnvRecord` at the checkpoint (None: a fresh run). The policy's actions are stored
+    unclipped (their log-probabilities are the Gaussian's); the environments receive them clipped to
+    the action bounds. Which policy plays which rollout: `cleanba_utils.handoff`, with
+    `ON_RESUME`."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     action_low = envs.action_space.low
     action_high = envs.action_space.high
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
-    env_ids_on_device = jax.device_put(env_ids, actor_device)
+    env_ids_on_device = jax.device_put(env_ids, device)
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     learner_sharding = NamedSharding(
         Mesh(np.array(learner_devices), ("devices",)), PartitionSpec("devices")
@@ -413,9 +398,7 @@ def actor(
 
     @jax.jit
     def get_action(policy, obs, step):
-        mean, log_std, value = network.apply(
-            policy.params, normalize_observations(policy.normalizer.obs, obs)
-        )
+        mean, log_std, value = policy_outputs(network, policy, obs)
         action = sample_actions(
             mean=mean, log_std=log_std, key=action_key, step=step, env_ids=env_ids_on_device
         )
@@ -423,7 +406,7 @@ def actor(
 
     @jax.jit
     def get_value(policy, obs):
-        return network.apply(policy.params, normalize_observations(policy.normalizer.obs, obs))[2]
+        return policy_outputs(network, policy, obs)[2]
 
     episodes = run.episodes(args.local_num_envs)
     # Each environment's discounted return, restarted with each episode.
@@ -436,12 +419,12 @@ def actor(
 
     # envpool resets an environment on the step after its episode ended: that step ignores the
     # action, returns the first observation of the next episode, and is masked out of learning.
-    if record is None:
+    if env_record is None:
         record = empty_record(args.local_num_envs, args.env_id)
         next_obs = flat_observation(envs.reset()[0])
         next_is_reset = np.zeros(args.local_num_envs, dtype=bool)
     else:
-        record = copy_of(record)
+        record = part(env_record, slice(env_offset, env_offset + args.local_num_envs))
         next_obs, next_is_reset = fast_forward(envs, record, on_step=replayed_step)
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
@@ -487,23 +470,22 @@ def actor(
             next_obs = flat_observation(obs)
             next_is_reset = done
 
-        data.values[:, -1] = get_value(policy, jax.device_put(next_obs, actor_device))
+        data.values[:, -1] = get_value(policy, jax.device_put(next_obs, device))
         # One slice of environments per learner device: a single host-to-device copy of the whole
         # rollout, overlapped with the learner's work.
         by_device = jax.tree.map(lambda x: x.reshape(len(learner_devices), -1, *x.shape[1:]), data)
-        timing = dict(
-            param_queue_get_time=param_queue_get_time,
-            rollout_time=time.time() - rollout_start,
-            inference_time=inference_time,
-            env_step_time=env_step_time,
-        )
         rollout = Rollout(
             update=update,
             policy_version=policy_version,
             normalizer=jax.device_get(policy.normalizer),
             data=jax.device_put(by_device, learner_sharding),
             record=copy_of(record),
-            timing=timing,
+            timing=dict(
+                param_queue_get_time=param_queue_get_time,
+                rollout_time=time.time() - rollout_start,
+                inference_time=inference_time,
+                env_step_time=env_step_time,
+            ),
         )
         queue_put(rollout_queue, rollout, run.stop)
 
@@ -514,25 +496,13 @@ def evaluate(saved_policy: dict, args: Args, num_episodes: int, seed: int) -> li
     policy = policy_from_dict(saved_policy)
     envs = make_env(args, seed, num_episodes)
     network = Network(args.hiddens, envs.action_space.shape[0])
-    act = jax.jit(
-        lambda policy, obs: network.apply(
-            policy.params, normalize_observations(policy.normalizer.obs, obs)
-        )[0]
-    )
-    obs, _ = envs.reset()
-    returns = np.zeros(num_episodes)
-    finished = np.zeros(num_episodes, dtype=bool)
-    while not finished.all():
-        action = np.clip(
-            np.asarray(act(policy, flat_observation(obs))),
-            envs.action_space.low,
-            envs.action_space.high,
-        )
-        obs, reward, terminated, truncated, _ = envs.step(action)
-        returns += reward * ~finished
-        finished |= terminated | truncated
+    mean_action = jax.jit(lambda policy, obs: policy_outputs(network, policy, obs)[0])
+    low = envs.action_space.low
+    high = envs.action_space.high
+    act = lambda obs, _: np.clip(np.asarray(mean_action(policy, flat_observation(obs))), low, high)
+    returns = play_episodes(envs, num_episodes, act)
     envs.close()
-    return returns.tolist()
+    return returns
 
 
 # === Loss ===
@@ -560,8 +530,7 @@ def gae(rewards, values, terminations, truncations, *, gamma, gae_lambda):
 
 
 class Batch(NamedTuple):
-    """A minibatch of this learner device, (envs, steps of each env, ...); `valid` is 0 on reset
-    steps."""
+    """This device's minibatch (envs, steps of each env, ...); `valid` is 0 on reset steps."""
 
     obs: jax.Array
     actions: jax.Array
@@ -656,18 +625,12 @@ def init_state(args: Args, sizes: Sizes):
     saved, counters = checkpoint or (None, dict(update=0, wall_time_s=0.0))
     if saved is not None:
         state = saved.learner
-    counters = dict(
-        update=counters["update"],
-        wall_time_s=counters["wall_time_s"],
-        sizes=identity["sizes"],
-        seed=identity["seed"],
-    )
+    counters = dict(update=counters["update"], wall_time_s=counters["wall_time_s"], **identity)
     return network, state, counters, saved
 
 
 def take_steps(x, steps):
-    """`x[e, steps[e, i]]` for every environment e: the chosen steps of each environment's
-    rollout."""
+    """`x[e, steps[e, i]]` for every environment e: the chosen steps of its rollout."""
     return jnp.take_along_axis(x, steps.reshape(*steps.shape, *[1] * (x.ndim - 2)), axis=1)
 
 
@@ -681,9 +644,8 @@ def make_update(args: Args, learner_devices: list):
     steps are permuted by its own key and cut into `num_minibatches` chunks; a minibatch is the
     union of every environment's chunk), and every mean is a global one (psum of sums over psum of
     counts), so the layout changes the result only by float rounding. With one environment this is
-    CleanRL's uniform shuffle of the batch. The whole update is one compiled program (a scan over
-    epochs of a scan over minibatches): the network is small enough to need no gradient
-    accumulation."""
+    CleanRL's uniform shuffle of the batch. The whole update is one compiled program, a scan over
+    epochs of a scan over minibatches (the network needs no gradient accumulation)."""
     learner_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 2)
     minibatch_steps = args.num_steps // args.num_minibatches
     per_env_gae = functools.partial(gae, gamma=args.gamma, gae_lambda=args.gae_lambda)
@@ -740,8 +702,7 @@ def make_update(args: Args, learner_devices: list):
                     vf_coef=args.vf_coef,
                     clip_vloss=args.clip_vloss,
                 )
-                # Each device's loss is its share of the global mean: the global gradient is their
-                # sum.
+                # Each device's loss is a share of the global mean: summed, the global gradient.
                 grads, metrics = jax.lax.psum((grads, metrics), "devices")
                 return state.apply_gradients(grads=grads), metrics
 
@@ -772,43 +733,6 @@ def optimizer_steps_after(args: Args, update: int) -> int:
 
 
 # === Learner loop ===
-
-
-def start_actors(
-    args, sizes, run, network, first_update, actor_devices, learner_devices, env_record
-):
-    """One param queue, one rollout queue and one thread per actor thread of every local actor
-    device, in global env order; with `env_record` (a resumed run) each thread gets its
-    environments' part."""
-    param_queues = []
-    rollout_queues = []
-    threads = []
-    for device_index, actor_device in enumerate(actor_devices):
-        for thread_id in range(args.num_actor_threads):
-            device_number = jax.process_index() * len(actor_devices) + device_index
-            thread_index = device_number * args.num_actor_threads + thread_id
-            env_offset = thread_index * args.local_num_envs
-            own_envs = slice(env_offset, env_offset + args.local_num_envs)
-            param_queues.append(queue.Queue(maxsize=1))
-            rollout_queues.append(queue.Queue(maxsize=1))
-            thread = start_thread(
-                target=actor,
-                name=f"actor-{thread_index}",
-                stop=run.stop,
-                failures=run.failures,
-                args=args,
-                sizes=sizes,
-                run=run,
-                network=network,
-                first_update=first_update,
-                env_offset=env_offset,
-                devices=(actor_device, learner_devices),
-                param_queue=param_queues[-1],
-                rollout_queue=rollout_queues[-1],
-                record=None if env_record is None else part(env_record, own_envs),
-            )
-            threads.append(thread)
-    return param_queues, rollout_queues, threads
 
 
 def host_policy(state: LearnerState) -> Policy:
@@ -850,7 +774,6 @@ def saved_of(checkpointable: Checkpointable) -> Saved:
 
 def train(args: Args):
     sizes = sizes_of(args, jax.process_count())
-    actor_devices = [jax.local_devices()[i] for i in args.actor_device_ids]
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
     network, state, counters, saved = init_state(args, sizes)
@@ -860,89 +783,75 @@ def train(args: Args):
         script_path=__file__,
         counters=counters,
         global_learner_devices=global_learner_devices,
+        evaluate=evaluate,
+        host_copy=saved_of,
     )
-    run.host_copy = saved_of
     state = replicate(state, learner_devices)
-    run.evaluate_untrained(lambda: model_policy(state), evaluate)
+    run.evaluate_untrained(lambda: model_policy(state))
     update_fn = make_update(args, global_learner_devices)
-    learner_policy_version = counters["update"]
     first_update = counters["update"] + 1
-    param_queues, rollout_queues, threads = start_actors(
+    actors = start_actor_threads(
+        actor_thread,
+        [jax.local_devices()[i] for i in args.actor_device_ids],
         args=args,
-        sizes=sizes,
         run=run,
+        sizes=sizes,
         network=network,
         first_update=first_update,
-        actor_devices=actor_devices,
         learner_devices=learner_devices,
         env_record=None if saved is None else saved.env_record,
     )
-    send = lambda policy, version: send_params(
-        policy,
-        policy_version=version,
-        actor_devices=actor_devices,
-        param_queues=param_queues,
-        stop=run.stop,
-    )
-    with run.learner_loop(threads) as end:
-        # The policy last sent: under --concurrency the actors' next rollout is played with it, so
-        # a resumed run sends the checkpoint's first.
-        if saved is not None and args.concurrency and first_update <= sizes.num_updates:
-            send(saved.acting_policy, learner_policy_version - 1)
+    with run.learner_loop(actors.threads) as end:
+        # Checkpoints hold the policy last sent: it plays the next rollout under --concurrency.
         last_sent = host_policy(state)
-        send(last_sent, learner_policy_version)
+        send_first_params(
+            actors.send,
+            last_sent,
+            acting_params=None if saved is None else saved.acting_policy,
+            first_update=first_update,
+            num_updates=sizes.num_updates,
+            concurrency=args.concurrency,
+        )
+        update = first_update - 1  # the updates done, where the loop makes none (a finished run)
         for update in range(first_update, sizes.num_updates + 1):
-            wait_start = time.time()
-            rollouts = [queue_get(q, run.stop) for q in rollout_queues]
-            rollout_queue_get_time = time.time() - wait_start
-            # The policy history goes on across a resume (the checkpoint holds the version the
-            # actors play with next), so the lag is checked as in an uninterrupted run.
-            check_policy_lag(
-                rollouts,
+            rollouts, rollout_queue_get_time = take_rollouts(
+                actors.rollout_queues,
                 update=update,
-                concurrency=args.concurrency,
                 first_update=first_update,
+                concurrency=args.concurrency,
                 on_resume=ON_RESUME,
+                stop=run.stop,
             )
             learn_start = time.time()
-            # The rollouts of an update were all played by one policy version, so with the same
-            # statistics.
+            # One policy version played all the rollouts of an update, with the same statistics.
             played_normalizer = replicate(rollouts[0].normalizer, learner_devices)
             state, metrics = update_fn(
                 state, tuple(r.data for r in rollouts), played_normalizer, np.int32(update)
             )
-            checkpointable = Checkpointable(
-                state=state,
-                acting_policy=last_sent,
-                env_record=gathered_record(args, rollouts),
-            )
+            checkpointable = Checkpointable(state, last_sent, gathered_record(args, rollouts))
             jax.block_until_ready(state)
-            learner_policy_version += 1
             learner_stats = dict(
                 rollout_queue_get_time=rollout_queue_get_time,
                 learn_time=time.time() - learn_start,
-                learner_policy_version=learner_policy_version,
             )
+            optimizer_steps = optimizer_steps_after(args, update)
             run.log_update(
                 update=update,
                 rollouts=rollouts,
                 metrics=metrics,
                 learner_stats=learner_stats,
-                optimizer_steps=optimizer_steps_after(args, update),
+                optimizer_steps=optimizer_steps,
                 learning_rate=learning_rate_at(args, sizes, update),
             )
             if run.evaluation_due(update):
-                saved_policy = model_policy(state)
-                run.evaluate(update, saved_policy, optimizer_steps_after(args, update), evaluate)
+                run.evaluate_and_log(update, model_policy(state), optimizer_steps)
             end.exit_code = run.after_update(checkpointable, update)
             if end.exit_code:
                 break
             if update < sizes.num_updates:
                 last_sent = host_policy(state)
-                send(last_sent, learner_policy_version)
-    saved_policy = model_policy(state)
-    optimizer_steps = optimizer_steps_after(args, learner_policy_version)
-    run.finish(saved_policy, learner_policy_version, evaluate, optimizer_steps)
+                actors.send(last_sent, update)
+    run.finish(model_policy(state), update, optimizer_steps_after(args, update))
 
 
 # === Main ===

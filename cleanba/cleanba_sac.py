@@ -1,6 +1,5 @@
-"""Cleanba SAC: Soft Actor-Critic (Haarnoja et al., 2018) for envpool's MuJoCo and dm_control tasks,
-with the algorithm and hyperparameters of CleanRL's `sac_continuous_action.py` in Cleanba's
-actor-learner shape.
+"""Cleanba SAC: Soft Actor-Critic (Haarnoja et al., 2018) for envpool's MuJoCo and dm_control tasks:
+the algorithm and hyperparameters of CleanRL's `sac_continuous_action.py`, in Cleanba's shape.
 
 Actor threads play rollouts of --local-num-envs x --num-steps steps with a tanh-squashed Gaussian
 policy (uniform random actions for the first --learning-starts steps) and hand them to the learner
@@ -18,7 +17,6 @@ next, what each environment did since its reset) repeats the uninterrupted one e
 import dataclasses
 import functools
 import os
-import queue
 import time
 from typing import Any, NamedTuple
 
@@ -29,28 +27,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from cleanba_utils import distributed, parsing
+from cleanba_utils import distributed, env_records, handoff, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
-from cleanba_utils.env_records import (
-    EnvRecord,
-    concatenated,
-    copy_of,
-    empty_record,
-    fast_forward,
-    part,
-    record_step,
-)
-from cleanba_utils.envs import flat_observation, is_continuous, make_envs
+from cleanba_utils.env_records import EnvRecord
+from cleanba_utils.envs import flat_observation, make_env, observation_size
 from cleanba_utils.evaluation_episodes import play_episodes
-from cleanba_utils.handoff import OnResume, actor_fetches_params, check_policy_lag, send_params
+from cleanba_utils.handoff import OnResume
 from cleanba_utils.parsing import fail, in_range, non_negative, positive
-from cleanba_utils.replay import Mark, ReplayStore
+from cleanba_utils.replay import Mark, ReplayStore, store_bytes
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
-from cleanba_utils.sizes import Sizes as RolloutSizes
-from cleanba_utils.sizes import rollout_sizes
-from cleanba_utils.threads import queue_get, queue_put, start_thread
+from cleanba_utils.sizes import Sizes, rollout_sizes
+from cleanba_utils.threads import queue_get, queue_put
 
 # === Args ===
 
@@ -113,17 +102,14 @@ NEEDS = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Sizes(RolloutSizes):
-    gradient_steps_per_update: int
-    """gradient updates per learner update once learning starts: replay_ratio x steps_per_update"""
-
-
 def sizes_of(args: Args, num_processes: int) -> Sizes:
     num_envs = args.local_num_envs * args.num_actor_threads * len(args.actor_device_ids)
-    base = rollout_sizes(num_envs * num_processes, args.num_steps, args.total_timesteps)
-    gradient_steps = round(args.replay_ratio * base.steps_per_update)
-    return Sizes(**dataclasses.asdict(base), gradient_steps_per_update=gradient_steps)
+    return rollout_sizes(num_envs * num_processes, args.num_steps, args.total_timesteps)
+
+
+def gradient_steps_per_update(args: Args, sizes: Sizes) -> int:
+    """Gradient updates per learner update once learning starts: replay_ratio x steps_per_update."""
+    return round(args.replay_ratio * sizes.steps_per_update)
 
 
 def parse_args(argv=None) -> Args:
@@ -135,13 +121,7 @@ def parse_args(argv=None) -> Args:
 def validate(args: Args):
     """Checks every argument that needs no device, first; exits 2 on the first problem."""
     parsing.check_fields(args)
-    if args.env_id not in envpool.list_all_envs():
-        fail(f"--env-id {args.env_id} is not in envpool; try HalfCheetah-v4 or CheetahRun-v1")
-    if not is_continuous(args.env_id):
-        fail(
-            f"--env-id {args.env_id} has discrete actions; train it with cleanba_apex_dqn.py or "
-            "cleanba_ppo.py"
-        )
+    parsing.check_continuous_actions(args)
     if args.learning_starts >= args.total_timesteps:
         fail(
             f"--learning-starts {args.learning_starts} is not below --total-timesteps "
@@ -155,15 +135,11 @@ def validate(args: Args):
 def validate_layout(args: Args):
     """The checks that need the devices, the process count (--distributed) or the machine."""
     sizes = sizes_of(args, jax.process_count())
-    parsing.check_devices(args, sizes.num_updates, sizes.steps_per_update, split_rollouts=False)
-    num_learner_devices = len(args.learner_device_ids) * jax.process_count()
-    if args.batch_size % num_learner_devices:
-        fail(
-            f"--batch-size {args.batch_size} must be divisible by the {num_learner_devices} "
-            "learner device(s): each takes an equal share of every batch"
-        )
+    parsing.check_devices(
+        args, sizes.num_updates, sizes.steps_per_update, split_rollouts=False, split_batches=True
+    )
     gradient_steps = args.replay_ratio * sizes.steps_per_update
-    if sizes.gradient_steps_per_update < 1 or abs(gradient_steps - round(gradient_steps)) > 1e-6:
+    if round(gradient_steps) < 1 or abs(gradient_steps - round(gradient_steps)) > 1e-6:
         fail(
             f"--replay-ratio {args.replay_ratio} x {sizes.steps_per_update} steps per update "
             f"(num envs x --num-steps) = {gradient_steps:g} gradient updates: it must be a "
@@ -174,25 +150,10 @@ def validate_layout(args: Args):
             f"--buffer-size {args.buffer_size} holds fewer transitions than one update inserts "
             f"({sizes.num_envs} envs x {args.num_steps} steps); raise it"
         )
-    spec = envpool.make_spec(args.env_id)
-    needed = replay_bytes(args, observation_size(spec), spec.action_space.shape[0])
-    parsing.check_memory(args, "buffer_size", needed, MEMORY_RESERVE_BYTES)
+    parsing.check_memory(args, "buffer_size", replay_bytes(args), MEMORY_RESERVE_BYTES)
 
 
 # === Environment ===
-
-
-def make_env(args: Args, seed: int, num_envs: int):
-    """envpool seeds its environment i with `seed + i`. Episodes end on termination or at the task's
-    time limit (1000 steps for MuJoCo and dm_control), which envpool reports as a truncation."""
-    return make_envs(args, seed, num_envs, args.num_actor_threads * len(args.actor_device_ids))
-
-
-def observation_size(spec) -> int:
-    """Features of a `flat_observation` of an envpool spec's task."""
-    space = spec.observation_space
-    spaces = space.spaces.values() if hasattr(space, "spaces") else [space]
-    return sum(int(np.prod(s.shape)) for s in spaces)
 
 
 class Bounds(NamedTuple):
@@ -325,9 +286,9 @@ class Draws(NamedTuple):
     uniform: jax.Array
 
 
-def rollout_draws(key, first_step, num_steps: int, env_ids, action_dim: int) -> Draws:
-    """The draws of steps first_step .. first_step + num_steps - 1, keyed by (step, global env
-    index): the same on every layout. Drawn per rollout: small threefry calls are slow on a CPU."""
+def rollout_draws(key, env_ids, num_steps: int, action_dim: int):
+    """`draw(first_step)`, jitted: the `Draws` of a rollout's steps, keyed by (step, global env
+    index), the same on every layout. Drawn per rollout: small threefry calls are slow on a CPU."""
     normal = lambda k: jax.random.normal(jax.random.fold_in(k, 0), (action_dim,))
     uniform = lambda k: jax.random.uniform(jax.random.fold_in(k, 1), (action_dim,), minval=-1)
 
@@ -336,7 +297,7 @@ def rollout_draws(key, first_step, num_steps: int, env_ids, action_dim: int) -> 
         keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_key, env_ids)
         return Draws(normal=jax.vmap(normal)(keys), uniform=jax.vmap(uniform)(keys))
 
-    return jax.vmap(of_step)(first_step + jnp.arange(num_steps))
+    return jax.jit(lambda first_step: jax.vmap(of_step)(first_step + jnp.arange(num_steps)))
 
 
 def explore(networks: Networks, params, obs, draws: Draws, step, random_actions):
@@ -347,34 +308,41 @@ def explore(networks: Networks, params, obs, draws: Draws, step, random_actions)
     return jnp.where(random_actions, random, action)
 
 
-def actor(
-    args, sizes, run, networks, first_update, env_offset, device, param_queue, rollout_queue, record
+def actor_thread(
+    args,
+    sizes,
+    run,
+    networks,
+    first_update,
+    env_offset,
+    device,
+    param_queue,
+    rollout_queue,
+    env_record,
 ):
-    """One actor thread, playing the environments env_offset .. env_offset + local_num_envs - 1
-    (from `record`, their `EnvRecord` at a resumed run's checkpoint). Update u's rollout is played
-    by parameters version u - 1, or u - 2 with --concurrency (0 for the first two): the actor takes
-    parameters before every rollout but the second of a fresh concurrent run."""
+    """One actor thread (`start_actor_threads`), playing the environments env_offset ..
+    env_offset + local_num_envs - 1, continued from their part of `env_record`, every environment's
+    `EnvRecord` at a resumed run's checkpoint (None: a fresh run). Update u's rollout is played by
+    parameters version u - 1, or u - 2 with --concurrency (`actor_fetches_params`)."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = jax.device_put(env_offset + np.arange(args.local_num_envs, dtype=np.int32), device)
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     action_dim = len(networks.bounds.scale)
-    draw = jax.jit(
-        lambda first_step: rollout_draws(
-            action_key, first_step, num_steps=args.num_steps, env_ids=env_ids, action_dim=action_dim
-        )
-    )
+    draw = rollout_draws(action_key, env_ids, args.num_steps, action_dim)
     act = jax.jit(functools.partial(explore, networks))
     episodes = run.episodes(args.local_num_envs)
-    if record is None:
-        record = empty_record(args.local_num_envs, args.env_id)
+    if env_record is None:
+        record = env_records.empty_record(args.local_num_envs, args.env_id)
         next_obs = flat_observation(envs.reset()[0])
         next_is_reset = np.zeros(args.local_num_envs, bool)
     else:
-        record = copy_of(record)
-        next_obs, next_is_reset = fast_forward(envs, record, on_step=episodes.replayed_step)
+        record = env_records.part(env_record, slice(env_offset, env_offset + args.local_num_envs))
+        next_obs, next_is_reset = env_records.fast_forward(
+            envs, record, on_step=episodes.replayed_step
+        )
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
-        if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
+        if handoff.actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
 
@@ -383,35 +351,34 @@ def actor(
         env_step_time = 0.0
         shape = (args.local_num_envs, args.num_steps)
         obs = np.zeros((args.local_num_envs, args.num_steps + 1, next_obs.shape[1]), np.float32)
-        actions = np.zeros((*shape, action_dim), np.float32)
-        rewards = np.zeros(shape, np.float32)
-        terminations = np.zeros(shape, np.float32)
-        is_reset = np.zeros(shape, bool)
+        data = Transitions(
+            obs=obs[:, :-1],
+            actions=np.zeros((*shape, action_dim), np.float32),
+            rewards=np.zeros(shape, np.float32),
+            next_obs=obs[:, 1:],
+            terminations=np.zeros(shape, np.float32),
+            valid=np.zeros(shape, bool),
+        )
         draws = draw((update - 1) * args.num_steps)
         for step in range(args.num_steps):
             tic = time.time()
             global_step = ((update - 1) * args.num_steps + step) * sizes.num_envs
+            is_random = global_step < args.learning_starts
             # The NumPy observation goes to the parameters' device with the call itself: a
             # `jax.device_put` of its own would be a second dispatch on every step.
             action = np.asarray(
-                act(
-                    params=params,
-                    obs=next_obs,
-                    draws=draws,
-                    step=step,
-                    random_actions=global_step < args.learning_starts,
-                )
+                act(params=params, obs=next_obs, draws=draws, step=step, random_actions=is_random)
             )
             inference_time += time.time() - tic
             tic = time.time()
             step_obs, reward, terminated, truncated, _ = envs.step(action)
             env_step_time += time.time() - tic
-            obs[:, step] = next_obs
-            actions[:, step] = action
-            rewards[:, step] = reward
-            terminations[:, step] = terminated
-            is_reset[:, step] = next_is_reset
-            record_step(record, action, next_is_reset)
+            data.obs[:, step] = next_obs
+            data.actions[:, step] = action
+            data.rewards[:, step] = reward
+            data.terminations[:, step] = terminated
+            data.valid[:, step] = ~next_is_reset
+            env_records.record_step(record, action, next_is_reset)
             done = terminated | truncated
             episodes.step(reward, done, next_is_reset, global_step)
             next_obs = flat_observation(step_obs)
@@ -421,15 +388,8 @@ def actor(
         rollout = Rollout(
             update=update,
             policy_version=policy_version,
-            data=Transitions(
-                obs=obs[:, :-1],
-                actions=actions,
-                rewards=rewards,
-                next_obs=obs[:, 1:],
-                terminations=terminations,
-                valid=~is_reset,
-            ),
-            record=copy_of(record),
+            data=data,
+            record=env_records.copy_of(record),
             timing=dict(
                 param_queue_get_time=param_queue_get_time,
                 rollout_time=time.time() - rollout_start,
@@ -459,43 +419,6 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
 MEMORY_RESERVE_BYTES = 2 * 2**30  # for the rest of the process: networks, environments, batches
 
 
-def replay_bytes(args: Args, obs_size: int, action_size: int) -> int:
-    """The replay's memory, twice: a checkpoint serializes a copy of it. A transition holds two
-    observations, an action, a reward and a termination (float32s) and its insertion count
-    (int64); the sum tree two float64 per leaf, leaves a power of two."""
-    tree_bytes = 2 * 8 * (1 << max(0, args.buffer_size - 1).bit_length())
-    transition_bytes = 4 * (2 * obs_size + action_size + 2) + 8
-    return 2 * (args.buffer_size * transition_bytes + tree_bytes)
-
-
-def make_replay(args: Args, obs_size: int, action_size: int) -> ReplayStore:
-    """A uniform, first-in-first-out store of `Batch` records, one transition each."""
-    example = Batch(
-        obs=np.zeros(obs_size, np.float32),
-        actions=np.zeros(action_size, np.float32),
-        rewards=np.float32(0),
-        next_obs=np.zeros(obs_size, np.float32),
-        terminations=np.float32(0),
-    )
-    return ReplayStore(example, args.buffer_size, uniform=True)
-
-
-def replay_insert(replay: ReplayStore, data: Transitions):
-    """Inserts the valid transitions (no reset steps), env-major in global env order: the same order
-    whatever the layout."""
-    replay.insert(Batch(**{name: getattr(data, name)[data.valid] for name in Batch._fields}))
-
-
-def sample_batches(args: Args, replay: ReplayStore, first: int, count: int) -> "Batch":
-    """The batches of gradient updates first .. first + count - 1 (1-based, over the run), stacked
-    (count, batch, ...), each drawn uniformly with a generator seeded by (seed, its index)."""
-    rngs = [np.random.default_rng([args.seed, 3, index]) for index in range(first, first + count)]
-    return replay.sample_many(args.batch_size, rngs, beta=0.0).items
-
-
-# === Loss ===
-
-
 class Batch(NamedTuple):
     """Transitions: observation, action, reward, next observation and termination (1.0: the
     episode ended there and the target does not bootstrap; a truncation is 0.0)."""
@@ -505,6 +428,42 @@ class Batch(NamedTuple):
     rewards: Any
     next_obs: Any
     terminations: Any
+
+
+def stored_example(obs_size: int, action_size: int) -> Batch:
+    """A transition as the replay stores it."""
+    obs = np.zeros(obs_size, np.float32)
+    zero = np.float32(0)
+    actions = np.zeros(action_size, np.float32)
+    return Batch(obs=obs, actions=actions, rewards=zero, next_obs=obs, terminations=zero)
+
+
+def replay_bytes(args: Args) -> int:
+    """The replay's memory, twice: a checkpoint serializes a copy of it."""
+    action_size = envpool.make_spec(args.env_id).action_space.shape[0]
+    example = stored_example(observation_size(args.env_id), action_size)
+    return 2 * store_bytes(example, args.buffer_size)
+
+
+def make_replay(args: Args, obs_size: int, action_size: int) -> ReplayStore:
+    """A uniform, first-in-first-out store of `Batch` records, one transition each."""
+    return ReplayStore(stored_example(obs_size, action_size), args.buffer_size, uniform=True)
+
+
+def replay_insert(replay: ReplayStore, data: Transitions):
+    """Inserts the valid transitions (no reset steps), env-major in global env order: the same order
+    whatever the layout."""
+    replay.insert(Batch(**{name: getattr(data, name)[data.valid] for name in Batch._fields}))
+
+
+def sample_batches(args: Args, replay: ReplayStore, first: int, count: int) -> Batch:
+    """The batches of gradient updates first .. first + count - 1 (1-based, over the run), stacked
+    (count, batch, ...), each drawn uniformly with a generator seeded by (seed, its index)."""
+    rngs = [np.random.default_rng([args.seed, 3, index]) for index in range(first, first + count)]
+    return replay.sample_many(args.batch_size, rngs, beta=0.0).items
+
+
+# === Loss ===
 
 
 def soft_target(batch: Batch, next_q_target, next_log_prob, alpha, gamma: float):
@@ -577,7 +536,7 @@ def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
     """The networks, the learner state and counters, and with --resume the newest checkpoint's
     `Saved` (else None), whose replay snapshot `replay` is set to."""
     spec = envpool.make_spec(args.env_id)
-    obs_size = observation_size(spec)
+    obs_size = observation_size(args.env_id)
     action_size = spec.action_space.shape[0]
     networks = Networks(
         actor=Actor(args.hiddens, action_size),
@@ -605,7 +564,7 @@ def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
     template = Saved(
         learner=state,
         acting_params=actor_params,
-        env_record=empty_record(sizes.num_envs, args.env_id),
+        env_record=env_records.empty_record(sizes.num_envs, args.env_id),
         replay=replay.snapshot(),
     )
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
@@ -744,42 +703,11 @@ def make_update(args: Args, learner_devices: list, networks: Networks):
 # === Learner loop ===
 
 
-def start_actors(args, sizes, run, networks, first_update, actor_devices, env_record):
-    """One param queue, one rollout queue and one thread per actor thread of every local actor
-    device; with `env_record` (a resumed run) each thread gets its environments' part."""
-    param_queues = []
-    rollout_queues = []
-    threads = []
-    first_thread = jax.process_index() * len(actor_devices) * args.num_actor_threads
-    for index in range(len(actor_devices) * args.num_actor_threads):
-        env_offset = (first_thread + index) * args.local_num_envs
-        own_envs = slice(env_offset, env_offset + args.local_num_envs)
-        param_queues.append(queue.Queue(maxsize=1))
-        rollout_queues.append(queue.Queue(maxsize=1))
-        thread = start_thread(
-            target=actor,
-            name=f"actor-{first_thread + index}",
-            stop=run.stop,
-            failures=run.failures,
-            args=args,
-            sizes=sizes,
-            run=run,
-            networks=networks,
-            first_update=first_update,
-            env_offset=env_offset,
-            device=actor_devices[index // args.num_actor_threads],
-            param_queue=param_queues[-1],
-            rollout_queue=rollout_queues[-1],
-            record=None if env_record is None else part(env_record, own_envs),
-        )
-        threads.append(thread)
-    return param_queues, rollout_queues, threads
-
-
-def optimizer_steps_before(args: Args, sizes: Sizes, update: int) -> int:
-    """The gradient updates of the run before `update`: those of the earlier ones that `learns`."""
+def optimizer_steps_after(args: Args, sizes: Sizes, update: int) -> int:
+    """The gradient updates of the run's first `update` updates: `gradient_steps_per_update` in
+    each from the first whose environment steps complete --learning-starts."""
     first_learning = max(1, -(-args.learning_starts // sizes.steps_per_update))
-    return sizes.gradient_steps_per_update * max(0, update - first_learning)
+    return gradient_steps_per_update(args, sizes) * max(0, update + 1 - first_learning)
 
 
 class Incoming(NamedTuple):
@@ -796,36 +724,33 @@ def gather(args, rollouts):
     """Every process's transitions and environment records, env-major in global env order (each
     process holds the whole replay)."""
     data = Transitions(*[np.concatenate(fields) for fields in zip(*[r.data for r in rollouts])])
-    record = concatenated([r.record for r in rollouts])
+    record = env_records.concatenated([r.record for r in rollouts])
     return gathered((data, record), args.distributed)
 
 
-def learns(args: Args, sizes: Sizes, update: int) -> bool:
-    """Gradient updates start with the first update completing --learning-starts env steps."""
-    return update * sizes.steps_per_update >= args.learning_starts
-
-
-def receive(args, sizes, update, first_update, rollout_queues, run, replay):
-    """Takes `update`'s rollouts (checking which policy played them), inserts them, samples."""
-    wait_start = time.time()
-    rollouts = [queue_get(q, run.stop) for q in rollout_queues]
-    rollout_queue_get_time = time.time() - wait_start
-    check_policy_lag(
-        rollouts,
+def receive(update: int, run, replay: ReplayStore, actors, first_update: int) -> Incoming:
+    """Takes `update`'s rollouts (`take_rollouts` checks which policy played them), inserts them
+    and samples the batches of its gradient updates."""
+    args = run.args
+    sizes = run.sizes
+    rollouts, rollout_queue_get_time = handoff.take_rollouts(
+        actors.rollout_queues,
         update=update,
-        concurrency=args.concurrency,
         first_update=first_update,
+        concurrency=args.concurrency,
         on_resume=ON_RESUME,
+        stop=run.stop,
     )
     tic = time.time()
     data, env_record = gather(args, rollouts)
     replay_insert(replay, data)
     insert_time = time.time() - tic
     tic = time.time()
+    done_before = optimizer_steps_after(args, sizes, update - 1)
+    count = optimizer_steps_after(args, sizes, update) - done_before
     batches = None
-    if learns(args, sizes, update):
-        first = optimizer_steps_before(args, sizes, update) + 1
-        stacked = sample_batches(args, replay, first, sizes.gradient_steps_per_update)
+    if count:
+        stacked = sample_batches(args, replay, done_before + 1, count)
         batches = local_shares(stacked, len(args.learner_device_ids), batch_axis=1)
     rollout_time = np.mean([r.timing["rollout_time"] for r in rollouts])
     stats = dict(
@@ -838,7 +763,7 @@ def receive(args, sizes, update, first_update, rollout_queues, run, replay):
     return Incoming(rollouts=rollouts, env_record=env_record, batches=batches, stats=stats)
 
 
-def log_update(run, update, current: Incoming, metrics, learn_time, optimizer_steps):
+def log_update(run, update: int, current: Incoming, metrics, learn_time: float):
     """`Run.log_update` with the replay's size, the policy lag and the seconds of insertion,
     sampling and learning (until the parameters are ready, a checkpoint included; with --concurrency
     the next update's receive overlaps it). `metrics`: the last learning update's (None before)."""
@@ -847,13 +772,8 @@ def log_update(run, update, current: Incoming, metrics, learn_time, optimizer_st
         update,
         rollouts=current.rollouts,
         metrics=metrics,
-        learner_stats=dict(
-            current.stats,
-            learn_time=learn_time,
-            learner_policy_version=update,
-            param_lag=param_lag,
-        ),
-        optimizer_steps=optimizer_steps,
+        learner_stats=dict(current.stats, learn_time=learn_time, param_lag=param_lag),
+        optimizer_steps=optimizer_steps_after(run.args, run.sizes, update),
         details=f"replay={current.stats['replay_size']} policy lag={param_lag}",
     )
 
@@ -870,22 +790,21 @@ def model_params(state: SACState) -> dict:
 
 
 class Checkpointable(NamedTuple):
-    """What `Run.after_update` gets, copied to the host (`saved_of`) only for a checkpoint; the
-    replay as at the update's end (`replay_mark`: the next rollouts may be in it by then)."""
+    """What `Run.after_update` gets, copied to the host (`saved_of`) only for a checkpoint; its
+    replay is as at `replay_mark`, the update's end (the next rollouts may be in it by then)."""
 
     state: SACState
     acting_params: Any
     env_record: EnvRecord
-    replay: ReplayStore
     replay_mark: Mark
 
 
-def saved_of(checkpointable: Checkpointable) -> Saved:
+def saved_of(replay: ReplayStore, checkpointable: Checkpointable) -> Saved:
     return Saved(
         learner=first_replica(checkpointable.state),
         acting_params=checkpointable.acting_params,
         env_record=checkpointable.env_record,
-        replay=checkpointable.replay.snapshot_at(checkpointable.replay_mark),
+        replay=replay.snapshot_at(checkpointable.replay_mark),
     )
 
 
@@ -895,7 +814,7 @@ def train(args: Args):
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
     spec = envpool.make_spec(args.env_id)
-    replay = make_replay(args, observation_size(spec), spec.action_space.shape[0])
+    replay = make_replay(args, observation_size(args.env_id), spec.action_space.shape[0])
     networks, state, counters, saved = init_state(args, sizes, replay)
     run = open_run(
         args=args,
@@ -903,83 +822,66 @@ def train(args: Args):
         script_path=__file__,
         counters=counters,
         global_learner_devices=global_learner_devices,
+        evaluate=evaluate,
+        host_copy=functools.partial(saved_of, replay),
+        frozen_by=(replay.lock,),
     )
-    run.host_copy = saved_of
-    run.frozen_by.append(replay.lock)
-    optimizer_steps = int(state.step)
     state = replicate(state, learner_devices)
-    run.evaluate_untrained(lambda: model_params(state), evaluate)
+    run.evaluate_untrained(lambda: model_params(state))
     update_fn = make_update(args, global_learner_devices, networks)
     first_update = counters["update"] + 1
-    param_queues, rollout_queues, threads = start_actors(
-        args,
-        sizes=sizes,
+    actors = handoff.start_actor_threads(
+        actor_thread,
+        actor_devices,
+        args=args,
         run=run,
+        sizes=sizes,
         networks=networks,
         first_update=first_update,
-        actor_devices=actor_devices,
         env_record=None if saved is None else saved.env_record,
     )
-    receive_update = lambda update: receive(
-        args,
-        sizes=sizes,
-        update=update,
-        first_update=first_update,
-        rollout_queues=rollout_queues,
-        run=run,
-        replay=replay,
-    )
-    send = functools.partial(
-        send_params, actor_devices=actor_devices, param_queues=param_queues, stop=run.stop
+    receive_update = functools.partial(
+        receive, run=run, replay=replay, actors=actors, first_update=first_update
     )
     metrics = None
     incoming = None
-    with run.learner_loop(threads) as end:
+    with run.learner_loop(actors.threads) as end:
         # The actor parameters last sent: under --concurrency the actors' next rollout is played
-        # with them, so a resumed run sends the checkpoint's first.
-        if saved is not None and args.concurrency and first_update <= sizes.num_updates:
-            send(saved.acting_params, first_update - 2)
+        # with them, so a checkpoint holds them.
         last_sent = first_replica(state.actor_params)
-        send(last_sent, first_update - 1)
+        handoff.send_first_params(
+            actors.send,
+            last_sent,
+            acting_params=None if saved is None else saved.acting_params,
+            first_update=first_update,
+            num_updates=sizes.num_updates,
+            concurrency=args.concurrency,
+        )
         update = first_update - 1  # the updates done, where the loop makes none (a finished run)
         for update in range(first_update, sizes.num_updates + 1):
-            if incoming is None:
-                incoming = receive_update(update)
+            current = receive_update(update) if incoming is None else incoming
             learn_start = time.time()
-            if incoming.batches is not None:
-                state, metrics = update_fn(state, incoming.batches)
-                optimizer_steps += sizes.gradient_steps_per_update
-            current = incoming
-            incoming = None
-            checkpointable = Checkpointable(
-                state=state,
-                acting_params=last_sent,
-                env_record=current.env_record,
-                replay=replay,
-                replay_mark=replay.mark(),
-            )
+            if current.batches is not None:
+                state, metrics = update_fn(state, current.batches)
+            checkpointable = Checkpointable(state, last_sent, current.env_record, replay.mark())
             end.exit_code = run.after_update(checkpointable, update)
+            incoming = None
             # With --concurrency take, insert and sample the next rollouts while the device trains
             # on these (after the checkpoint, which holds the replay as this update left it).
             if args.concurrency and update < sizes.num_updates and not end.exit_code:
                 incoming = receive_update(update + 1)
             jax.block_until_ready(state)
-            log_update(
-                run,
-                update=update,
-                current=current,
-                metrics=metrics,
-                learn_time=time.time() - learn_start,
-                optimizer_steps=optimizer_steps,
-            )
+            learn_time = time.time() - learn_start
+            log_update(run, update=update, current=current, metrics=metrics, learn_time=learn_time)
             if run.evaluation_due(update):
-                run.evaluate(update, model_params(state), optimizer_steps, evaluate)
+                optimizer_steps = optimizer_steps_after(args, sizes, update)
+                run.evaluate_and_log(update, model_params(state), optimizer_steps)
             if end.exit_code:
                 break
             if update < sizes.num_updates:
                 last_sent = first_replica(state.actor_params)
-                send(last_sent, update)
-    run.finish(model_params(state), update, evaluate, optimizer_steps)
+                actors.send(last_sent, update)
+    run.finish(model_params(state), update, optimizer_steps_after(args, sizes, update))
 
 
 # === Main ===

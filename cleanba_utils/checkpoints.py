@@ -13,7 +13,6 @@ import flax.serialization
 import jax
 import numpy as np
 
-from cleanba_utils.devices import first_replica
 from cleanba_utils.parsing import fail
 from cleanba_utils.run_args import RESUMABLE_CHANGES
 from cleanba_utils.run_files import atomic_file
@@ -21,11 +20,11 @@ from cleanba_utils.run_files import atomic_file
 CHECKSUM_BYTES = 64  # a hex sha256
 
 
-def save_checkpoint(run_dir: str, state, counters: dict, keep: int = 2, host_copy=first_replica):
-    """Saves `host_copy(state)` (by default the first replica of the pmap'd `state`) with `counters`
-    (which hold "update"); keeps the newest `keep` files. A file that cannot be written raises an
+def save_checkpoint(run_dir: str, state, counters: dict, keep: int = 2):
+    """Saves `state` (the host copy of the learner's, `Run.host_copy`) with `counters` (which hold
+    "update"); keeps the newest `keep` files. A file that cannot be written raises an
     OSError that names it, the older files intact and no temporary file left."""
-    saved_state = flax.serialization.to_state_dict(jax.device_get(host_copy(state)))
+    saved_state = flax.serialization.to_state_dict(jax.device_get(state))
     payload = flax.serialization.msgpack_serialize({"state": saved_state, "counters": counters})
     directory = os.path.join(run_dir, "checkpoints")
     os.makedirs(directory, exist_ok=True)

@@ -41,10 +41,13 @@ def envpool_num_threads(requested: int | None, num_envs: int, instances: int) ->
     return max(1, min(num_envs, cpus_per_instance))
 
 
-def make_envs(args, seed: int, num_envs: int, instances: int):
-    """`num_envs` gymnasium environments of --env-id, environment i seeded with `seed + i`, worker
-    threads as `envpool_num_threads` gives them to one of `instances` envpool instances; Atari
-    follows Machado et al. (2018) (`MACHADO_ATARI`)."""
+def make_env(args, seed: int, num_envs: int):
+    """`num_envs` gymnasium environments of --env-id for a script with actor threads, environment i
+    seeded with `seed + i`. One envpool instance per actor thread (--num-actor-threads on each
+    actor device), its worker threads as `envpool_num_threads` shares the CPUs among them. Atari
+    follows Machado et al. (2018) (`MACHADO_ATARI`); a MuJoCo or dm_control episode ends on
+    termination or at the task's time limit (1000 steps), which envpool reports as a truncation."""
+    instances = args.num_actor_threads * len(args.actor_device_ids)
     options = MACHADO_ATARI if is_atari(args.env_id) else {}
     return envpool.make(
         args.env_id,
@@ -65,6 +68,14 @@ def has_image_observations(env_id: str) -> bool:
     """Tasks observed as stacked frames (channels, height, width), as Atari's: the tasks a CNN torso
     is for."""
     return len(getattr(envpool.make_spec(env_id).observation_space, "shape", None) or ()) == 3
+
+
+def observation_size(env_id: str) -> int:
+    """The features of a `flat_observation` of the task: of every key of dm_control's dict
+    observations."""
+    space = envpool.make_spec(env_id).observation_space
+    spaces = space.spaces.values() if hasattr(space, "spaces") else [space]
+    return sum(int(np.prod(s.shape)) for s in spaces)
 
 
 def flat_observation(obs) -> np.ndarray:

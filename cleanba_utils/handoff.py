@@ -15,11 +15,15 @@ A resumed run (its first update `first_update` > 1) goes on in one of two ways, 
   fetches before each rollout from then on. The scripts that resume bit for bit (SAC, continuous
   PPO, Ape-X DPG)."""
 
-from typing import Literal
+import functools
+import queue
+import time
+from collections.abc import Callable
+from typing import Literal, NamedTuple
 
 import jax
 
-from cleanba_utils.threads import queue_put
+from cleanba_utils.threads import queue_get, queue_put, start_thread
 
 OnResume = Literal["restart_lag", "keep_lag"]
 
@@ -34,6 +38,48 @@ def send_params(params, policy_version: int, actor_devices: list, param_queues: 
         first = device_index * threads_per_device
         for param_queue in param_queues[first : first + threads_per_device]:
             queue_put(param_queue, (policy_version, on_device), stop)
+
+
+class ActorThreads(NamedTuple):
+    """This process's actor threads, in global environment order, with their queues."""
+
+    rollout_queues: list
+    threads: list
+    send: Callable
+    """`send(params, policy_version)`: puts the parameters on every param queue (`send_params`)"""
+
+
+def start_actor_threads(actor_thread, actor_devices: list, *, args, run, **shared) -> ActorThreads:
+    """Starts --num-actor-threads threads on each of this process's `actor_devices`, each with its
+    own param queue and rollout queue of max size 1 (the Cleanba architecture): the thread of global
+    index i runs `actor_thread(args=args, run=run, env_offset=i * --local-num-envs, device=…,
+    param_queue=…, rollout_queue=…, **shared)`, named actor-i; it plays the global environments
+    env_offset .. env_offset + --local-num-envs - 1. A thread that fails ends the run
+    (`threads.start_thread`)."""
+    num_threads = len(actor_devices) * args.num_actor_threads
+    first_thread = jax.process_index() * num_threads
+    param_queues = [queue.Queue(maxsize=1) for _ in range(num_threads)]
+    rollout_queues = [queue.Queue(maxsize=1) for _ in range(num_threads)]
+    threads = [
+        start_thread(
+            target=actor_thread,
+            name=f"actor-{first_thread + index}",
+            stop=run.stop,
+            failures=run.failures,
+            args=args,
+            run=run,
+            env_offset=(first_thread + index) * args.local_num_envs,
+            device=actor_devices[index // args.num_actor_threads],
+            param_queue=param_queues[index],
+            rollout_queue=rollout_queues[index],
+            **shared,
+        )
+        for index in range(num_threads)
+    ]
+    send = functools.partial(
+        send_params, actor_devices=actor_devices, param_queues=param_queues, stop=run.stop
+    )
+    return ActorThreads(rollout_queues=rollout_queues, threads=threads, send=send)
 
 
 def lag_start(first_update: int, on_resume: OnResume) -> int:
@@ -74,3 +120,39 @@ def check_policy_lag(
                 f"update {update}: rollout {rollout.update} from policy {rollout.policy_version} "
                 f"while the learner is at {learner_policy_version} (lag {lag}, expected {expected})"
             )
+
+
+def take_rollouts(
+    rollout_queues: list,
+    update: int,
+    first_update: int,
+    concurrency: bool,
+    on_resume: OnResume,
+    stop,
+) -> tuple[list, float]:
+    """The rollouts of `update`, one from each rollout queue, checked against the rule
+    (`check_policy_lag`), and the seconds the learner waited for them."""
+    wait_start = time.time()
+    rollouts = [queue_get(rollout_queue, stop) for rollout_queue in rollout_queues]
+    waited = time.time() - wait_start
+    check_policy_lag(
+        rollouts,
+        update=update,
+        first_update=first_update,
+        concurrency=concurrency,
+        on_resume=on_resume,
+    )
+    return rollouts, waited
+
+
+def send_first_params(
+    send, params, acting_params, first_update: int, num_updates: int, concurrency: bool
+):
+    """What the learner of a "keep_lag" script sends before its first update: with --concurrency a
+    resumed run first sends `acting_params`, the checkpoint's parameters that play the actors' next
+    rollout (version first_update - 2), then the learner's own `params` (version first_update - 1).
+    `send(params, policy_version)` puts them on the param queues (`send_params`)."""
+    resumed = first_update > 1
+    if resumed and concurrency and first_update <= num_updates:
+        send(acting_params, first_update - 2)
+    send(params, first_update - 1)

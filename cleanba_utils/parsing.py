@@ -195,6 +195,22 @@ def check_needs(args, needs: dict[str, Need]):
             fail(f"{shown(field.name, value)} has no effect here: it acts only with {need.what}")
 
 
+def check_continuous_actions(args):
+    """For the continuous-control scripts: a task that envpool does not have, or whose actions are
+    discrete (Atari, classic control), is refused, the latter with the scripts that train it."""
+    import envpool
+
+    from cleanba_utils.envs import is_continuous
+
+    if args.env_id not in envpool.list_all_envs():
+        fail(f"--env-id {args.env_id} is not an envpool task; try HalfCheetah-v4 or CheetahRun-v1")
+    if not is_continuous(args.env_id):
+        fail(
+            f"--env-id {args.env_id} has discrete actions and this script acts in continuous "
+            "ones; train it with cleanba/cleanba_ppo.py or cleanba/cleanba_apex_dqn.py"
+        )
+
+
 def check_discrete_actions(args):
     """For the scripts that choose among discrete actions: a task with continuous actions (MuJoCo,
     dm_control) is refused with the script that trains it."""
@@ -207,10 +223,18 @@ def check_discrete_actions(args):
         )
 
 
-def check_devices(args, num_updates: int, steps_per_update: int, split_rollouts: bool = True):
+def check_devices(
+    args,
+    num_updates: int,
+    steps_per_update: int,
+    split_rollouts: bool = True,
+    split_batches: bool = False,
+):
     """The checks that need the devices and the number of processes, before any environment or
     device work. `split_rollouts`: each learner device takes a share of every rollout's
-    environments (not so for a learner that trains on batches drawn from a replay)."""
+    environments (not so for a learner that trains on batches drawn from a replay);
+    `split_batches`: each learner device of every process takes a share of every --batch-size
+    batch (a learner that trains on batches drawn from a replay)."""
     import jax
 
     local_devices = jax.local_devices()
@@ -234,6 +258,12 @@ def check_devices(args, num_updates: int, steps_per_update: int, split_rollouts:
             f"--total-timesteps {args.total_timesteps} is less than one rollout "
             f"({steps_per_update} steps = num envs x num steps); raise it or shrink "
             "--local-num-envs / --num-steps"
+        )
+    num_learner_devices = len(args.learner_device_ids) * jax.process_count()
+    if split_batches and args.batch_size % num_learner_devices:
+        fail(
+            f"--batch-size {args.batch_size} must be divisible by the {num_learner_devices} "
+            "learner device(s): each takes an equal share of every batch"
         )
 
 

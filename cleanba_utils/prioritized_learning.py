@@ -104,3 +104,17 @@ def learn(args, jobs: BackgroundJobs, replay, state, update_fn, sample, first_st
     )
     learned = Learned(metrics=metrics, stats=stats)
     return state, learned, pending
+
+
+def log_priorities(run, update: int, read_priorities, priority_exponent: float):
+    """Every --log-frequency updates and after the last: the mean and the maximum of the replay's
+    priorities (`read_priorities()`, an O(N) pass) as stats/priority_mean and stats/priority_max,
+    where sampling follows them (priority_exponent > 0)."""
+    if update % run.args.log_frequency and update != run.sizes.num_updates:
+        return
+    priorities = read_priorities()
+    if priorities.size and priority_exponent:
+        run.log(
+            {"stats/priority_mean": priorities.mean(), "stats/priority_max": priorities.max()},
+            update * run.sizes.steps_per_update,
+        )

@@ -54,6 +54,15 @@ def map_fields(function, record):
     return type(record)(*[function(value) for value in record])
 
 
+def store_bytes(example, capacity: int, *, prioritized_eviction: bool = False) -> int:
+    """The memory a `ReplayStore(example, capacity, ...)` takes: its items, their insertion counts
+    (int64) and its sum tree (a second one with prioritized eviction)."""
+    fields = example.values() if isinstance(example, dict) else example
+    item_bytes = sum(np.asarray(field).nbytes for field in fields) + 8
+    num_trees = 2 if prioritized_eviction else 1
+    return capacity * item_bytes + num_trees * sum_tree.tree_bytes(capacity)
+
+
 class Overwritten(NamedTuple):
     """What one change of the store overwrote: its slots, and their items, sampling and eviction
     weights and insertion counts before it."""

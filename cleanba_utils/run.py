@@ -61,6 +61,9 @@ class Run:
     name: str
     dir: str
     writer: SummaryWriter
+    evaluate: object
+    """the script's `evaluate(params, args, num_episodes, seed)`: the returns of `num_episodes`
+    episodes of the policy `params` (what `evaluate_and_log` and the end of the run play)"""
     counters: dict
     """what a checkpoint saves besides the state: the update, the wall time before a resume, sizes,
     seed, and the script and its options (`checkpoints.options_record`), which --resume compares"""
@@ -86,13 +89,13 @@ class Run:
     """seconds of the evaluation at step 0 (`evaluate_untrained`), which the estimate of the run's
     duration after its first update leaves out"""
     host_copy: object = devices.first_replica
-    """what a checkpoint saves of the learner state: its first replica where the learner devices
-    hold copies of one state; a script whose devices hold different states gathers them (on every
-    process: a collective)"""
+    """what a checkpoint saves of what `after_update` gets: by default the first replica, where the
+    learner devices hold copies of one state; a script whose devices hold different states gathers
+    them (on every process: a collective), one that saves more (the replay) assembles it"""
     host_copy_is_collective: bool = False
     """True where `host_copy` is a collective of the processes, which a stop in the middle of an
     update cannot make: a distributed run then keeps its newest checkpoint"""
-    frozen_by: list = dataclasses.field(default_factory=list)
+    frozen_by: tuple = ()
     """locks of what the learner changes on the host (the replay): a stop in the middle of an
     update holds them, so the state stands still while it is saved"""
     completed: deque = dataclasses.field(default_factory=lambda: deque(maxlen=2))
@@ -157,31 +160,30 @@ class Run:
         due = update == self.sizes.num_updates or (every > 0 and update % every == 0)
         return args.eval_episodes > 0 and due
 
-    def evaluate_untrained(self, policy, evaluate):
+    def evaluate_untrained(self, policy):
         """SLM Lab's first checkpoint: with --eval-every, a run that starts from scratch evaluates
         its untrained policy before the first update, at global step 0 and optimizer steps 0, as
-        `evaluate` below (a resumed run made that evaluation before its checkpoint). `policy()`
+        `evaluate_and_log` (a resumed run made that evaluation before its checkpoint). `policy()`
         gives what the script's `evaluate` plays, the expression of its evaluations after an
         update; it is called in every process, as those are."""
         args = self.args
         if self.counters["update"] or not (args.eval_every > 0 and args.eval_episodes > 0):
             return
         started = time.time()
-        self.evaluate(0, policy(), 0, evaluate)
+        self.evaluate_and_log(0, policy(), 0)
         self.untrained_evaluation_s = time.time() - started
 
-    def evaluate(self, update: int, params, optimizer_steps: int, evaluate):
-        """Plays --eval-episodes episodes of `params` with `evaluate(params, args, num_episodes,
-        seed)`, the script's own, in environments of the evaluation seed (the run's + 1,000,000),
-        in the process that logs. Their mean return is logged as charts/eval_return and the
-        learner's optimizer steps so far as charts/opt_step, both at the update's global step, and
-        kept for summary.json (in the run folder too: a resumed run's summary lists the evaluations
-        made before its checkpoint)."""
+    def evaluate_and_log(self, update: int, params, optimizer_steps: int):
+        """Plays --eval-episodes episodes of `params` with the script's `evaluate`, in environments
+        of the evaluation seed (the run's + 1,000,000), in the process that logs. Their mean return
+        is logged as charts/eval_return and the learner's optimizer steps so far as charts/opt_step,
+        both at the update's global step, and kept for summary.json (in the run folder too: a
+        resumed run's summary lists the evaluations made before its checkpoint)."""
         if not self.is_main:
             return
         args = self.args
         global_step = update * self.sizes.steps_per_update
-        returns = evaluate(params, args, args.eval_episodes, args.seed + EVAL_SEED_OFFSET)
+        returns = self.evaluate(params, args, args.eval_episodes, args.seed + EVAL_SEED_OFFSET)
         mean_return = float(np.mean(returns))
         self.log(
             {"charts/eval_return": mean_return, "charts/opt_step": optimizer_steps}, global_step
@@ -197,7 +199,7 @@ class Run:
         if self.is_main:
             counters = {**self.counters, "update": update, "wall_time_s": self.wall_time()}
             try:
-                save_checkpoint(self.dir, state, counters, host_copy=lambda host_state: host_state)
+                save_checkpoint(self.dir, state, counters)
             except OSError as error:
                 self.write_failed("checkpoint", error.filename, error)
         self.newest_checkpoint = update
@@ -417,18 +419,20 @@ class Run:
         details: str = "",
     ):
         """What every script logs after a learner update. Every update: the actors' mean timings
-        (each rollout's `timing`), the policy version they played, the learner's `learner_stats`
-        (its waits and times, learner_policy_version, and what else the script measures), each under
-        stats/; the optimizer steps so far, SPS and the learning rate. Every --log-frequency updates
-        and at the last: the losses (`metrics`, per learner device; None before the first update
-        that learned), the optimizer steps per second since the last such line, and a console line
-        with the script's `details`."""
+        (each rollout's `timing`), the policy version they played, the learner's policy version
+        (`update`: the policy of version v is the learner's after v updates), the learner's
+        `learner_stats` (its waits and times, and what else the script measures), each under stats/;
+        the optimizer steps so far, SPS and the learning rate. Every --log-frequency updates and at
+        the last: the losses (`metrics`, per learner device; None before the first update that
+        learned), the optimizer steps per second since the last such line, and a console line with
+        the script's `details`."""
         global_step = update * self.sizes.steps_per_update
         timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
         actor_policy_version = rollouts[0].policy_version
         stats = {
             **timing,
             **learner_stats,
+            "learner_policy_version": update,
             "actor_policy_version": actor_policy_version,
             "optimizer_steps": optimizer_steps,
         }
@@ -447,9 +451,8 @@ class Run:
         if metrics is not None:
             losses = jax.device_get(devices.first_replica(metrics))
             self.log({f"losses/{key}": value for key, value in losses.items()}, global_step)
-        learner_policy_version = learner_stats["learner_policy_version"]
         line = (
-            f"policy actor={actor_policy_version} learner={learner_policy_version} "
+            f"policy actor={actor_policy_version} learner={update} "
             f"optimizer steps={optimizer_steps} ({steps_per_second:.0f}/s) "
             f"wait rollout={learner_stats['rollout_queue_get_time']:.2f}s "
             f"param={timing['param_queue_get_time']:.2f}s"
@@ -491,17 +494,17 @@ class Run:
             self.end_if_events_failed()
             sys.exit(exit_code)
 
-    def finish(self, params, learner_policy_version: int, evaluate, optimizer_steps: int):
+    def finish(self, params, update: int, optimizer_steps: int):
         """After the last update: the model file, the final evaluation's episodes (the one the loop
-        made after its last update, else one made here, as `evaluate`), summary.json, the upload of
-        --upload-model and the fingerprint as the last line of stdout; stop signals are ignored
-        from then on. A model that could not be uploaded ends the process with one line and exit
-        code hub.UPLOAD_FAILED_EXIT_CODE, every file of the run written."""
+        made after its last update, else one made here by `evaluate_and_log`), summary.json, the
+        upload of --upload-model and the fingerprint as the last line of stdout; stop signals are
+        ignored from then on. A model that could not be uploaded ends the process with one line and
+        exit code hub.UPLOAD_FAILED_EXIT_CODE, every file of the run written."""
         args = self.args
         self.training_done = True
         self.end_progress()
         wall_time_s = self.wall_time()
-        global_step = learner_policy_version * self.sizes.steps_per_update
+        global_step = update * self.sizes.steps_per_update
         fingerprint = run_files.params_fingerprint(params)
         if args.save_model and self.is_main:
             try:
@@ -511,8 +514,8 @@ class Run:
             print(f"model saved to {model_path}")
         if args.eval_episodes and self.is_main:
             final = self.last_evaluation
-            if final is None or final[0] != learner_policy_version:
-                self.evaluate(learner_policy_version, params, optimizer_steps, evaluate)
+            if final is None or final[0] != update:
+                self.evaluate_and_log(update, params, optimizer_steps)
             eval_returns = self.last_evaluation[1]
             for episode, episode_return in enumerate(eval_returns):
                 self.writer.add_scalar("eval/episodic_return", episode_return, episode)
@@ -523,7 +526,7 @@ class Run:
             summary = dict(
                 params_fingerprint=fingerprint,
                 global_step=global_step,
-                learner_policy_version=learner_policy_version,
+                learner_policy_version=update,
                 sps=int(global_step / wall_time_s),
                 wall_time_s=wall_time_s,
             )
@@ -539,7 +542,7 @@ class Run:
                 self.script_path,
                 model_path,
                 eval_returns=self.last_evaluation[1] if args.eval_episodes else None,
-                play=lambda episodes: evaluate(
+                play=lambda episodes: self.evaluate(
                     params, args, episodes, args.seed + EVAL_SEED_OFFSET
                 ),
                 eval_seed=args.seed + EVAL_SEED_OFFSET,
@@ -564,9 +567,22 @@ class Run:
             sys.exit(hub.UPLOAD_FAILED_EXIT_CODE)
 
 
-def open_run(args, sizes, script_path: str, counters: dict, global_learner_devices: list) -> Run:
+def open_run(
+    args,
+    sizes,
+    script_path: str,
+    counters: dict,
+    global_learner_devices: list,
+    *,
+    evaluate,
+    host_copy=devices.first_replica,
+    host_copy_is_collective: bool = False,
+    frozen_by: tuple = (),
+) -> Run:
     """The run folder, its spec and its TensorBoard writer (and W&B with --track); process 0 alone
-    writes. `counters["update"] > 0` means a resumed run: it writes `spec_resume_<update>.json`, and
+    writes. What the run needs of the script is given here, once: its `evaluate`, and for its
+    checkpoints `host_copy`, `host_copy_is_collective` and `frozen_by` (see `Run`).
+    `counters["update"] > 0` means a resumed run: it writes `spec_resume_<update>.json`, and
     TensorBoard drops what the preempted run logged after its checkpoint (purge_step), so the curves
     read as one stream."""
     name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -637,9 +653,13 @@ def open_run(args, sizes, script_path: str, counters: dict, global_learner_devic
         name=name,
         dir=run_dir,
         writer=writer,
+        evaluate=evaluate,
         counters=counters | {OPTIONS_RECORD: options_record(args, script_path)},
         stop_agreed=stop_agreed,
         evaluations=evaluations,
+        host_copy=host_copy,
+        host_copy_is_collective=host_copy_is_collective,
+        frozen_by=tuple(frozen_by),
     )
     guard_events(writer, run.note_events_failure)
     if is_main:

@@ -7,9 +7,19 @@ from its two children, in float64, so the sums never drift however many updates 
 import numpy as np
 
 
+def leaves_for(capacity: int) -> int:
+    """The leaves of a tree of `capacity` items: `capacity` rounded up to a power of two."""
+    return 1 << max(0, capacity - 1).bit_length()
+
+
 def empty(capacity: int) -> np.ndarray:
-    """A tree of `capacity` items (rounded up to a power of two), all weights zero."""
-    return np.zeros(2 * (1 << max(0, capacity - 1).bit_length()), dtype=np.float64)
+    """A tree of `capacity` items, all weights zero."""
+    return np.zeros(2 * leaves_for(capacity), dtype=np.float64)
+
+
+def tree_bytes(capacity: int) -> int:
+    """The memory of `empty(capacity)`, without making it."""
+    return 2 * leaves_for(capacity) * np.dtype(np.float64).itemsize
 
 
 def num_leaves(tree: np.ndarray) -> int:

@@ -212,7 +212,6 @@ def test_sync_run_has_lag_zero_and_summary(sync_run):
     assert spec["sizes"] == {
         "num_envs": 8,
         "steps_per_update": 128,
-        "minibatch_size": 64,
         "num_updates": 4,
     }
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -199,7 +199,7 @@ def newest_restored(run_dir, template):
 def test_checkpoint_round_trip_keeps_the_newest_two(tmp_path):
     for update in (1, 2, 3):
         checkpoints.save_checkpoint(
-            str(tmp_path), replicated_state(float(update))[0], dict(update=update, seed=7)
+            str(tmp_path), replicated_state(float(update))[1], dict(update=update, seed=7)
         )
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
         "update_000000002.ckpt",
@@ -213,7 +213,7 @@ def test_checkpoint_round_trip_keeps_the_newest_two(tmp_path):
 def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
     for update in (1, 2):
         checkpoints.save_checkpoint(
-            str(tmp_path), replicated_state(float(update))[0], dict(update=update)
+            str(tmp_path), replicated_state(float(update))[1], dict(update=update)
         )
     newest = tmp_path / "checkpoints" / "update_000000002.ckpt"
     data = bytearray(newest.read_bytes())
@@ -231,9 +231,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
 def test_a_checkpoint_of_another_version_is_one_line_and_exit_2(tmp_path, capsys):
     # A checkpoint without a field the script's checkpoints now hold (as continuous PPO's and Ape-X
     # DPG's before they saved their environments).
-    checkpoints.save_checkpoint(
-        str(tmp_path), {"learner": np.zeros(2)}, dict(update=3), host_copy=lambda s: s
-    )
+    checkpoints.save_checkpoint(str(tmp_path), {"learner": np.zeros(2)}, dict(update=3))
     with pytest.raises(SystemExit) as exit_:
         newest_restored(tmp_path, {"learner": np.zeros(2), "env_record": np.zeros(1)})
     stderr = capsys.readouterr().err
@@ -244,7 +242,7 @@ def test_a_checkpoint_of_another_version_is_one_line_and_exit_2(tmp_path, capsys
 def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, capsys):
     record = checkpoints.options_record(Options(), "script.py")
     counters = dict(update=1, seed=1, options=record)
-    checkpoints.save_checkpoint(str(tmp_path), replicated_state(1.0)[0], counters)
+    checkpoints.save_checkpoint(str(tmp_path), replicated_state(1.0)[1], counters)
     template = replicated_state(0.0)[1]
     resumed = checkpoints.resume_from(str(tmp_path), template, dict(seed=1), Options(), "script.py")
     assert resumed[1]["update"] == 1
@@ -441,22 +439,28 @@ class NamedRunArgs:
     eval_every: int = 2
 
 
-def returning(value: float):
-    """An evaluation whose episodes all return `value`."""
-    return lambda params, args, num_episodes, seed: [value] * num_episodes
-
-
 def test_a_resumed_runs_summary_keeps_earlier_evaluations_and_a_finished_run_ignores_stops(
     tmp_path, monkeypatch
 ):
     monkeypatch.chdir(tmp_path)
     devices = jax.local_devices()[:1]
+    # The mean returns of the evaluations in turn; NaN, one that `finish` should not make.
+    evaluations = [2.0, 4.0, 5.0, 41.0, float("nan")]
+
+    def evaluate(params, args, num_episodes, seed):
+        return [evaluations.pop(0)] * num_episodes
+
     first = open_run(
-        NamedRunArgs(), RunSizes(), "script.py", dict(update=0, wall_time_s=0.0), devices
+        NamedRunArgs(),
+        RunSizes(),
+        "script.py",
+        dict(update=0, wall_time_s=0.0),
+        devices,
+        evaluate=evaluate,
     )
     assert [update for update in range(1, 6) if first.evaluation_due(update)] == [2, 4, 5]
     for update in [2, 4, 5]:
-        first.evaluate(update, params=None, optimizer_steps=3 * update, evaluate=returning(update))
+        first.evaluate_and_log(update, params=None, optimizer_steps=3 * update)
     first.writer.close()
     assert scalars(tmp_path / "runs" / "evaluated", "charts/opt_step") == [
         (16, 6),
@@ -466,19 +470,19 @@ def test_a_resumed_runs_summary_keeps_earlier_evaluations_and_a_finished_run_ign
     # Preempted after the checkpoint of update 4 (step 32): the evaluation of step 40 followed it,
     # and the resumed run makes it again.
     resumed = open_run(
-        NamedRunArgs(resume=True), RunSizes(), "script.py", dict(update=4, wall_time_s=1.0), devices
+        NamedRunArgs(resume=True),
+        RunSizes(),
+        "script.py",
+        dict(update=4, wall_time_s=1.0),
+        devices,
+        evaluate=evaluate,
     )
     assert resumed.evaluations == [[16, 2.0], [32, 4.0]]
-    resumed.evaluate(5, params=None, optimizer_steps=15, evaluate=returning(41.0))
+    resumed.evaluate_and_log(5, params=None, optimizer_steps=15)
     handlers = {signum: signal.getsignal(signum) for signum in signals.STOP_SIGNALS}
     try:
         # The final evaluation is the last update's: `finish` plays no other episodes.
-        resumed.finish(
-            {"w": np.zeros(2, np.float32)},
-            learner_policy_version=5,
-            evaluate=returning(float("nan")),
-            optimizer_steps=15,
-        )
+        resumed.finish({"w": np.zeros(2, np.float32)}, update=5, optimizer_steps=15)
         # A finished run ignores stop signals: Python's shutdown would restore their default
         # action, and a launcher's late SIGTERM would end the finished run with -15.
         assert all(signal.getsignal(signum) == signal.SIG_IGN for signum in handlers)
@@ -500,9 +504,14 @@ def test_the_untrained_policy_is_evaluated_at_step_0_once_with_eval_every(tmp_pa
         return [3.0, 6.0]
 
     fresh = open_run(
-        NamedRunArgs(), RunSizes(), "script.py", dict(update=0, wall_time_s=0.0), devices
+        NamedRunArgs(),
+        RunSizes(),
+        "script.py",
+        dict(update=0, wall_time_s=0.0),
+        devices,
+        evaluate=evaluate,
     )
-    fresh.evaluate_untrained(lambda: "untrained", evaluate)
+    fresh.evaluate_untrained(lambda: "untrained")
     fresh.end_progress()
     fresh.writer.close()
     run_dir = tmp_path / "runs" / "evaluated"
@@ -514,9 +523,14 @@ def test_the_untrained_policy_is_evaluated_at_step_0_once_with_eval_every(tmp_pa
     assert json.loads((run_dir / "evaluations.json").read_text()) == [[0, 4.5]]
     # A resumed run keeps the evaluation of step 0 and does not make it again.
     resumed = open_run(
-        NamedRunArgs(resume=True), RunSizes(), "script.py", dict(update=2, wall_time_s=1.0), devices
+        NamedRunArgs(resume=True),
+        RunSizes(),
+        "script.py",
+        dict(update=2, wall_time_s=1.0),
+        devices,
+        evaluate=evaluate,
     )
-    resumed.evaluate_untrained(lambda: pytest.fail("evaluated again"), evaluate)
+    resumed.evaluate_untrained(lambda: pytest.fail("evaluated again"))
     resumed.end_progress()
     resumed.writer.close()
     assert resumed.evaluations == [[0, 4.5]] and len(played) == 1
@@ -525,8 +539,9 @@ def test_the_untrained_policy_is_evaluated_at_step_0_once_with_eval_every(tmp_pa
         ("final_only", NamedRunArgs(run_name="final_only", eval_every=0)),
         ("none", NamedRunArgs(run_name="none", eval_episodes=0)),
     ]:
-        run = open_run(args, RunSizes(), "script.py", dict(update=0, wall_time_s=0.0), devices)
-        run.evaluate_untrained(lambda: pytest.fail("evaluated"), evaluate)
+        counters = dict(update=0, wall_time_s=0.0)
+        run = open_run(args, RunSizes(), "script.py", counters, devices, evaluate=evaluate)
+        run.evaluate_untrained(lambda: pytest.fail("evaluated"))
         run.end_progress()
         run.writer.close()
         assert (
@@ -543,6 +558,7 @@ def test_after_update_checkpoints_on_schedule_and_at_the_end_and_stops_on_a_sign
         name="r",
         dir=str(tmp_path),
         writer=writer,
+        evaluate=None,
         counters=dict(update=0, wall_time_s=0.0),
         stop_agreed=bool,
         received_signals=[],
@@ -656,3 +672,49 @@ def test_the_handoff_rule_and_its_check_agree_in_fresh_and_resumed_runs(concurre
         handoff.check_policy_lag([stale], stale.update, 1, concurrency, on_resume)
     with pytest.raises(RuntimeError, match="rollout 3"):
         handoff.check_policy_lag([fresh[2]], 4, 1, concurrency, on_resume)
+
+
+@pytest.mark.parametrize("concurrency", [False, True])
+@pytest.mark.parametrize("first_update", [1, 4, 7])
+def test_a_keep_lag_learner_first_sends_what_the_rule_has_the_actors_play(
+    concurrency, first_update
+):
+    # 6 updates; first_update 7 is a resumed run that has none left.
+    sent = []
+    handoff.send_first_params(
+        lambda params, policy_version: sent.append((params, policy_version)),
+        params="learner",
+        acting_params="checkpoint's acting",
+        first_update=first_update,
+        num_updates=6,
+        concurrency=concurrency,
+    )
+    expected = [("learner", first_update - 1)]
+    if concurrency and 1 < first_update <= 6:
+        expected.insert(0, ("checkpoint's acting", first_update - 2))
+    assert sent == expected
+    # The actors' first rollout is played with what the learner sent first.
+    played = played_rollouts(first_update, 6, concurrency, "keep_lag")
+    assert [rollout.policy_version for rollout in played[:1]] == [sent[0][1]][: len(played)]
+
+
+def test_take_rollouts_takes_one_per_queue_in_order_and_refuses_a_stale_one():
+    stop = threading.Event()
+    queues = [queue.Queue(maxsize=1) for _ in range(3)]
+    for rollout_queue in queues:
+        rollout_queue.put(PlayedRollout(update=2, policy_version=1))
+    rollouts, waited = handoff.take_rollouts(
+        queues, update=2, first_update=1, concurrency=False, on_resume="restart_lag", stop=stop
+    )
+    assert rollouts == [PlayedRollout(2, 1)] * 3 and waited >= 0
+    assert all(rollout_queue.empty() for rollout_queue in queues)
+    queues[0].put(PlayedRollout(update=3, policy_version=1))
+    with pytest.raises(RuntimeError, match="lag 1, expected 0"):
+        handoff.take_rollouts(
+            queues[:1],
+            update=3,
+            first_update=1,
+            concurrency=False,
+            on_resume="restart_lag",
+            stop=stop,
+        )

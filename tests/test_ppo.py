@@ -206,7 +206,6 @@ def test_spec_and_summary(sync_run):
     assert spec["sizes"] == {
         "num_envs": 8,
         "steps_per_update": 128,
-        "minibatch_size": 64,
         "num_updates": 4,
     }
     assert {"jax", "flax", "optax", "envpool", "numpy"} <= spec[

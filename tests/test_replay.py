@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from cleanba_utils.replay import ReplayStore
+from cleanba_utils.replay import ReplayStore, store_bytes
 from cleanba_utils.threads import BackgroundJobs, Stopped
 
 
@@ -265,3 +265,19 @@ def test_a_restored_snapshot_samples_inserts_and_evicts_as_the_original(options)
         a = original.sample(32, np.random.default_rng(3), beta=0.4)
         b = restored.sample(32, np.random.default_rng(3), beta=0.4)
         np.testing.assert_array_equal(a.slots, b.slots)
+
+
+@pytest.mark.parametrize("capacity", [1, 5, 64, 1000])
+@pytest.mark.parametrize("eviction_exponent", [None, -0.4])
+def test_store_bytes_is_what_a_store_allocates(capacity, eviction_exponent):
+    example = {
+        "obs": np.zeros(7, np.float32),
+        "action": np.int32(0),
+        "frames": np.zeros(3, np.int64),
+    }
+    store = ReplayStore(example, capacity, eviction_exponent=eviction_exponent)
+    arrays = [*store.items.values(), store.tree, store.written_at]
+    if store.eviction_tree is not None:
+        arrays.append(store.eviction_tree)
+    needed = store_bytes(example, capacity, prioritized_eviction=eviction_exponent is not None)
+    assert needed == sum(array.nbytes for array in arrays)

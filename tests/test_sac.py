@@ -35,6 +35,7 @@ from helpers import (
 from preempt import assert_resumed_as_uninterrupted
 
 from cleanba import cleanba_sac as sac
+from cleanba_utils import env_records
 from cleanba_utils.devices import local_shares, replicate
 
 
@@ -196,7 +197,7 @@ def test_replay_batches_depend_on_the_seed_the_index_and_the_data_only():
             update=1,
             policy_version=0,
             data=half,
-            record=sac.empty_record(2, "Hopper-v4"),
+            record=env_records.empty_record(2, "Hopper-v4"),
             timing={},
         )
         gathered, record = sac.gather(args, [rollout(halves[0]), rollout(halves[1])])
