@@ -32,6 +32,7 @@ import numpy as np
 from cleanba import cleanba_apex_dqn as apex
 from cleanba_utils import parsing
 from cleanba_utils.devices import first_replica, replicate
+from cleanba_utils.prioritized_learning import write_priorities
 from cleanba_utils.threads import BackgroundJobs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,7 +99,7 @@ def steps_per_second(args, replay, pipeline: bool) -> float:
         first_step=0,
         pending=None,
     )
-    jobs.wait(jobs.submit(lambda: apex.write_priorities(loop_args, replay, pending)))
+    jobs.wait(jobs.submit(lambda: write_priorities(replay.transitions, pending)))
     seconds = time.perf_counter() - tic
     stop.set()
     return PIPELINE_STEPS / seconds

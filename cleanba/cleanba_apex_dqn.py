@@ -35,7 +35,14 @@ from cleanba_utils.handoff import (
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.n_step import n_step_transitions
 from cleanba_utils.parsing import fail, in_range, non_negative, positive
-from cleanba_utils.prioritized_learning import log_priorities
+from cleanba_utils.prioritized_learning import (
+    PRIORITY_EPSILON,
+    Learned,
+    PendingPriorities,
+    Sampled,
+    log_priorities,
+    write_priorities,
+)
 from cleanba_utils.replay import ReplayStore, store_bytes
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
@@ -454,7 +461,6 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
 # === Replay ===
 
 MEMORY_RESERVE_BYTES = 3 * 2**30  # for the rest of the process: networks, environments, batches
-PRIORITY_EPSILON = 1e-6  # keeps a transition with zero TD error sampleable
 
 
 class Stored(NamedTuple):
@@ -656,35 +662,6 @@ def insert_rollouts(args, jobs: BackgroundJobs, replay: Replay, rollouts: list) 
     return jobs.wait(jobs.submit(insert_and_count))
 
 
-class Sampled(NamedTuple):
-    """A batch ready for the learner devices, and what its priority update needs."""
-
-    shards: Batch
-    """the batch, this process's learner devices' shares (leading axis: device)"""
-    slots: np.ndarray
-    inserted: int
-    """the transitions inserted before the batch was sampled"""
-    seconds: float
-
-
-class PendingPriorities(NamedTuple):
-    """An optimizer step whose priorities are not written yet: its batch's slots and TD errors (a
-    device array, maybe still being computed)."""
-
-    slots: np.ndarray
-    inserted: int
-    td: Any
-
-
-class Learned(NamedTuple):
-    """The optimizer steps of one learner update: the last step's losses (per learner device), and
-    `stats`: the last batch's importance weights and the seconds spent sampling and writing
-    priorities."""
-
-    metrics: dict
-    stats: dict
-
-
 def sample_batch(args, replay: Replay, step: int) -> Sampled:
     """The batch of optimizer step `step`, drawn with a generator seeded by (seed, step): the same
     batches on every layout."""
@@ -699,19 +676,9 @@ def sample_batch(args, replay: Replay, step: int) -> Sampled:
     )
 
 
-def write_priorities(args, replay: Replay, pending: PendingPriorities) -> float:
-    """Waits for the step's TD errors and writes |TD| + PRIORITY_EPSILON as their transitions'
-    priorities (not those evicted since the sample). Returns the seconds spent writing."""
-    td = np.asarray(jax.device_get(first_replica(pending.td)))
-    tic = time.time()
-    replay.transitions.update_priorities(
-        pending.slots, np.abs(td) + PRIORITY_EPSILON, sampled_at=pending.inserted
-    )
-    return time.time() - tic
-
-
 def learn(args, replay: Replay, jobs: BackgroundJobs, state, update_fn, first_step: int, pending):
-    """--updates-per-rollout optimizer steps, from step `first_step`. The replay's work runs in
+    """--updates-per-rollout optimizer steps, one per call, from step `first_step`
+    (`prioritized_learning.learn`'s order with one step per call). The replay's work runs in
     `jobs`, in one fixed order: before step k + 1's batch is drawn, the priorities of step k - 1 are
     written and those of step k are not (a fixed lag of one step, across updates too: `pending` is
     the last step's). With --pipeline, the batch of step k + 1 is sampled and the priorities of step
@@ -726,7 +693,8 @@ def learn(args, replay: Replay, jobs: BackgroundJobs, state, update_fn, first_st
         sample_seconds += sampled.seconds
         submitted = []
         if pending is not None:
-            writes.append(jobs.submit(functools.partial(write_priorities, args, replay, pending)))
+            write = functools.partial(write_priorities, replay.transitions, pending)
+            writes.append(jobs.submit(write))
             submitted.append(writes[-1])
         if step + 1 < last:
             next_batch = jobs.submit(functools.partial(sample_batch, args, replay, step + 1))

@@ -21,10 +21,10 @@ class Sampled(NamedTuple):
     needs."""
 
     shards: Any
-    """this process's learner devices' shares (device, step, transition), with the importance
-    weights as the field `weights`"""
+    """this process's learner devices' shares (device, step, transition; Ape-X DQN's, one step a
+    call: device, transition), with the importance weights as the field `weights`"""
     slots: np.ndarray
-    """(step, transition)"""
+    """(step, transition), or (transition)"""
     inserted: int
     """the transitions inserted before the batches were sampled"""
     seconds: float
