@@ -266,15 +266,20 @@ class Network(nn.Module):
         return mean, log_std, value
 
 
+def log_2pi(dtype):
+    """log(2π) in `dtype`, also where 64-bit types are on (the compiled rollout's)."""
+    return jnp.log(jnp.asarray(2 * jnp.pi, dtype))
+
+
 def gaussian_log_prob(mean, log_std, action):
     """log density of `action` under the diagonal Gaussian, summed over the action's dimensions."""
     z = (action - mean) * jnp.exp(-log_std)
-    return (-0.5 * z**2 - log_std - 0.5 * jnp.log(2 * jnp.pi)).sum(-1)
+    return (-0.5 * z**2 - log_std - 0.5 * log_2pi(log_std.dtype)).sum(-1)
 
 
 def gaussian_entropy(log_std):
     """The diagonal Gaussian's entropy, which depends on its standard deviation only."""
-    return (0.5 + 0.5 * jnp.log(2 * jnp.pi) + log_std).sum(-1)
+    return (0.5 + 0.5 * log_2pi(log_std.dtype) + log_std).sum(-1)
 
 
 # === Actor ===
@@ -312,7 +317,7 @@ def sample_actions(mean, log_std, key, step, env_ids):
     whatever the layout."""
     step_key = jax.random.fold_in(key, step)
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_key, env_ids)
-    noise = jax.vmap(lambda k: jax.random.normal(k, mean.shape[1:]))(keys)
+    noise = jax.vmap(lambda k: jax.random.normal(k, mean.shape[1:], mean.dtype))(keys)
     return mean + jnp.exp(log_std) * noise
 
 
@@ -348,22 +353,64 @@ class Rollout(NamedTuple):
     timing: dict
 
 
-def empty_trajectories(
-    num_envs: int, num_steps: int, obs_dim: int, action_dim: int, env_ids
-) -> Trajectories:
-    per_step = lambda dtype, *shape: np.zeros((num_envs, num_steps, *shape), dtype)
-    return Trajectories(
-        obs=per_step(np.float32, obs_dim),
-        actions=per_step(np.float32, action_dim),
-        logprobs=per_step(np.float32),
-        values=np.zeros((num_envs, num_steps + 1), np.float32),
-        rewards=per_step(np.float32),
-        discounted_returns=per_step(np.float32),
-        terminations=per_step(bool),
-        truncations=per_step(bool),
-        is_reset=per_step(bool),
-        env_ids=env_ids,
-    )
+class PlayedStep(NamedTuple):
+    """One step of a compiled rollout, for every environment (stacked over steps by the scan): the
+    observation acted on, the unclipped action, what the environment received (clipped, float64),
+    its log-probability, the value, and the raw reward, termination and truncation that followed."""
+
+    obs: jax.Array
+    actions: jax.Array
+    env_actions: jax.Array
+    logprobs: jax.Array
+    values: jax.Array
+    rewards: jax.Array
+    terminations: jax.Array
+    truncations: jax.Array
+
+
+def compiled_rollout(network: Network, envs, key, env_ids: np.ndarray, num_steps: int):
+    """The rollout as one compiled program: `num_steps` steps of the policy and of the environments
+    (envpool's XLA interface, `envs.xla()`) in a `lax.scan`, with no Python call per step. Returns
+    envpool's handle and `rollout(handle, policy, obs, first_step) -> (handle, PlayedStep stacked
+    (steps, envs, ...), the value of the observation after the last step, that observation)`. Both
+    are made and called with 64-bit types on (`jax.enable_x64`, this thread only), since envpool's
+    MuJoCo and dm_control tasks take float64 actions; every array of the policy stays float32, so
+    the rollout computes what a call of the policy per step computes, bit for bit."""
+    handle, _, _, step_envs = envs.xla()
+    low = envs.action_space.low
+    high = envs.action_space.high
+    # envpool's indices of its own environments; `env_ids` are the run's (global) ones.
+    own_env_ids = np.arange(len(env_ids), dtype=np.int32)
+
+    def step(carry, policy_step):
+        handle, obs, policy = carry
+        mean, log_std, value = policy_outputs(network, policy, obs)
+        action = sample_actions(
+            mean=mean, log_std=log_std, key=key, step=policy_step, env_ids=env_ids
+        )
+        env_action = jnp.clip(action.astype(jnp.float64), low, high)
+        handle, (next_obs, reward, terminated, truncated, _) = step_envs(
+            handle, env_action, own_env_ids
+        )
+        played = PlayedStep(
+            obs=obs,
+            actions=action,
+            env_actions=env_action,
+            logprobs=gaussian_log_prob(mean, log_std, action),
+            values=value,
+            rewards=reward,
+            terminations=terminated,
+            truncations=truncated,
+        )
+        return (handle, flat_observation(next_obs, jnp), policy), played
+
+    @jax.jit
+    def rollout(handle, policy, obs, first_step):
+        steps = first_step + jnp.arange(num_steps, dtype=jnp.int32)
+        (handle, obs, _), played = jax.lax.scan(step, (handle, obs, policy), steps)
+        return handle, played, policy_outputs(network, policy, obs)[2], obs
+
+    return handle, rollout
 
 
 def actor_thread(
@@ -387,27 +434,13 @@ def actor_thread(
     the action bounds. Which policy plays which rollout: `cleanba_utils.handoff`, with
     `ON_RESUME`."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
-    action_low = envs.action_space.low
-    action_high = envs.action_space.high
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
-    env_ids_on_device = jax.device_put(env_ids, device)
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     learner_sharding = NamedSharding(
         Mesh(np.array(learner_devices), ("devices",)), PartitionSpec("devices")
     )
-
-    @jax.jit
-    def get_action(policy, obs, step):
-        mean, log_std, value = policy_outputs(network, policy, obs)
-        action = sample_actions(
-            mean=mean, log_std=log_std, key=action_key, step=step, env_ids=env_ids_on_device
-        )
-        return action, gaussian_log_prob(mean, log_std, action), value
-
-    @jax.jit
-    def get_value(policy, obs):
-        return policy_outputs(network, policy, obs)[2]
-
+    with jax.enable_x64(True):
+        handle, play = compiled_rollout(network, envs, action_key, env_ids, args.num_steps)
     episodes = run.episodes(args.local_num_envs)
     # Each environment's discounted return, restarted with each episode.
     discounted_return = np.zeros(args.local_num_envs)
@@ -433,44 +466,40 @@ def actor_thread(
         param_queue_get_time = time.time() - param_wait_start
 
         rollout_start = time.time()
-        inference_time = 0.0
-        env_step_time = 0.0
-        data = empty_trajectories(
-            num_envs=args.local_num_envs,
-            num_steps=args.num_steps,
-            obs_dim=next_obs.shape[1],
-            action_dim=action_low.shape[0],
+        with jax.enable_x64(True):
+            first_step = np.int32((update - 1) * args.num_steps)
+            handle, played, bootstrap_value, last_obs = play(handle, policy, next_obs, first_step)
+            played = jax.device_get(played)
+        compiled_time = time.time() - rollout_start
+        # What the rollout's steps mean for the environments' records, discounted returns and
+        # episodes, step by step (the same as at every step of a rollout played in Python).
+        discounted_returns = np.zeros(played.rewards.shape)
+        is_reset = np.zeros(played.terminations.shape, bool)
+        for step in range(args.num_steps):
+            record_step(record, played.env_actions[step], next_is_reset)
+            discounted_return = discounted_return * args.gamma + played.rewards[step]
+            discounted_returns[step] = discounted_return
+            is_reset[step] = next_is_reset
+            done = played.terminations[step] | played.truncations[step]
+            discounted_return[done] = 0.0
+            global_step = ((update - 1) * args.num_steps + step) * sizes.num_envs
+            episodes.step(played.rewards[step], done, next_is_reset, global_step)
+            next_is_reset = done
+        next_obs = np.asarray(last_obs)
+        env_major = lambda x: np.swapaxes(x, 0, 1)
+        values = np.concatenate([played.values, np.asarray(bootstrap_value)[None]])
+        data = Trajectories(
+            obs=env_major(played.obs),
+            actions=env_major(played.actions),
+            logprobs=env_major(played.logprobs),
+            values=env_major(values),
+            rewards=env_major(played.rewards).astype(np.float32),
+            discounted_returns=env_major(discounted_returns).astype(np.float32),
+            terminations=env_major(played.terminations),
+            truncations=env_major(played.truncations),
+            is_reset=env_major(is_reset),
             env_ids=env_ids,
         )
-        for step in range(args.num_steps):
-            tic = time.time()
-            policy_step = (update - 1) * args.num_steps + step
-            # The NumPy observation goes to the policy's device with the call itself: a
-            # `jax.device_put` of its own would be a second dispatch on every step.
-            action, logprob, value = jax.device_get(get_action(policy, next_obs, policy_step))
-            inference_time += time.time() - tic
-            tic = time.time()
-            env_action = np.clip(action, action_low, action_high)
-            obs, reward, terminated, truncated, _ = envs.step(env_action)
-            env_step_time += time.time() - tic
-            record_step(record, env_action, next_is_reset)
-            discounted_return = discounted_return * args.gamma + reward
-            data.obs[:, step] = next_obs
-            data.actions[:, step] = action
-            data.logprobs[:, step] = logprob
-            data.values[:, step] = value
-            data.rewards[:, step] = reward
-            data.discounted_returns[:, step] = discounted_return
-            data.terminations[:, step] = terminated
-            data.truncations[:, step] = truncated
-            data.is_reset[:, step] = next_is_reset
-            done = terminated | truncated
-            discounted_return[done] = 0.0
-            episodes.step(reward, done, next_is_reset, policy_step * sizes.num_envs)
-            next_obs = flat_observation(obs)
-            next_is_reset = done
-
-        data.values[:, -1] = get_value(policy, jax.device_put(next_obs, device))
         # One slice of environments per learner device: a single host-to-device copy of the whole
         # rollout, overlapped with the learner's work.
         by_device = jax.tree.map(lambda x: x.reshape(len(learner_devices), -1, *x.shape[1:]), data)
@@ -483,8 +512,7 @@ def actor_thread(
             timing=dict(
                 param_queue_get_time=param_queue_get_time,
                 rollout_time=time.time() - rollout_start,
-                inference_time=inference_time,
-                env_step_time=env_step_time,
+                env_step_time=compiled_time,
             ),
         )
         queue_put(rollout_queue, rollout, run.stop)

@@ -78,12 +78,12 @@ def observation_size(env_id: str) -> int:
     return sum(int(np.prod(s.shape)) for s in spaces)
 
 
-def flat_observation(obs) -> np.ndarray:
+def flat_observation(obs, xp=np):
     """float32 (envs, features). dm_control tasks observe a dict of arrays: their features are
-    concatenated in sorted key order."""
+    concatenated in sorted key order. `xp`: NumPy, or jax.numpy inside a compiled program."""
     if isinstance(obs, dict):
-        return np.concatenate(
-            [np.asarray(obs[key], np.float32).reshape(len(obs[key]), -1) for key in sorted(obs)],
+        return xp.concatenate(
+            [xp.asarray(obs[key], xp.float32).reshape(len(obs[key]), -1) for key in sorted(obs)],
             axis=1,
         )
-    return np.asarray(obs, np.float32)
+    return xp.asarray(obs, xp.float32)
