@@ -1,9 +1,9 @@
 """Cleanba PPO for continuous control: a diagonal Gaussian policy on envpool's MuJoCo and dm_control
 tasks, with the hyperparameters of CleanRL's `ppo_continuous_action.py`.
 
-The default layout, 8 environments x 256 steps, keeps CleanRL's batch of 2048 steps in 256 policy
-calls per rollout instead of 2048; CleanRL's own layout, `--local-num-envs 1 --num-steps 2048`, runs
-too.
+The default layout, 8 environments x 256 steps, keeps CleanRL's batch of 2048 steps; CleanRL's own
+layout, `--local-num-envs 1 --num-steps 2048`, runs too. An actor's rollout is one compiled program,
+the policy and envpool's step in a `lax.scan` (`compiled_rollout`): no Python call per step.
 
 Actor threads collect rollouts, a pmap'd learner trains on them: on data of the policy one version
 behind with `--concurrency`, of its current policy without (`cleanba_utils.handoff`).

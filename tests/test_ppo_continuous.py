@@ -133,9 +133,9 @@ DRIVER = """
 import json
 import shutil
 import sys
-import threading
 from pathlib import Path
 
+import jax
 import numpy as np
 
 import cleanba.cleanba_ppo_continuous as script
@@ -154,11 +154,17 @@ class RecordingEnv:
     def __getattr__(self, name):
         return getattr(self.env, name)
 
-    def step(self, action, *env_ids):
-        # A resumed actor's fast-forward steps some environments alone (env_ids): not recorded.
-        if threading.current_thread().name.startswith("actor") and not env_ids:
-            sent.append(np.array(action))
-        return self.env.step(action, *env_ids)
+    def xla(self):
+        # What the compiled rollout hands envpool at every step (a resumed actor's fast-forward
+        # steps some environments alone through `step`: not recorded).
+        handle, recv, send, step = self.env.xla()
+
+        def recording_step(handle, action, env_ids):
+            record = lambda sent_action: sent.append(np.array(sent_action))
+            jax.debug.callback(record, action, ordered=True)
+            return step(handle, action, env_ids)
+
+        return handle, recv, send, recording_step
 
 
 def recording_queue_put(q, item, stop):
