@@ -1,5 +1,6 @@
 """Continuous control, how fast, one after another on this machine: continuous PPO in CleanRL's
-exact layout against Stable-Baselines-Jax's PPO, and SAC's whole run against its bare update.
+exact layout against Stable-Baselines-Jax's PPO, SAC's whole run against its bare update, and the
+time to CleanRL's HalfCheetah-v4 score, each the median of --repeats runs.
 
 python benchmark/speed_continuous_cpu.py --sbx-python /path/to/venv/bin/python
 
@@ -14,12 +15,18 @@ python benchmark/speed_continuous_cpu.py --sbx-python /path/to/venv/bin/python
   per second once learning runs (the median of its log lines after the first two), against the bare
   update (`make_update`'s compiled scan on random batches, in a process of its own), measured
   before and after the run.
+- Time to score: the wall-clock, from the process's start, until the mean return of the last 100
+  training episodes first reaches CleanRL's 1M-step HalfCheetah-v4 mean (TARGET_RETURN), for our
+  script at its defaults and for sbx's PPO with CleanRL's settings (the learning rate annealed to 0,
+  observations and rewards normalized by `VecNormalize`), seeds 1 to --repeats, up to
+  --score-steps steps (a run that never reaches it says so).
 Writes benchmark/results/speed_continuous_cpu.md and .csv.
 """
 
 import argparse
 import csv
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -36,7 +43,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmark" / "results" / "speed_continuous_cpu"
 CLEANRL_LAYOUT = ["--local-num-envs", "1", "--num-steps", "2048", "--num-actor-threads", "1"]
-CSV_COLUMNS = [*RUN_COLUMNS, "updates_per_second"]
+CSV_COLUMNS = [*RUN_COLUMNS, "updates_per_second", "seconds_to_target"]
+TARGET_RETURN = 1442.64
+"""CleanRL's ppo_continuous_action.py on HalfCheetah-v4 after 1M steps (its documented mean)"""
 
 SBX_PPO = """
 import sys, time
@@ -69,23 +78,63 @@ print((b_steps - a_steps) / (b_time - a_time), time.time() - start)
 """
 
 
+SBX_TIME_TO_SCORE = """
+import json, sys, time
+start = time.time()
+import flax.linen as nn
+import gymnasium as gym
+import numpy as np
+from sbx import PPO
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+seed, steps, target = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+
+class FirstReach(BaseCallback):
+    reached = None
+    def _on_step(self):
+        returns = [info["r"] for info in self.model.ep_info_buffer]
+        if returns and np.mean(returns) >= target:
+            self.reached = (self.num_timesteps, time.time() - start)
+            return False
+        return True
+
+env = VecNormalize(DummyVecEnv([lambda: Monitor(gym.make("HalfCheetah-v4"))]), gamma=0.99)
+model = PPO(
+    "MlpPolicy", env, learning_rate=lambda remaining: 3e-4 * remaining, n_steps=2048,
+    batch_size=64, n_epochs=10, gamma=0.99, gae_lambda=0.95, clip_range=0.2, ent_coef=0.0,
+    vf_coef=0.5, max_grad_norm=0.5, policy_kwargs=dict(net_arch=[64, 64], activation_fn=nn.tanh),
+    seed=seed,
+)
+callback = FirstReach()
+model.learn(steps, callback=callback)
+returns = [info["r"] for info in model.ep_info_buffer]
+print(json.dumps(dict(reached=callback.reached, steps=model.num_timesteps,
+                      final_return=float(np.mean(returns)), wall=time.time() - start)))
+"""
+
+
 class Row(NamedTuple):
-    """One CSV row: a speed run, so no returns (final_return and eval_return stay empty)."""
+    """One CSV row: a speed run (no returns) or a time-to-score run (its final return)."""
 
     script: str
     mode: str
+    seed: int
     steps: int
     sps: float | None
     updates_per_second: float | None
     wall_time_s: float
+    final_return: float | None = None
+    seconds_to_target: float | None = None
 
 
-def run_ours(script: str, arguments: list[str], run_name: str, work_dir: Path):
-    """Runs cleanba/<script>.py on HalfCheetah-v4 seed 1; its TensorBoard events and wall time."""
+def run_ours(script: str, arguments: list[str], run_name: str, work_dir: Path, seed: int = 1):
+    """Runs cleanba/<script>.py on HalfCheetah-v4; its TensorBoard events and wall time."""
     command = [
         sys.executable,
         str(REPO / "cleanba" / f"{script}.py"),
-        *["--env-id", "HalfCheetah-v4", "--seed", "1", "--run-name", run_name, *arguments],
+        *["--env-id", "HalfCheetah-v4", "--seed", str(seed), "--run-name", run_name, *arguments],
     ]
     start = time.time()
     subprocess.run(command, cwd=work_dir, check=True, capture_output=True)
@@ -95,14 +144,15 @@ def run_ours(script: str, arguments: list[str], run_name: str, work_dir: Path):
     return events, wall
 
 
-def ours_ppo(steps: int, work_dir: Path) -> Row:
+def ours_ppo(steps: int, work_dir: Path, repeat: int) -> Row:
     arguments = [*CLEANRL_LAYOUT, "--total-timesteps", str(steps), "--log-frequency", "1"]
-    events, wall = run_ours("cleanba_ppo_continuous", arguments, "ppo", work_dir)
+    events, wall = run_ours("cleanba_ppo_continuous", arguments, f"ppo_{repeat}", work_dir)
     versions = events.Scalars("stats/learner_policy_version")
     sps = (versions[-1].step - versions[1].step) / (versions[-1].wall_time - versions[1].wall_time)
     return Row(
         script="cleanba_ppo_continuous",
         mode="CleanRL's layout",
+        seed=1,
         steps=steps,
         sps=sps,
         updates_per_second=None,
@@ -119,6 +169,7 @@ def sbx_ppo(python: str, steps: int) -> Row:
     return Row(
         script="sbx PPO 0.28",
         mode="CleanRL's layout",
+        seed=1,
         steps=steps,
         sps=sps,
         updates_per_second=None,
@@ -137,12 +188,14 @@ def bare_sac() -> float:
     return float(np.median(json.loads(result.stdout.strip().splitlines()[-1])["rates"]))
 
 
-def ours_sac(steps: int, work_dir: Path) -> Row:
-    events, wall = run_ours("cleanba_sac", ["--total-timesteps", str(steps)], "sac", work_dir)
+def ours_sac(steps: int, work_dir: Path, repeat: int) -> Row:
+    arguments = ["--total-timesteps", str(steps)]
+    events, wall = run_ours("cleanba_sac", arguments, f"sac_{repeat}", work_dir)
     rates = [e.value for e in events.Scalars("stats/optimizer_steps_per_second")][2:]
     return Row(
         script="cleanba_sac",
         mode="whole run",
+        seed=1,
         steps=steps,
         sps=None,
         updates_per_second=float(np.median(rates)),
@@ -150,35 +203,71 @@ def ours_sac(steps: int, work_dir: Path) -> Row:
     )
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sbx-python", required=True)
-    parser.add_argument("--ppo-steps", type=int, default=204_800)
-    parser.add_argument("--sac-steps", type=int, default=40_000)
-    options = parser.parse_args()
-    rows = []
-    with tempfile.TemporaryDirectory() as work_dir:
-        rows.append(ours_ppo(options.ppo_steps, Path(work_dir)))
-        print(rows[-1], flush=True)
-        rows.append(sbx_ppo(options.sbx_python, options.ppo_steps))
-        print(rows[-1], flush=True)
-        bare_before = bare_sac()
-        print(f"bare SAC update: {bare_before:.1f}/s", flush=True)
-        rows.append(ours_sac(options.sac_steps, Path(work_dir)))
-        print(rows[-1], flush=True)
-        bare_after = bare_sac()
-        print(f"bare SAC update: {bare_after:.1f}/s", flush=True)
-    bare = (bare_before + bare_after) / 2
-    rows.append(
-        Row(
-            script="cleanba_sac",
-            mode="bare update",
-            steps=0,
-            sps=None,
-            updates_per_second=bare,
-            wall_time_s=0.0,
-        ),
+def first_reach(returns: list, start: float) -> tuple[int, float] | None:
+    """(step, seconds since `start`) of the first episode after which the mean of the last 100
+    training returns reaches TARGET_RETURN; None if none does. `returns`: TensorBoard scalars."""
+    window = []
+    for event in returns:
+        window = [*window[-99:], event.value]
+        if np.mean(window) >= TARGET_RETURN:
+            return event.step, event.wall_time - start
+    return None
+
+
+def ours_time_to_score(seed: int, steps: int, work_dir: Path) -> Row:
+    start = time.time()
+    arguments = ["--total-timesteps", str(steps)]
+    events, wall = run_ours("cleanba_ppo_continuous", arguments, f"score_{seed}", work_dir, seed)
+    returns = events.Scalars("charts/episodic_return")
+    reached = first_reach(returns, start)
+    return Row(
+        script="cleanba_ppo_continuous",
+        mode="time to score, defaults",
+        seed=seed,
+        steps=steps,
+        sps=None,
+        updates_per_second=None,
+        wall_time_s=wall,
+        final_return=float(np.mean([event.value for event in returns[-100:]])),
+        seconds_to_target=None if reached is None else reached[1],
     )
+
+
+def sbx_time_to_score(python: str, seed: int, steps: int) -> Row:
+    result = subprocess.run(
+        [python, "-c", SBX_TIME_TO_SCORE, str(seed), str(steps), str(TARGET_RETURN)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    reached = outcome["reached"]
+    return Row(
+        script="sbx PPO 0.28",
+        mode="time to score, CleanRL's settings, VecNormalize",
+        seed=seed,
+        steps=outcome["steps"],
+        sps=None,
+        updates_per_second=None,
+        wall_time_s=outcome["wall"],
+        final_return=outcome["final_return"],
+        seconds_to_target=None if reached is None else reached[1],
+    )
+
+
+def median_of(rows: list, field: str) -> float:
+    return float(np.median([getattr(row, field) for row in rows]))
+
+
+def seconds_to_target_cell(rows: list) -> str:
+    """The median over the seeds that reached the target, and how many did."""
+    reached = [row.seconds_to_target for row in rows if row.seconds_to_target is not None]
+    if not reached:
+        return f"never, in {rows[0].steps:,} steps ({len(rows)} seeds)"
+    return f"{np.median(reached) / 60:.1f} min ({len(reached)} of {len(rows)} seeds reached it)"
+
+
+def write_csv(rows: list):
     number = lambda value, digits: "" if value is None else f"{value:.{digits}f}"
     with open(OUT.with_suffix(".csv"), "w", newline="") as file:
         writer = csv.writer(file)
@@ -189,33 +278,87 @@ def main():
                     row.script,
                     row.mode,
                     "HalfCheetah-v4",
-                    1,
+                    row.seed,
                     row.steps,
-                    "",
+                    number(row.final_return, 1),
                     "",
                     number(row.sps, 1),
                     number(row.wall_time_s, 0),
                     number(row.updates_per_second, 1),
+                    number(row.seconds_to_target, 0),
                 ]
             )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sbx-python", required=True)
+    parser.add_argument("--ppo-steps", type=int, default=204_800)
+    parser.add_argument("--sac-steps", type=int, default=40_000)
+    parser.add_argument("--score-steps", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    options = parser.parse_args()
+    ours_ppo_rows = []
+    sbx_rows = []
+    sac_rows = []
+    bare_rates = []
+    ours_score_rows = []
+    sbx_score_rows = []
+    with tempfile.TemporaryDirectory() as work_dir:
+        for repeat in range(options.repeats):
+            ours_ppo_rows.append(ours_ppo(options.ppo_steps, Path(work_dir), repeat))
+            print(ours_ppo_rows[-1], flush=True)
+            sbx_rows.append(sbx_ppo(options.sbx_python, options.ppo_steps))
+            print(sbx_rows[-1], flush=True)
+            bare_rates.append(bare_sac())
+            sac_rows.append(ours_sac(options.sac_steps, Path(work_dir), repeat))
+            print(sac_rows[-1], flush=True)
+            bare_rates.append(bare_sac())
+            print(f"bare SAC update: {bare_rates[-2]:.1f}/s, {bare_rates[-1]:.1f}/s", flush=True)
+        for seed in range(1, options.repeats + 1):
+            ours_score_rows.append(ours_time_to_score(seed, options.score_steps, Path(work_dir)))
+            print(ours_score_rows[-1], flush=True)
+            sbx_score_rows.append(sbx_time_to_score(options.sbx_python, seed, options.score_steps))
+            print(sbx_score_rows[-1], flush=True)
+    bare = float(np.median(bare_rates))
+    bare_row = Row(
+        script="cleanba_sac",
+        mode="bare update",
+        seed=1,
+        steps=0,
+        sps=None,
+        updates_per_second=bare,
+        wall_time_s=0.0,
+    )
+    write_csv([*ours_ppo_rows, *sbx_rows, *sac_rows, bare_row, *ours_score_rows, *sbx_score_rows])
     cpu = next(
         line.split(":")[1].strip()
         for line in Path("/proc/cpuinfo").read_text().splitlines()
         if line.startswith("model name")
     )
-    ppo_ratio = rows[0].sps / rows[1].sps
-    sac_share = rows[2].updates_per_second / bare
+    ours_sps = median_of(ours_ppo_rows, "sps")
+    sbx_sps = median_of(sbx_rows, "sps")
+    sac_rate = median_of(sac_rows, "updates_per_second")
     OUT.with_suffix(".md").write_text(
         f"# Continuous control speed, CPU ({time.strftime('%Y-%m-%d')})\n\n"
-        f"Machine: {platform.machine()}, {cpu}, nothing else running. Made by "
-        f"`python benchmark/speed_continuous_cpu.py --sbx-python PYTHON --ppo-steps "
-        f"{options.ppo_steps} --sac-steps {options.sac_steps}`.\n\n"
+        f"Machine: {platform.machine()}, {cpu}, {len(os.sched_getaffinity(0))} CPU cores, nothing "
+        "else running. Made by `python benchmark/speed_continuous_cpu.py --sbx-python PYTHON "
+        f"--ppo-steps {options.ppo_steps} --sac-steps {options.sac_steps} --score-steps "
+        f"{options.score_steps} --repeats {options.repeats}`; medians of {options.repeats} runs "
+        "(every run in speed_continuous_cpu.csv).\n\n"
         "| what | SPS | updates/s |\n|---|---|---|\n"
-        f"| continuous PPO, CleanRL's layout | {rows[0].sps:.0f} | |\n"
-        f"| sbx PPO, same layout | {rows[1].sps:.0f} | |\n"
-        f"| SAC, whole run | | {rows[2].updates_per_second:.1f} |\n"
-        f"| SAC, bare update (before / after the run) | | {bare_before:.1f} / {bare_after:.1f} |\n"
-        f"\nPPO against sbx: {ppo_ratio:.2f}x. SAC's run at {sac_share:.0%} of its bare update.\n"
+        f"| continuous PPO, CleanRL's layout | {ours_sps:.0f} | |\n"
+        f"| sbx PPO, same layout | {sbx_sps:.0f} | |\n"
+        f"| SAC, whole run | | {sac_rate:.1f} |\n"
+        f"| SAC, bare update (before and after each run) | | {bare:.1f} |\n"
+        f"\nPPO against sbx: {ours_sps / sbx_sps:.2f}x. SAC's run at {sac_rate / bare:.0%} of its "
+        "bare update.\n\n"
+        f"Time until the mean of the last 100 training returns first reaches {TARGET_RETURN} "
+        "(CleanRL's 1M-step HalfCheetah-v4 mean), from the process's start:\n\n"
+        "| what | time to the target |\n|---|---|\n"
+        f"| continuous PPO, defaults | {seconds_to_target_cell(ours_score_rows)} |\n"
+        "| sbx PPO, CleanRL's settings and VecNormalize | "
+        f"{seconds_to_target_cell(sbx_score_rows)} |\n"
     )
     print(OUT.with_suffix(".md").read_text())
 
