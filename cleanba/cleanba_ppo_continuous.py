@@ -374,8 +374,9 @@ def compiled_rollout(network: Network, envs, key, env_ids: np.ndarray, num_steps
     envpool's handle and `rollout(handle, policy, obs, first_step) -> (handle, PlayedStep stacked
     (steps, envs, ...), the value of the observation after the last step, that observation)`. Both
     are made and called with 64-bit types on (`jax.enable_x64`, this thread only), since envpool's
-    MuJoCo and dm_control tasks take float64 actions; every array of the policy stays float32, so
-    the rollout computes what a call of the policy per step computes, bit for bit."""
+    MuJoCo and dm_control tasks take float64 actions; every array of the policy stays float32: the
+    observations, actions and values are those of a call of the policy per step, bit for bit, and
+    the log-probabilities too up to XLA's fusion of the loop, which can round them differently."""
     handle, _, _, step_envs = envs.xla()
     low = envs.action_space.low
     high = envs.action_space.high
