@@ -57,7 +57,7 @@ from cleanba_utils.env_records import (
     part,
     record_step,
 )
-from cleanba_utils.envs import flat_observation, make_env
+from cleanba_utils.envs import compiled_step, flat_observation, make_env
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.handoff import (
     OnResume,
@@ -370,18 +370,15 @@ class PlayedStep(NamedTuple):
 
 def compiled_rollout(network: Network, envs, key, env_ids: np.ndarray, num_steps: int):
     """The rollout as one compiled program: `num_steps` steps of the policy and of the environments
-    (envpool's XLA interface, `envs.xla()`) in a `lax.scan`, with no Python call per step. Returns
-    envpool's handle and `rollout(handle, policy, obs, first_step) -> (handle, PlayedStep stacked
-    (steps, envs, ...), the value of the observation after the last step, that observation)`. Both
-    are made and called with 64-bit types on (`jax.enable_x64`, this thread only), since envpool's
-    MuJoCo and dm_control tasks take float64 actions; every array of the policy stays float32: the
-    observations, actions and values are those of a call of the policy per step, bit for bit, and
-    the log-probabilities too up to XLA's fusion of the loop, which can round them differently."""
-    handle, _, _, step_envs = envs.xla()
+    (`compiled_step`) in a `lax.scan`, with no Python call per step. Returns envpool's handle and
+    `rollout(handle, policy, obs, first_step) -> (handle, PlayedStep stacked (steps, envs, ...), the
+    value of the observation after the last step, that observation)`, both made and called with
+    64-bit types on (`jax.enable_x64`, this thread only); every array of the policy stays float32.
+    The computation is that of a call of the policy per step; XLA fuses the loop otherwise, which
+    can round the sampled actions and their log-probabilities differently in the last place."""
+    handle, step_envs = compiled_step(envs)
     low = envs.action_space.low
     high = envs.action_space.high
-    # envpool's indices of its own environments; `env_ids` are the run's (global) ones.
-    own_env_ids = np.arange(len(env_ids), dtype=np.int32)
 
     def step(carry, policy_step):
         handle, obs, policy = carry
@@ -390,9 +387,7 @@ def compiled_rollout(network: Network, envs, key, env_ids: np.ndarray, num_steps
             mean=mean, log_std=log_std, key=key, step=policy_step, env_ids=env_ids
         )
         env_action = jnp.clip(action.astype(jnp.float64), low, high)
-        handle, (next_obs, reward, terminated, truncated, _) = step_envs(
-            handle, env_action, own_env_ids
-        )
+        handle, next_obs, reward, terminated, truncated = step_envs(handle, env_action)
         played = PlayedStep(
             obs=obs,
             actions=action,
@@ -403,7 +398,7 @@ def compiled_rollout(network: Network, envs, key, env_ids: np.ndarray, num_steps
             terminations=terminated,
             truncations=truncated,
         )
-        return (handle, flat_observation(next_obs, jnp), policy), played
+        return (handle, next_obs, policy), played
 
     @jax.jit
     def rollout(handle, policy, obs, first_step):

@@ -1,11 +1,13 @@
 """envpool environments as every script makes them: which tasks are Atari games and which have
 continuous actions, the Atari protocol of Machado et al. (2018), how many worker threads an envpool
-instance gets, and the flat observations of the continuous-control scripts."""
+instance gets, the flat observations of the continuous-control scripts, and envpool's step for
+their compiled rollouts."""
 
 import os
 import warnings
 
 import envpool
+import jax.numpy as jnp
 import numpy as np
 
 # gymnasium warns at every start that the CartPole spaces' float64 bounds become float32: nothing
@@ -87,3 +89,23 @@ def flat_observation(obs, xp=np):
             axis=1,
         )
     return xp.asarray(obs, xp.float32)
+
+
+def compiled_step(envs):
+    """envpool's step for a rollout compiled as one program, its XLA interface (`envs.xla()`):
+    returns the environments' handle and `step(handle, actions) -> (handle, observations, rewards,
+    terminations, truncations)`, the observations flat float32 as `flat_observation` gives them.
+    Make and call both with 64-bit types on (`jax.enable_x64(True)`, which holds for the calling
+    thread only): envpool's MuJoCo and dm_control tasks take float64 actions and give float64
+    observations and rewards."""
+    handle, _, _, step_envs = envs.xla()
+    # envpool's XLA step takes its own environments' indices, 0 .. num_envs - 1.
+    own_env_ids = np.arange(envs.config["num_envs"], dtype=np.int32)
+
+    def step(handle, actions):
+        handle, (obs, rewards, terminations, truncations, _) = step_envs(
+            handle, actions.astype(jnp.float64), own_env_ids
+        )
+        return handle, flat_observation(obs, jnp), rewards, terminations, truncations
+
+    return handle, step
