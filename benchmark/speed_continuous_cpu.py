@@ -35,10 +35,14 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+import matplotlib
 import numpy as np
 from csv_columns import RUN_COLUMNS
 from learning_sac_cpu import BARE_MEASURE
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmark" / "results" / "speed_continuous_cpu"
@@ -58,9 +62,13 @@ class Times(BaseCallback):
     def __init__(self):
         super().__init__()
         self.marks = []
+        self.shown = time.time()
     def _on_rollout_start(self):
         self.marks.append((self.num_timesteps, time.time()))
     def _on_step(self):
+        if time.time() - self.shown > 50:
+            self.shown = time.time()
+            print(f"sbx PPO: {self.num_timesteps} steps", file=sys.stderr, flush=True)
         return True
 
 steps = int(sys.argv[1])
@@ -91,11 +99,24 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
 seed, steps, target = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 
+# Stops at the first episode after which the mean of the last 100 reaches the target; keeps
+# (seconds since the start, that mean) at every episode's end for the plot.
 class FirstReach(BaseCallback):
     reached = None
+    curve = []
+    shown = time.time()
     def _on_step(self):
-        returns = [info["r"] for info in self.model.ep_info_buffer]
-        if returns and np.mean(returns) >= target:
+        # Called before the step's episodes join ep_info_buffer.
+        ended = [info["episode"]["r"] for info in self.locals["infos"] if "episode" in info]
+        if not ended:
+            return True
+        mean = float(np.mean(([info["r"] for info in self.model.ep_info_buffer] + ended)[-100:]))
+        self.curve.append((time.time() - start, mean))
+        if time.time() - self.shown > 50:
+            self.shown = time.time()
+            print(f"sbx PPO seed {seed}: {self.num_timesteps} steps, return {mean:.1f}",
+                  file=sys.stderr, flush=True)
+        if mean >= target:
             self.reached = (self.num_timesteps, time.time() - start)
             return False
         return True
@@ -111,7 +132,8 @@ callback = FirstReach()
 model.learn(steps, callback=callback)
 returns = [info["r"] for info in model.ep_info_buffer]
 print(json.dumps(dict(reached=callback.reached, steps=model.num_timesteps,
-                      final_return=float(np.mean(returns)), wall=time.time() - start)))
+                      final_return=float(np.mean(returns)), wall=time.time() - start,
+                      curve=callback.curve)))
 """
 
 
@@ -137,7 +159,8 @@ def run_ours(script: str, arguments: list[str], run_name: str, work_dir: Path, s
         *["--env-id", "HalfCheetah-v4", "--seed", str(seed), "--run-name", run_name, *arguments],
     ]
     start = time.time()
-    subprocess.run(command, cwd=work_dir, check=True, capture_output=True)
+    # The script's console lines (one at least every minute) show the benchmark's progress.
+    subprocess.run(command, cwd=work_dir, check=True)
     wall = time.time() - start
     events = EventAccumulator(str(work_dir / "runs" / run_name), size_guidance={"scalars": 0})
     events.Reload()
@@ -163,7 +186,7 @@ def ours_ppo(steps: int, work_dir: Path, repeat: int) -> Row:
 def sbx_ppo(python: str, steps: int) -> Row:
     start = time.time()
     result = subprocess.run(
-        [python, "-c", SBX_PPO, str(steps)], check=True, capture_output=True, text=True
+        [python, "-c", SBX_PPO, str(steps)], check=True, stdout=subprocess.PIPE, text=True
     )
     sps = float(result.stdout.split()[0])
     return Row(
@@ -203,24 +226,30 @@ def ours_sac(steps: int, work_dir: Path, repeat: int) -> Row:
     )
 
 
-def first_reach(returns: list, start: float) -> tuple[int, float] | None:
-    """(step, seconds since `start`) of the first episode after which the mean of the last 100
-    training returns reaches TARGET_RETURN; None if none does. `returns`: TensorBoard scalars."""
+def running_means(returns: list, start: float) -> list[tuple[float, float]]:
+    """(seconds since `start`, mean of the last 100 training returns) at every episode's end.
+    `returns`: TensorBoard scalars."""
     window = []
+    curve = []
     for event in returns:
         window = [*window[-99:], event.value]
-        if np.mean(window) >= TARGET_RETURN:
-            return event.step, event.wall_time - start
-    return None
+        curve.append((event.wall_time - start, float(np.mean(window))))
+    return curve
 
 
-def ours_time_to_score(seed: int, steps: int, work_dir: Path) -> Row:
+def first_reach(curve: list[tuple[float, float]]) -> float | None:
+    """The seconds until the running mean first reaches TARGET_RETURN; None if it never does."""
+    return next((seconds for seconds, mean in curve if mean >= TARGET_RETURN), None)
+
+
+def ours_time_to_score(seed: int, steps: int, work_dir: Path) -> tuple[Row, list]:
+    """Our script at its defaults, run to the end: its row and its running-mean curve."""
     start = time.time()
     arguments = ["--total-timesteps", str(steps)]
     events, wall = run_ours("cleanba_ppo_continuous", arguments, f"score_{seed}", work_dir, seed)
     returns = events.Scalars("charts/episodic_return")
-    reached = first_reach(returns, start)
-    return Row(
+    curve = running_means(returns, start)
+    row = Row(
         script="cleanba_ppo_continuous",
         mode="time to score, defaults",
         seed=seed,
@@ -229,20 +258,22 @@ def ours_time_to_score(seed: int, steps: int, work_dir: Path) -> Row:
         updates_per_second=None,
         wall_time_s=wall,
         final_return=float(np.mean([event.value for event in returns[-100:]])),
-        seconds_to_target=None if reached is None else reached[1],
+        seconds_to_target=first_reach(curve),
     )
+    return row, curve
 
 
-def sbx_time_to_score(python: str, seed: int, steps: int) -> Row:
+def sbx_time_to_score(python: str, seed: int, steps: int) -> tuple[Row, list]:
+    """sbx's PPO, stopped when it reaches the target: its row and its running-mean curve."""
     result = subprocess.run(
         [python, "-c", SBX_TIME_TO_SCORE, str(seed), str(steps), str(TARGET_RETURN)],
         check=True,
-        capture_output=True,
+        stdout=subprocess.PIPE,
         text=True,
     )
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
     reached = outcome["reached"]
-    return Row(
+    row = Row(
         script="sbx PPO 0.28",
         mode="time to score, CleanRL's settings, VecNormalize",
         seed=seed,
@@ -253,6 +284,7 @@ def sbx_time_to_score(python: str, seed: int, steps: int) -> Row:
         final_return=outcome["final_return"],
         seconds_to_target=None if reached is None else reached[1],
     )
+    return row, outcome["curve"]
 
 
 def median_of(rows: list, field: str) -> float:
@@ -290,6 +322,36 @@ def write_csv(rows: list):
             )
 
 
+def plot(ppo_rows: dict, sac_rows: list, bare_rates: list, curves: dict):
+    """Three panels: PPO's SPS in CleanRL's layout (ours, sbx), SAC's whole run against its bare
+    update, and the running mean of training returns against wall-clock time."""
+    figure, (sps_axis, sac_axis, score_axis) = plt.subplots(1, 3, figsize=(16, 4.5))
+    for position, (name, rows) in enumerate(ppo_rows.items()):
+        sps_axis.scatter([position] * len(rows), [row.sps for row in rows], label=name)
+    sps_axis.set_xticks(range(len(ppo_rows)), list(ppo_rows))
+    sps_axis.set_ylim(bottom=0)
+    sps_axis.set_ylabel("environment steps per second")
+    sps_axis.set_title("PPO, CleanRL's layout, HalfCheetah-v4")
+    sac_axis.scatter([0] * len(sac_rows), [row.updates_per_second for row in sac_rows])
+    sac_axis.scatter([1] * len(bare_rates), bare_rates)
+    sac_axis.set_xticks([0, 1], ["whole run", "bare update"])
+    sac_axis.set_ylim(bottom=0)
+    sac_axis.set_ylabel("gradient updates per second")
+    sac_axis.set_title("SAC, HalfCheetah-v4")
+    for color, (name, runs) in zip(["C0", "C1"], curves.items()):
+        for index, curve in enumerate(runs):
+            minutes = [seconds / 60 for seconds, _ in curve]
+            means = [mean for _, mean in curve]
+            score_axis.plot(minutes, means, color=color, label=name if index == 0 else None)
+    score_axis.axhline(TARGET_RETURN, color="gray", linestyle="--", label="CleanRL's 1M-step mean")
+    score_axis.set_xlabel("wall-clock minutes")
+    score_axis.set_ylabel("mean of the last 100 training returns")
+    score_axis.set_title("time to score, HalfCheetah-v4, one line per seed")
+    score_axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(OUT.with_suffix(".png"), dpi=110)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sbx-python", required=True)
@@ -304,6 +366,8 @@ def main():
     bare_rates = []
     ours_score_rows = []
     sbx_score_rows = []
+    ours_curves = []
+    sbx_curves = []
     with tempfile.TemporaryDirectory() as work_dir:
         for repeat in range(options.repeats):
             ours_ppo_rows.append(ours_ppo(options.ppo_steps, Path(work_dir), repeat))
@@ -316,10 +380,14 @@ def main():
             bare_rates.append(bare_sac())
             print(f"bare SAC update: {bare_rates[-2]:.1f}/s, {bare_rates[-1]:.1f}/s", flush=True)
         for seed in range(1, options.repeats + 1):
-            ours_score_rows.append(ours_time_to_score(seed, options.score_steps, Path(work_dir)))
-            print(ours_score_rows[-1], flush=True)
-            sbx_score_rows.append(sbx_time_to_score(options.sbx_python, seed, options.score_steps))
-            print(sbx_score_rows[-1], flush=True)
+            row, curve = ours_time_to_score(seed, options.score_steps, Path(work_dir))
+            ours_score_rows.append(row)
+            ours_curves.append(curve)
+            print(row, flush=True)
+            row, curve = sbx_time_to_score(options.sbx_python, seed, options.score_steps)
+            sbx_score_rows.append(row)
+            sbx_curves.append(curve)
+            print(row, flush=True)
     bare = float(np.median(bare_rates))
     bare_row = Row(
         script="cleanba_sac",
@@ -331,6 +399,12 @@ def main():
         wall_time_s=0.0,
     )
     write_csv([*ours_ppo_rows, *sbx_rows, *sac_rows, bare_row, *ours_score_rows, *sbx_score_rows])
+    plot(
+        ppo_rows={"continuous PPO": ours_ppo_rows, "sbx PPO": sbx_rows},
+        sac_rows=sac_rows,
+        bare_rates=bare_rates,
+        curves={"continuous PPO, defaults": ours_curves, "sbx PPO, VecNormalize": sbx_curves},
+    )
     cpu = next(
         line.split(":")[1].strip()
         for line in Path("/proc/cpuinfo").read_text().splitlines()

@@ -33,7 +33,7 @@ from cleanba_utils import distributed, env_records, handoff, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
 from cleanba_utils.env_records import EnvRecord
-from cleanba_utils.envs import flat_observation, make_env, observation_size
+from cleanba_utils.envs import compiled_step, flat_observation, make_env, observation_size
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.n_step import n_step_transitions
 from cleanba_utils.parsing import at_most, fail, in_range, non_negative, positive
@@ -231,8 +231,8 @@ class Actor(nn.Module):
         for hidden in self.hiddens[1:]:
             x = nn.relu(nn.Dense(hidden)(x))
         x = nn.Dense(len(self.action_low), kernel_init=small_uniform, bias_init=small_uniform)(x)
-        low = jnp.asarray(self.action_low)
-        high = jnp.asarray(self.action_high)
+        low = jnp.asarray(self.action_low, jnp.float32)
+        high = jnp.asarray(self.action_high, jnp.float32)
         return (high + low) / 2 + (high - low) / 2 * nn.tanh(x)
 
 
@@ -314,16 +314,80 @@ def noise_stds_of(env_ids, num_envs: int, std: float, alpha: float) -> np.ndarra
 def explore(policy_actions, stds, bounds: tuple, key, step, env_ids, random_actions):
     """The actions plus noise of std_g x half the range, clipped to `bounds`, or `random_actions`
     uniform; keyed by (step, global env index), so the draws do not depend on the layout."""
-    low = jnp.asarray(bounds[0])
-    high = jnp.asarray(bounds[1])
+    low = jnp.asarray(bounds[0], jnp.float32)
+    high = jnp.asarray(bounds[1], jnp.float32)
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.fold_in(key, step), env_ids)
     shape = policy_actions.shape[1:]
-    noise = jax.vmap(lambda k: jax.random.normal(k, shape))(keys)
+    noise = jax.vmap(lambda k: jax.random.normal(k, shape, jnp.float32))(keys)
     noisy = policy_actions + stds[:, None] * (high - low) / 2 * noise
     uniform = jax.vmap(
-        lambda k: jax.random.uniform(jax.random.fold_in(k, 1), shape, minval=low, maxval=high)
+        lambda k: jax.random.uniform(
+            jax.random.fold_in(k, 1), shape, jnp.float32, minval=low, maxval=high
+        )
     )(keys)
     return jnp.where(random_actions, uniform, jnp.clip(noisy, low, high))
+
+
+class PlayedStep(NamedTuple):
+    """One step of a compiled rollout, for every environment (stacked over steps by the scan): the
+    observation acted on, the action, the critic's values of that action and of the policy's
+    action, and the raw reward, termination and truncation after it."""
+
+    obs: jax.Array
+    actions: jax.Array
+    q_taken: jax.Array
+    q_policy: jax.Array
+    rewards: jax.Array
+    terminations: jax.Array
+    truncations: jax.Array
+
+
+def compiled_rollout(networks: Networks, envs, key, env_ids: np.ndarray, stds, num_steps: int):
+    """The rollout as one compiled program: `num_steps` steps of the policy and of the environments
+    (`compiled_step`) in a `lax.scan`, with no Python call per step. Returns envpool's handle and
+    `rollout(handle, params, obs, first_step, random_actions) -> (handle, PlayedStep stacked
+    (steps, envs, ...), the observation after the last step)`, `random_actions` (steps,) saying
+    which steps act uniformly at random; both made and called with 64-bit types on
+    (`jax.enable_x64`, this thread only), every array of the networks float32. The computation is
+    that of a call of the networks per step; XLA fuses the loop otherwise, which can round the
+    actions and values differently in the last place."""
+    handle, step_envs = compiled_step(envs)
+    bounds = (networks.actor.action_low, networks.actor.action_high)
+    stds = np.asarray(stds, np.float32)
+
+    def step(carry, step_input):
+        handle, obs, params = carry
+        policy_step, random_actions = step_input
+        policy_action = networks.actor.apply(params["actor"], obs)
+        action = explore(
+            policy_action,
+            stds=stds,
+            bounds=bounds,
+            key=key,
+            step=policy_step,
+            env_ids=env_ids,
+            random_actions=random_actions,
+        )
+        handle, next_obs, reward, terminated, truncated = step_envs(handle, action)
+        played = PlayedStep(
+            obs=obs,
+            actions=action,
+            q_taken=networks.critic.apply(params["critic"], obs, action),
+            q_policy=networks.critic.apply(params["critic"], obs, policy_action),
+            rewards=reward,
+            terminations=terminated,
+            truncations=truncated,
+        )
+        return (handle, next_obs, params), played
+
+    @jax.jit
+    def rollout(handle, params, obs, first_step, random_actions):
+        steps = first_step + jnp.arange(num_steps, dtype=jnp.int32)
+        carry = (handle, obs, params)
+        (handle, obs, _), played = jax.lax.scan(step, carry, (steps, random_actions))
+        return handle, played, obs
+
+    return handle, rollout
 
 
 def rollout_data(played: Played, tail: Played, gamma: float, n: int):
@@ -365,26 +429,16 @@ def actor_thread(
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
     stds = noise_stds_of(env_ids, sizes.num_envs, args.noise_std, args.noise_alpha)
-    stds = jax.device_put(stds, device)
-    env_ids_on_device = jax.device_put(env_ids, device)
     noise_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
-
-    @jax.jit
-    def act(params, obs, step):
-        policy_action = networks.actor.apply(params["actor"], obs)
-        action = explore(
-            policy_action,
-            stds=stds,
-            bounds=(networks.actor.action_low, networks.actor.action_high),
+    with jax.enable_x64(True):
+        handle, play = compiled_rollout(
+            networks,
+            envs,
             key=noise_key,
-            step=step,
-            env_ids=env_ids_on_device,
-            random_actions=step * sizes.num_envs < args.random_steps,
+            env_ids=env_ids,
+            stds=stds,
+            num_steps=args.num_steps,
         )
-        q_taken = networks.critic.apply(params["critic"], obs, action)
-        q_policy = networks.critic.apply(params["critic"], obs, policy_action)
-        return action, q_taken, q_policy
-
     episodes = run.episodes(args.local_num_envs)
     if saved is None:
         record = env_records.empty_record(args.local_num_envs, args.env_id)
@@ -404,36 +458,39 @@ def actor_thread(
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
         rollout_start = time.time()
-        inference_time = 0.0
-        env_step_time = 0.0
-        steps = []
-        for step in range(args.num_steps):
-            tic = time.time()
-            policy_step = (update - 1) * args.num_steps + step
-            # The NumPy observation goes to the parameters' device with the call itself: a
-            # `jax.device_put` of its own would be a second dispatch on every step.
-            action, q_taken, q_policy = jax.device_get(act(params, next_obs, policy_step))
-            inference_time += time.time() - tic
-            tic = time.time()
-            obs, reward, terminated, truncated, _ = envs.step(action)
-            env_step_time += time.time() - tic
-            env_records.record_step(record, action, next_is_reset)
-            played_step = Played(
+        policy_steps = (update - 1) * args.num_steps + np.arange(args.num_steps)
+        with jax.enable_x64(True):
+            handle, steps, last_obs = play(
+                handle,
+                params=params,
                 obs=next_obs,
-                actions=action,
-                q_taken=q_taken,
-                q_policy=q_policy,
-                rewards=reward.astype(np.float32),
-                terminations=terminated,
-                truncations=truncated,
-                is_reset=next_is_reset,
+                first_step=np.int32(policy_steps[0]),
+                random_actions=policy_steps * sizes.num_envs < args.random_steps,
             )
-            steps.append(played_step)
-            done = terminated | truncated
-            episodes.step(reward, done, next_is_reset, policy_step * sizes.num_envs)
-            next_obs = flat_observation(obs)
+            steps = jax.device_get(steps)
+        compiled_time = time.time() - rollout_start
+        # What the rollout's steps mean for the environments' records and episodes, step by step
+        # (the same as at every step of a rollout played in Python).
+        is_reset = np.zeros(steps.terminations.shape, bool)
+        for step in range(args.num_steps):
+            env_records.record_step(record, steps.actions[step], next_is_reset)
+            is_reset[step] = next_is_reset
+            done = steps.terminations[step] | steps.truncations[step]
+            global_step = int(policy_steps[step]) * sizes.num_envs
+            episodes.step(steps.rewards[step], done, next_is_reset, global_step)
             next_is_reset = done
-        played = Played(*[np.stack(field, axis=1) for field in zip(*steps)])
+        next_obs = np.asarray(last_obs)
+        env_major = lambda x: np.swapaxes(x, 0, 1)
+        played = Played(
+            obs=env_major(steps.obs),
+            actions=env_major(steps.actions),
+            q_taken=env_major(steps.q_taken),
+            q_policy=env_major(steps.q_policy),
+            rewards=env_major(steps.rewards).astype(np.float32),
+            terminations=env_major(steps.terminations),
+            truncations=env_major(steps.truncations),
+            is_reset=env_major(is_reset),
+        )
         data, tail = rollout_data(played=played, tail=tail, gamma=args.gamma, n=args.n_step)
         rollout = Rollout(
             update=update,
@@ -444,8 +501,7 @@ def actor_thread(
             timing=dict(
                 param_queue_get_time=param_queue_get_time,
                 rollout_time=time.time() - rollout_start,
-                inference_time=inference_time,
-                env_step_time=env_step_time,
+                env_step_time=compiled_time,
             ),
         )
         queue_put(rollout_queue, rollout, run.stop)

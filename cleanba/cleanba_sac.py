@@ -31,7 +31,7 @@ from cleanba_utils import distributed, env_records, handoff, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
 from cleanba_utils.env_records import EnvRecord
-from cleanba_utils.envs import flat_observation, make_env, observation_size
+from cleanba_utils.envs import compiled_step, flat_observation, make_env, observation_size
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.handoff import OnResume
 from cleanba_utils.parsing import fail, in_range, non_negative, positive
@@ -279,33 +279,78 @@ class Rollout(NamedTuple):
 
 
 class Draws(NamedTuple):
-    """The random draws of a rollout's actions, (steps, envs, action dims): the policy's Gaussian
-    noise, and uniform draws in [-1, 1] for the random actions before learning starts."""
+    """The random draws of one step's actions, (envs, action dims): the policy's Gaussian noise, and
+    uniform draws in [-1, 1] for the random actions before learning starts."""
 
     normal: jax.Array
     uniform: jax.Array
 
 
-def rollout_draws(key, env_ids, num_steps: int, action_dim: int):
-    """`draw(first_step)`, jitted: the `Draws` of a rollout's steps, keyed by (step, global env
-    index), the same on every layout. Drawn per rollout: small threefry calls are slow on a CPU."""
-    normal = lambda k: jax.random.normal(jax.random.fold_in(k, 0), (action_dim,))
-    uniform = lambda k: jax.random.uniform(jax.random.fold_in(k, 1), (action_dim,), minval=-1)
-
-    def of_step(step):
-        step_key = jax.random.fold_in(key, step)
-        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_key, env_ids)
-        return Draws(normal=jax.vmap(normal)(keys), uniform=jax.vmap(uniform)(keys))
-
-    return jax.jit(lambda first_step: jax.vmap(of_step)(first_step + jnp.arange(num_steps)))
+def step_draws(key, env_ids, step, action_dim: int) -> Draws:
+    """The `Draws` of `step`, keyed by (step, global env index): the same on every layout."""
+    step_key = jax.random.fold_in(key, step)
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_key, env_ids)
+    normal = lambda k: jax.random.normal(jax.random.fold_in(k, 0), (action_dim,), jnp.float32)
+    uniform = lambda k: jax.random.uniform(
+        jax.random.fold_in(k, 1), (action_dim,), jnp.float32, minval=-1
+    )
+    return Draws(normal=jax.vmap(normal)(keys), uniform=jax.vmap(uniform)(keys))
 
 
-def explore(networks: Networks, params, obs, draws: Draws, step, random_actions):
-    """The policy's sampled actions or (`random_actions`) uniform ones, from `draws` of `step`."""
+def explore(networks: Networks, params, obs, draws: Draws, random_actions):
+    """The policy's sampled actions or (`random_actions`) uniform ones, from one step's `draws`."""
     mean, log_std = networks.actor.apply(params, obs)
-    action, _ = squashed_gaussian(mean, log_std, draws.normal[step], networks.bounds)
-    random = draws.uniform[step] * networks.bounds.scale + networks.bounds.bias
+    action, _ = squashed_gaussian(mean, log_std, draws.normal, networks.bounds)
+    random = draws.uniform * networks.bounds.scale + networks.bounds.bias
     return jnp.where(random_actions, random, action)
+
+
+class PlayedStep(NamedTuple):
+    """One step of a compiled rollout, for every environment (stacked over steps by the scan): the
+    observation acted on, the action, and the raw reward, termination and truncation after it."""
+
+    obs: jax.Array
+    actions: jax.Array
+    rewards: jax.Array
+    terminations: jax.Array
+    truncations: jax.Array
+
+
+def compiled_rollout(networks: Networks, envs, key, env_ids: np.ndarray, num_steps: int):
+    """The rollout as one compiled program: `num_steps` steps of the policy and of the environments
+    (`compiled_step`) in a `lax.scan`, with no Python call per step. Returns envpool's handle and
+    `rollout(handle, params, obs, first_step, random_actions) -> (handle, PlayedStep stacked
+    (steps, envs, ...), the observation after the last step)`, `random_actions` (steps,) saying
+    which steps act uniformly at random; both made and called with 64-bit types on
+    (`jax.enable_x64`, this thread only), every array of the policy float32. The computation is
+    that of a call of the policy per step; XLA fuses the loop otherwise, which can round the actions
+    differently in the last place."""
+    handle, step_envs = compiled_step(envs)
+    action_dim = len(networks.bounds.scale)
+
+    def step(carry, step_input):
+        handle, obs, params = carry
+        policy_step, random_actions = step_input
+        draws = step_draws(key, env_ids, policy_step, action_dim)
+        action = explore(networks, params, obs, draws, random_actions)
+        handle, next_obs, reward, terminated, truncated = step_envs(handle, action)
+        played = PlayedStep(
+            obs=obs,
+            actions=action,
+            rewards=reward,
+            terminations=terminated,
+            truncations=truncated,
+        )
+        return (handle, next_obs, params), played
+
+    @jax.jit
+    def rollout(handle, params, obs, first_step, random_actions):
+        steps = first_step + jnp.arange(num_steps, dtype=jnp.int32)
+        carry = (handle, obs, params)
+        (handle, obs, _), played = jax.lax.scan(step, carry, (steps, random_actions))
+        return handle, played, obs
+
+    return handle, rollout
 
 
 def actor_thread(
@@ -325,11 +370,10 @@ def actor_thread(
     `EnvRecord` at a resumed run's checkpoint (None: a fresh run). Update u's rollout is played by
     parameters version u - 1, or u - 2 with --concurrency (`actor_fetches_params`)."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
-    env_ids = jax.device_put(env_offset + np.arange(args.local_num_envs, dtype=np.int32), device)
+    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
-    action_dim = len(networks.bounds.scale)
-    draw = rollout_draws(action_key, env_ids, args.num_steps, action_dim)
-    act = jax.jit(functools.partial(explore, networks))
+    with jax.enable_x64(True):
+        handle, play = compiled_rollout(networks, envs, action_key, env_ids, args.num_steps)
     episodes = run.episodes(args.local_num_envs)
     if env_record is None:
         record = env_records.empty_record(args.local_num_envs, args.env_id)
@@ -347,44 +391,38 @@ def actor_thread(
         param_queue_get_time = time.time() - param_wait_start
 
         rollout_start = time.time()
-        inference_time = 0.0
-        env_step_time = 0.0
-        shape = (args.local_num_envs, args.num_steps)
-        obs = np.zeros((args.local_num_envs, args.num_steps + 1, next_obs.shape[1]), np.float32)
+        first_step = (update - 1) * args.num_steps
+        global_steps = (first_step + np.arange(args.num_steps)) * sizes.num_envs
+        with jax.enable_x64(True):
+            handle, played, last_obs = play(
+                handle,
+                params=params,
+                obs=next_obs,
+                first_step=np.int32(first_step),
+                random_actions=global_steps < args.learning_starts,
+            )
+            played = jax.device_get(played)
+        compiled_time = time.time() - rollout_start
+        # What the rollout's steps mean for the environments' records and episodes, step by step
+        # (the same as at every step of a rollout played in Python).
+        valid = np.zeros(played.terminations.shape, bool)
+        for step in range(args.num_steps):
+            env_records.record_step(record, played.actions[step], next_is_reset)
+            valid[step] = ~next_is_reset
+            done = played.terminations[step] | played.truncations[step]
+            episodes.step(played.rewards[step], done, next_is_reset, int(global_steps[step]))
+            next_is_reset = done
+        next_obs = np.asarray(last_obs)
+        env_major = lambda x: np.swapaxes(x, 0, 1)
+        obs = np.concatenate([env_major(played.obs), next_obs[:, None]], axis=1)
         data = Transitions(
             obs=obs[:, :-1],
-            actions=np.zeros((*shape, action_dim), np.float32),
-            rewards=np.zeros(shape, np.float32),
+            actions=env_major(played.actions),
+            rewards=env_major(played.rewards).astype(np.float32),
             next_obs=obs[:, 1:],
-            terminations=np.zeros(shape, np.float32),
-            valid=np.zeros(shape, bool),
+            terminations=env_major(played.terminations).astype(np.float32),
+            valid=env_major(valid),
         )
-        draws = draw((update - 1) * args.num_steps)
-        for step in range(args.num_steps):
-            tic = time.time()
-            global_step = ((update - 1) * args.num_steps + step) * sizes.num_envs
-            is_random = global_step < args.learning_starts
-            # The NumPy observation goes to the parameters' device with the call itself: a
-            # `jax.device_put` of its own would be a second dispatch on every step.
-            action = np.asarray(
-                act(params=params, obs=next_obs, draws=draws, step=step, random_actions=is_random)
-            )
-            inference_time += time.time() - tic
-            tic = time.time()
-            step_obs, reward, terminated, truncated, _ = envs.step(action)
-            env_step_time += time.time() - tic
-            data.obs[:, step] = next_obs
-            data.actions[:, step] = action
-            data.rewards[:, step] = reward
-            data.terminations[:, step] = terminated
-            data.valid[:, step] = ~next_is_reset
-            env_records.record_step(record, action, next_is_reset)
-            done = terminated | truncated
-            episodes.step(reward, done, next_is_reset, global_step)
-            next_obs = flat_observation(step_obs)
-            next_is_reset = done
-        obs[:, -1] = next_obs
-
         rollout = Rollout(
             update=update,
             policy_version=policy_version,
@@ -393,8 +431,7 @@ def actor_thread(
             timing=dict(
                 param_queue_get_time=param_queue_get_time,
                 rollout_time=time.time() - rollout_start,
-                inference_time=inference_time,
-                env_step_time=env_step_time,
+                env_step_time=compiled_time,
             ),
         )
         queue_put(rollout_queue, rollout, run.stop)

@@ -194,7 +194,8 @@ def evaluate_saved_model(model_path) -> dict:
 
 def failing_program(script: str, failure: str) -> str:
     """A Python program that runs `cleanba.<script>` with one part made to fail on purpose:
-    - "actor": the 20th environment step raises "environment exploded";
+    - "actor": the 20th environment step raises "environment exploded" (in a compiled rollout,
+      from a callback of its environment step);
     - "learner": the update raises "learner exploded";
     (these two print `failed at TIME` on stderr first: see `seconds_after_failure`)
     - "lag": the actor thread skips its second parameter fetch and plays with the stale parameters;
@@ -208,6 +209,8 @@ def failing_program(script: str, failure: str) -> str:
 
 FAILURES = dict(
     actor="""
+import jax
+
 make_env = script.make_env
 
 
@@ -218,12 +221,25 @@ class FailingEnv:
     def __getattr__(self, name):
         return getattr(self.env, name)
 
-    def step(self, action):
+    def count_step(self, *_):
         self.steps += 1
         if self.steps == 20:
             print(f"failed at {time.time()}", file=sys.stderr, flush=True)
             raise RuntimeError("environment exploded")
+
+    def step(self, action):
+        self.count_step()
         return self.env.step(action)
+
+    def xla(self):
+        # A compiled rollout steps through envpool's XLA interface: counted by a callback.
+        handle, recv, send, step = self.env.xla()
+
+        def failing_step(handle, action, env_ids):
+            jax.debug.callback(self.count_step, action, ordered=True)
+            return step(handle, action, env_ids)
+
+        return handle, recv, send, failing_step
 
 
 script.make_env = lambda *args: FailingEnv(make_env(*args))

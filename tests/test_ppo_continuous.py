@@ -7,18 +7,22 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import (
+    PROMPT_EXIT_SECONDS,
     REPO,
     assert_policy_lag,
     assert_refused,
     flatten,
     load_params,
     max_abs_difference,
+    run_failing,
     scalars,
+    seconds_after_failure,
 )
 from preempt import assert_resumed_as_uninterrupted
 
@@ -354,3 +358,11 @@ BAD_INPUTS = [
 @pytest.mark.parametrize("args,option", BAD_INPUTS)
 def test_bad_input_is_refused_with_one_line(capsys, args, option):
     assert_refused(ppo, args, option, capsys)
+
+
+def test_a_crashing_actor_ends_the_process(tmp_path):
+    # The 20th environment step of the compiled rollout fails (a callback from inside it).
+    args = [*TINY[: TINY.index("--total-timesteps")], "--total-timesteps", 1_000_000]
+    result = run_failing("cleanba_ppo_continuous", "actor", args, tmp_path)
+    assert result.returncode == 1 and "environment exploded" in result.stderr, result.stderr[-3000:]
+    assert seconds_after_failure(result, time.time()) < PROMPT_EXIT_SECONDS

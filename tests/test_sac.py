@@ -326,6 +326,7 @@ import sys
 from pathlib import Path
 
 import envpool
+import jax
 import numpy as np
 
 import cleanba.cleanba_sac as script
@@ -350,18 +351,29 @@ class RecordingEnv:
         recorded["steps"].append(dict(obs=flat_observation(obs)))
         return obs, info
 
-    def step(self, action, *args):
-        obs, reward, terminated, truncated, info = self.env.step(action, *args)
-        recorded["steps"].append(
-            dict(
-                action=np.array(action),
-                obs=flat_observation(obs),
-                reward=reward,
-                terminated=terminated,
-                truncated=truncated,
-            )
+    def xla(self):
+        # The compiled rollout steps through envpool's XLA interface: every step is recorded by a
+        # callback from inside the compiled program, in order.
+        handle, recv, send, step = self.env.xla()
+
+        def recording_step(handle, action, env_ids):
+            handle, outputs = step(handle, action, env_ids)
+            jax.debug.callback(record_step, action, *outputs[:4], ordered=True)
+            return handle, outputs
+
+        return handle, recv, send, recording_step
+
+
+def record_step(action, obs, reward, terminated, truncated):
+    recorded["steps"].append(
+        dict(
+            action=np.array(action),
+            obs=flat_observation(obs),
+            reward=np.array(reward),
+            terminated=np.array(terminated),
+            truncated=np.array(truncated),
         )
-        return obs, reward, terminated, truncated, info
+    )
 
 
 def recording_make_env(args, seed, num_envs):
