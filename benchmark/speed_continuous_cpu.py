@@ -12,9 +12,9 @@ python benchmark/speed_continuous_cpu.py --sbx-python /path/to/venv/bin/python
   Steady-state SPS: environment steps between the end of the 2nd update and the end of the last,
   over the wall time between them.
 - SAC: `cleanba_sac.py --env-id HalfCheetah-v4` for --sac-steps steps, its logged optimizer steps
-  per second once learning runs (the median of its log lines after the first two), against the bare
-  update (`make_update`'s compiled scan on random batches, in a process of its own), measured
-  before and after the run.
+  per second once learning runs (the median of its log lines after the first two that learned),
+  against the bare update (`make_update`'s compiled scan on random batches, in a process of its
+  own), measured before and after the run.
 - Time to score: the wall-clock, from the process's start, until the mean return of the last 100
   training episodes first reaches CleanRL's 1M-step HalfCheetah-v4 mean (TARGET_RETURN), for our
   script at its defaults and for sbx's PPO with CleanRL's settings (the learning rate annealed to 0,
@@ -183,10 +183,15 @@ def ours_ppo(steps: int, work_dir: Path, repeat: int) -> Row:
     )
 
 
-def sbx_ppo(python: str, steps: int) -> Row:
+def sbx_ppo(python: str, steps: int, work_dir: Path) -> Row:
     start = time.time()
+    # In the work folder: MuJoCo writes its warnings to MUJOCO_LOG.TXT there.
     result = subprocess.run(
-        [python, "-c", SBX_PPO, str(steps)], check=True, stdout=subprocess.PIPE, text=True
+        [python, "-c", SBX_PPO, str(steps)],
+        cwd=work_dir,
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     sps = float(result.stdout.split()[0])
     return Row(
@@ -214,7 +219,9 @@ def bare_sac() -> float:
 def ours_sac(steps: int, work_dir: Path, repeat: int) -> Row:
     arguments = ["--total-timesteps", str(steps)]
     events, wall = run_ours("cleanba_sac", arguments, f"sac_{repeat}", work_dir)
-    rates = [e.value for e in events.Scalars("stats/optimizer_steps_per_second")][2:]
+    # The log lines once learning runs (the earlier ones count no gradient updates), without the
+    # first two (the update's compilation).
+    rates = [e.value for e in events.Scalars("stats/optimizer_steps_per_second") if e.value > 0][2:]
     return Row(
         script="cleanba_sac",
         mode="whole run",
@@ -263,10 +270,11 @@ def ours_time_to_score(seed: int, steps: int, work_dir: Path) -> tuple[Row, list
     return row, curve
 
 
-def sbx_time_to_score(python: str, seed: int, steps: int) -> tuple[Row, list]:
+def sbx_time_to_score(python: str, seed: int, steps: int, work_dir: Path) -> tuple[Row, list]:
     """sbx's PPO, stopped when it reaches the target: its row and its running-mean curve."""
     result = subprocess.run(
         [python, "-c", SBX_TIME_TO_SCORE, str(seed), str(steps), str(TARGET_RETURN)],
+        cwd=work_dir,
         check=True,
         stdout=subprocess.PIPE,
         text=True,
@@ -297,6 +305,12 @@ def seconds_to_target_cell(rows: list) -> str:
     if not reached:
         return f"never, in {rows[0].steps:,} steps ({len(rows)} seeds)"
     return f"{np.median(reached) / 60:.1f} min ({len(reached)} of {len(rows)} seeds reached it)"
+
+
+def seed_line(row: Row) -> str:
+    """A time-to-score run's line of the report's table."""
+    minutes = "never" if row.seconds_to_target is None else f"{row.seconds_to_target / 60:.2f}"
+    return f"| {row.script} | {row.seed} | {minutes} | {row.steps:,} | {row.final_return:.1f} |\n"
 
 
 def write_csv(rows: list):
@@ -359,6 +373,7 @@ def main():
     parser.add_argument("--sac-steps", type=int, default=40_000)
     parser.add_argument("--score-steps", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--note", default="", help="how the machine was shared, for the report")
     options = parser.parse_args()
     ours_ppo_rows = []
     sbx_rows = []
@@ -372,7 +387,7 @@ def main():
         for repeat in range(options.repeats):
             ours_ppo_rows.append(ours_ppo(options.ppo_steps, Path(work_dir), repeat))
             print(ours_ppo_rows[-1], flush=True)
-            sbx_rows.append(sbx_ppo(options.sbx_python, options.ppo_steps))
+            sbx_rows.append(sbx_ppo(options.sbx_python, options.ppo_steps, Path(work_dir)))
             print(sbx_rows[-1], flush=True)
             bare_rates.append(bare_sac())
             sac_rows.append(ours_sac(options.sac_steps, Path(work_dir), repeat))
@@ -384,7 +399,9 @@ def main():
             ours_score_rows.append(row)
             ours_curves.append(curve)
             print(row, flush=True)
-            row, curve = sbx_time_to_score(options.sbx_python, seed, options.score_steps)
+            row, curve = sbx_time_to_score(
+                options.sbx_python, seed, options.score_steps, Path(work_dir)
+            )
             sbx_score_rows.append(row)
             sbx_curves.append(curve)
             print(row, flush=True)
@@ -410,16 +427,23 @@ def main():
         for line in Path("/proc/cpuinfo").read_text().splitlines()
         if line.startswith("model name")
     )
+    sbx_version = subprocess.run(
+        [options.sbx_python, "-c", "import sbx; print(sbx.__version__)"],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    ).stdout.strip()
     ours_sps = median_of(ours_ppo_rows, "sps")
     sbx_sps = median_of(sbx_rows, "sps")
     sac_rate = median_of(sac_rows, "updates_per_second")
     OUT.with_suffix(".md").write_text(
         f"# Continuous control speed, CPU ({time.strftime('%Y-%m-%d')})\n\n"
-        f"Machine: {platform.machine()}, {cpu}, {len(os.sched_getaffinity(0))} CPU cores, nothing "
-        "else running. Made by `python benchmark/speed_continuous_cpu.py --sbx-python PYTHON "
+        f"Machine: {platform.machine()}, {cpu}, {len(os.sched_getaffinity(0))} CPU cores. "
+        f"{options.note} Made by `python benchmark/speed_continuous_cpu.py --sbx-python PYTHON "
         f"--ppo-steps {options.ppo_steps} --sac-steps {options.sac_steps} --score-steps "
-        f"{options.score_steps} --repeats {options.repeats}`; medians of {options.repeats} runs "
-        "(every run in speed_continuous_cpu.csv).\n\n"
+        f"{options.score_steps} --repeats {options.repeats}`, sbx-rl {sbx_version} in PYTHON; "
+        f"medians of {options.repeats} runs (every run in speed_continuous_cpu.csv; the runs "
+        "took turns, PPO, sbx PPO and SAC in each repeat, then the time-to-score seeds).\n\n"
         "| what | SPS | updates/s |\n|---|---|---|\n"
         f"| continuous PPO, CleanRL's layout | {ours_sps:.0f} | |\n"
         f"| sbx PPO, same layout | {sbx_sps:.0f} | |\n"
@@ -432,7 +456,13 @@ def main():
         "| what | time to the target |\n|---|---|\n"
         f"| continuous PPO, defaults | {seconds_to_target_cell(ours_score_rows)} |\n"
         "| sbx PPO, CleanRL's settings and VecNormalize | "
-        f"{seconds_to_target_cell(sbx_score_rows)} |\n"
+        f"{seconds_to_target_cell(sbx_score_rows)} |\n\n"
+        "Each seed (minutes to the target; the final return is that of the last 100 episodes "
+        "when the run stopped: at the target for sbx, at the end for ours):\n\n"
+        "| what | seed | minutes to the target | steps run | final return |\n"
+        "|---|---|---|---|---|\n"
+        + "".join(seed_line(row) for row in [*ours_score_rows, *sbx_score_rows])
+        + "\n![speed](speed_continuous_cpu.png)\n"
     )
     print(OUT.with_suffix(".md").read_text())
 
