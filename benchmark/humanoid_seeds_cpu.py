@@ -5,8 +5,10 @@ differently (about one unit in the last place), changes what the script learns o
 CleanRL's table leaves the least margin.
 
 python benchmark/humanoid_seeds_cpu.py --label compiled --checkout . --seeds 1 2 3 4 5 6 7 8 9 10
-python benchmark/humanoid_seeds_cpu.py --label python --checkout PATH --seeds 1 2 3 4 5 6 7 8 9 10
+python benchmark/humanoid_seeds_cpu.py --label python --checkout PATH --seeds 4 5 6 7 8 9 10
 python benchmark/humanoid_seeds_cpu.py --report-only
+
+The Python rollout's seeds 1-3 are those of CleanRL's table report at PYTHON_ROLLOUT_COMMIT.
 
 PATH: a checkout of the commit before the compiled rollout (`git worktree add PATH 6088613`); its
 scripts run with its own `cleanba_utils` (PYTHONPATH). Runs go to
@@ -20,6 +22,7 @@ import csv
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +38,9 @@ from learning_mujoco_table_cpu import CLEANRL
 from measure import command_line, run_resumable
 
 OUT = REPO / "benchmark" / "results" / "humanoid_seeds_cpu"
+PYTHON_ROLLOUT_COMMIT = "6088613"
+"""The last commit whose continuous PPO played its rollout in Python: its table report's Humanoid-v4
+seeds 1-3 (benchmark/learning_mujoco_table_cpu.py, 2026-11-25) join this report's own runs."""
 ENV_ID = "Humanoid-v4"
 LABELS = {
     "compiled": "the rollout as one compiled program (envpool's XLA step in a lax.scan)",
@@ -61,8 +67,27 @@ def finished(work_dir: Path, label: str) -> list[Path]:
     return sorted(run_dir for run_dir in runs if (run_dir / "summary.json").exists())
 
 
-def results(work_dir: Path) -> list[dict]:
+def table_rows_before() -> list[dict]:
+    """The Humanoid-v4 runs at the defaults of the table report at PYTHON_ROLLOUT_COMMIT."""
+    text = subprocess.run(
+        ["git", "show", f"{PYTHON_ROLLOUT_COMMIT}:benchmark/results/learning_mujoco_table_cpu.csv"],
+        cwd=REPO,
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    ).stdout
     rows = []
+    for row in csv.DictReader(text.splitlines()):
+        if row["env_id"] == ENV_ID and row["mode"] == "defaults":
+            row = dict(row, script=f"{SCRIPT} (python rollout)", mode="python", eval_return="")
+            row["seed"] = int(row["seed"])
+            row["final_return"] = float(row["final_return"])
+            rows.append(row)
+    return rows
+
+
+def results(work_dir: Path) -> list[dict]:
+    rows = table_rows_before()
     for label in LABELS:
         for run_dir in finished(work_dir, label):
             summary = json.loads((run_dir / "summary.json").read_text())
