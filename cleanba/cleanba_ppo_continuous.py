@@ -436,7 +436,9 @@ def actor_thread(
         Mesh(np.array(learner_devices), ("devices",)), PartitionSpec("devices")
     )
     with jax.enable_x64(True):
-        handle, play = compiled_rollout(network, envs, action_key, env_ids, args.num_steps)
+        handle, play = compiled_rollout(
+            network, envs, key=action_key, env_ids=env_ids, num_steps=args.num_steps
+        )
     episodes = run.episodes(args.local_num_envs)
     # Each environment's discounted return, restarted with each episode.
     discounted_return = np.zeros(args.local_num_envs)

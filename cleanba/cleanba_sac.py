@@ -373,7 +373,9 @@ def actor_thread(
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     with jax.enable_x64(True):
-        handle, play = compiled_rollout(networks, envs, action_key, env_ids, args.num_steps)
+        handle, play = compiled_rollout(
+            networks, envs, key=action_key, env_ids=env_ids, num_steps=args.num_steps
+        )
     episodes = run.episodes(args.local_num_envs)
     if env_record is None:
         record = env_records.empty_record(args.local_num_envs, args.env_id)
