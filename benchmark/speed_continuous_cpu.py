@@ -15,12 +15,15 @@ python benchmark/speed_continuous_cpu.py --sbx-python /path/to/venv/bin/python
   per second once learning runs (the median of its log lines after the first two that learned),
   against the bare update (`make_update`'s compiled scan on random batches, in a process of its
   own), measured before and after the run.
+- Ape-X DPG at its defaults on HalfCheetah-v4 for --dpg-steps steps (one run): its SPS.
+- Each script's actor time per environment step: the median of its logged rollout times after the
+  first two, over a rollout's environment steps.
 - Time to score: the wall-clock, from the process's start, until the mean return of the last 100
   training episodes first reaches CleanRL's 1M-step HalfCheetah-v4 mean (TARGET_RETURN), for our
   script at its defaults and for sbx's PPO with CleanRL's settings (the learning rate annealed to 0,
   observations and rewards normalized by `VecNormalize`), seeds 1 to --repeats, up to
   --score-steps steps (a run that never reaches it says so).
-Writes benchmark/results/speed_continuous_cpu.md and .csv.
+Writes benchmark/results/speed_continuous_cpu.md, .csv (one row per run) and .png.
 """
 
 import argparse
@@ -47,7 +50,7 @@ import matplotlib.pyplot as plt
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmark" / "results" / "speed_continuous_cpu"
 CLEANRL_LAYOUT = ["--local-num-envs", "1", "--num-steps", "2048", "--num-actor-threads", "1"]
-CSV_COLUMNS = [*RUN_COLUMNS, "updates_per_second", "seconds_to_target"]
+CSV_COLUMNS = [*RUN_COLUMNS, "updates_per_second", "seconds_to_target", "actor_us_per_step"]
 TARGET_RETURN = 1442.64
 """CleanRL's ppo_continuous_action.py on HalfCheetah-v4 after 1M steps (its documented mean)"""
 
@@ -149,6 +152,15 @@ class Row(NamedTuple):
     wall_time_s: float
     final_return: float | None = None
     seconds_to_target: float | None = None
+    actor_us_per_step: float | None = None
+
+
+def actor_us_per_step(events, steps_per_rollout: int) -> float:
+    """An actor thread's microseconds per environment step: the median of its logged rollout times
+    (the compiled program and the bookkeeping after it) after the first two (compilation), over the
+    environment steps of one rollout."""
+    rollout_times = [event.value for event in events.Scalars("stats/rollout_time")][2:]
+    return float(np.median(rollout_times)) / steps_per_rollout * 1e6
 
 
 def run_ours(script: str, arguments: list[str], run_name: str, work_dir: Path, seed: int = 1):
@@ -180,6 +192,7 @@ def ours_ppo(steps: int, work_dir: Path, repeat: int) -> Row:
         sps=sps,
         updates_per_second=None,
         wall_time_s=wall,
+        actor_us_per_step=actor_us_per_step(events, 2048),
     )
 
 
@@ -230,6 +243,26 @@ def ours_sac(steps: int, work_dir: Path, repeat: int) -> Row:
         sps=None,
         updates_per_second=float(np.median(rates)),
         wall_time_s=wall,
+        actor_us_per_step=actor_us_per_step(events, 64),
+    )
+
+
+def ours_dpg(steps: int, work_dir: Path) -> Row:
+    """Ape-X DPG at its defaults (2 actor threads x 32 environments x 40 steps): its SPS and the
+    actors' time per step."""
+    arguments = ["--total-timesteps", str(steps), "--log-frequency", "1"]
+    events, wall = run_ours("cleanba_apex_dpg", arguments, "dpg", work_dir)
+    versions = events.Scalars("stats/learner_policy_version")
+    sps = (versions[-1].step - versions[1].step) / (versions[-1].wall_time - versions[1].wall_time)
+    return Row(
+        script="cleanba_apex_dpg",
+        mode="defaults",
+        seed=1,
+        steps=steps,
+        sps=sps,
+        updates_per_second=None,
+        wall_time_s=wall,
+        actor_us_per_step=actor_us_per_step(events, 32 * 40),
     )
 
 
@@ -332,6 +365,7 @@ def write_csv(rows: list):
                     number(row.wall_time_s, 0),
                     number(row.updates_per_second, 1),
                     number(row.seconds_to_target, 0),
+                    number(row.actor_us_per_step, 1),
                 ]
             )
 
@@ -371,6 +405,7 @@ def main():
     parser.add_argument("--sbx-python", required=True)
     parser.add_argument("--ppo-steps", type=int, default=204_800)
     parser.add_argument("--sac-steps", type=int, default=40_000)
+    parser.add_argument("--dpg-steps", type=int, default=204_800)
     parser.add_argument("--score-steps", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--note", default="", help="how the machine was shared, for the report")
@@ -394,6 +429,8 @@ def main():
             print(sac_rows[-1], flush=True)
             bare_rates.append(bare_sac())
             print(f"bare SAC update: {bare_rates[-2]:.1f}/s, {bare_rates[-1]:.1f}/s", flush=True)
+        dpg_row = ours_dpg(options.dpg_steps, Path(work_dir))
+        print(dpg_row, flush=True)
         for seed in range(1, options.repeats + 1):
             row, curve = ours_time_to_score(seed, options.score_steps, Path(work_dir))
             ours_score_rows.append(row)
@@ -415,7 +452,9 @@ def main():
         updates_per_second=bare,
         wall_time_s=0.0,
     )
-    write_csv([*ours_ppo_rows, *sbx_rows, *sac_rows, bare_row, *ours_score_rows, *sbx_score_rows])
+    write_csv(
+        [*ours_ppo_rows, *sbx_rows, *sac_rows, bare_row, dpg_row, *ours_score_rows, *sbx_score_rows]
+    )
     plot(
         ppo_rows={"continuous PPO": ours_ppo_rows, "sbx PPO": sbx_rows},
         sac_rows=sac_rows,
@@ -451,6 +490,14 @@ def main():
         f"| SAC, bare update (before and after each run) | | {bare:.1f} |\n"
         f"\nPPO against sbx: {ours_sps / sbx_sps:.2f}x. SAC's run at {sac_rate / bare:.0%} of its "
         "bare update.\n\n"
+        "An actor thread's time per environment step (its rollout, compiled program and "
+        "bookkeeping, over the rollout's environment steps; the median over its rollouts after the "
+        "first two):\n\n| what | layout | µs per environment step |\n|---|---|---|\n"
+        f"| continuous PPO | 1 environment x 2,048 steps | "
+        f"{median_of(ours_ppo_rows, 'actor_us_per_step'):.1f} |\n"
+        f"| SAC | 1 environment x 64 steps | {median_of(sac_rows, 'actor_us_per_step'):.1f} |\n"
+        f"| Ape-X DPG (one run, {dpg_row.sps:.0f} SPS) | 2 threads x 32 environments x 40 steps | "
+        f"{dpg_row.actor_us_per_step:.1f} |\n\n"
         f"Time until the mean of the last 100 training returns first reaches {TARGET_RETURN} "
         "(CleanRL's 1M-step HalfCheetah-v4 mean), from the process's start:\n\n"
         "| what | time to the target |\n|---|---|\n"
