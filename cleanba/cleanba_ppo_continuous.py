@@ -355,8 +355,9 @@ class Rollout(NamedTuple):
 
 class PlayedStep(NamedTuple):
     """One step of a compiled rollout, for every environment (stacked over steps by the scan): the
-    observation acted on, the unclipped action, what the environment received (clipped, float64),
-    its log-probability, the value, and the raw reward, termination and truncation that followed."""
+    observation acted on, the unclipped action, what the environment received (clipped, in the
+    task's action type), its log-probability, the value, and the raw reward, termination and
+    truncation that followed."""
 
     obs: jax.Array
     actions: jax.Array
@@ -386,7 +387,7 @@ def compiled_rollout(network: Network, envs, key, env_ids: np.ndarray, num_steps
         action = sample_actions(
             mean=mean, log_std=log_std, key=key, step=policy_step, env_ids=env_ids
         )
-        env_action = jnp.clip(action.astype(jnp.float64), low, high)
+        env_action = jnp.clip(action.astype(low.dtype), low, high)
         handle, next_obs, reward, terminated, truncated = step_envs(handle, env_action)
         played = PlayedStep(
             obs=obs,

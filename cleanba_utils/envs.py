@@ -94,17 +94,18 @@ def flat_observation(obs, xp=np):
 def compiled_step(envs):
     """envpool's step for a rollout compiled as one program, its XLA interface (`envs.xla()`):
     returns the environments' handle and `step(handle, actions) -> (handle, observations, rewards,
-    terminations, truncations)`, the observations flat float32 as `flat_observation` gives them.
-    Make and call both with 64-bit types on (`jax.enable_x64(True)`, which holds for the calling
-    thread only): envpool's MuJoCo and dm_control tasks take float64 actions and give float64
-    observations and rewards."""
+    terminations, truncations)`, the actions cast to the task's action type, the observations flat
+    float32 as `flat_observation` gives them. Make and call both with 64-bit types on
+    (`jax.enable_x64(True)`, which holds for the calling thread only): envpool's MuJoCo and
+    dm_control tasks take float64 actions and give float64 observations and rewards."""
     handle, _, _, step_envs = envs.xla()
     # envpool's XLA step takes its own environments' indices, 0 .. num_envs - 1.
     own_env_ids = np.arange(envs.config["num_envs"], dtype=np.int32)
+    action_dtype = envs.action_space.dtype
 
     def step(handle, actions):
         handle, (obs, rewards, terminations, truncations, _) = step_envs(
-            handle, actions.astype(jnp.float64), own_env_ids
+            handle, actions.astype(action_dtype), own_env_ids
         )
         return handle, flat_observation(obs, jnp), rewards, terminations, truncations
 
