@@ -34,7 +34,7 @@ from cleanba_utils import (
     signals,
     threads,
 )
-from cleanba_utils.envs import MACHADO_ATARI, flat_observation
+from cleanba_utils.envs import MACHADO_ATARI, compiled_step, flat_observation
 from cleanba_utils.run import Episodes, Run, duration, open_run
 
 
@@ -353,6 +353,43 @@ def test_a_mujoco_environment_comes_back_from_its_resets_and_its_episodes_action
     more = np.random.default_rng(1).uniform(-1, 1, (20, 2, 3))
     for action in more:
         np.testing.assert_array_equal(replayed.step(action)[0], envs.step(action)[0])
+
+
+@pytest.mark.parametrize(
+    "env_id, action_dim",
+    [("Hopper-v4", 3), ("Pendulum-v1", 1), ("CheetahRun-v1", 6)],
+)
+def test_the_compiled_step_gives_what_envpools_python_step_gives(env_id, action_dim):
+    # Hopper takes float64 actions and ends episodes within the 300 steps (envpool's reset steps
+    # included), Pendulum takes float32 ones, CheetahRun observes a dict. The float32 actions are
+    # what the compiled rollouts hand over.
+    actions = np.random.default_rng(0).uniform(-1, 1, (300, 2, action_dim)).astype(np.float32)
+    python_envs = envpool.make(env_id, env_type="gymnasium", num_envs=2, seed=7)
+    expected_obs = [flat_observation(python_envs.reset()[0])]
+    expected = []
+    for action in actions:
+        obs, reward, terminated, truncated, _ = python_envs.step(action)
+        expected_obs.append(flat_observation(obs))
+        expected.append((reward, terminated, truncated))
+    compiled_envs = envpool.make(env_id, env_type="gymnasium", num_envs=2, seed=7)
+    first_obs = flat_observation(compiled_envs.reset()[0])
+
+    def scan_step(handle, action):
+        handle, *outputs = step(handle, action)
+        return handle, outputs
+
+    with jax.enable_x64(True):
+        handle, step = compiled_step(compiled_envs)
+        rollout = jax.jit(lambda handle, actions: jax.lax.scan(scan_step, handle, actions))
+        _, (obs, rewards, terminations, truncations) = jax.device_get(rollout(handle, actions))
+    np.testing.assert_array_equal(first_obs, expected_obs[0])
+    np.testing.assert_array_equal(obs, np.stack(expected_obs[1:]))
+    assert obs.dtype == np.float32
+    np.testing.assert_array_equal(rewards, np.stack([r for r, _, _ in expected]))
+    np.testing.assert_array_equal(terminations, np.stack([t for _, t, _ in expected]))
+    np.testing.assert_array_equal(truncations, np.stack([t for _, _, t in expected]))
+    if env_id == "Hopper-v4":
+        assert terminations.any()
 
 
 def test_an_atari_environment_with_sticky_actions_does_not():
