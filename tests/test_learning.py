@@ -45,9 +45,9 @@ and last 20 episodes (about 76 in all):
 
 - sac, CleanRL's hyperparameters with 64-64 networks, 4 environments x 16 steps, learning from
   step 1,000, 16k steps: 1235.4, 1202.3, 1250.2, 1202.6, 1178.6, 1192.2, 975.2, 1091.1, 940.0,
-  975.4 (the same with the compiled rollout and with the rollout played in Python). Broken: frozen 44.9, -38.7, 148.8; ascent 51.8, 35.2, 76.6; shuffled (the actions of the
-  critics' batch) 182.3, 164.4, 112.2. Threshold 500: 440 below the worst seed, 318 above the best
-  broken run.
+  975.4 (the same with the compiled rollout and with the rollout played in Python). Broken:
+  frozen 44.9, -38.7, 148.8; ascent 51.8, 35.2, 76.6; shuffled (the actions of the critics' batch)
+  182.3, 164.4, 112.2. Threshold 500: 440 below the worst seed, 318 above the best broken run.
 - apex_dpg, the paper's settings but 64-64 networks and a learning rate of 1e-3 (1e-4 does not
   learn Pendulum in 16k steps), 4 environments x 16 steps, 64 batches of 256 per update (one per
   step), learning from step 1,000, 16k steps, with the compiled rollout: 1365.6, 1315.6, 1152.1,
