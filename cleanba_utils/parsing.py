@@ -30,7 +30,9 @@ def flag(name: str) -> str:
 
 def parse_args(args_type, argv=None):
     """tyro's parser, with its multi-line error box reduced to its one line of substance. From here
-    on a stop signal ends the process quietly (`signals`), until the run acts on it itself."""
+    on a stop signal ends the process quietly (`signals`), until the run acts on it itself. A run's
+    options then ask XLA for deterministic GPU operations, before anything starts a JAX backend
+    (`accelerators.request_deterministic_ops`)."""
     import tyro
 
     from cleanba_utils import signals
@@ -39,7 +41,7 @@ def parse_args(args_type, argv=None):
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            return tyro.cli(args_type, args=argv)
+            args = tyro.cli(args_type, args=argv)
     except SystemExit as exit_:
         if exit_.code:
             # The box's title, then its message (wrapped over lines) up to a rule of "─".
@@ -52,6 +54,13 @@ def parse_args(args_type, argv=None):
             fail(f"{' '.join(message) or 'invalid arguments'} (see --help)")
         print(captured.getvalue(), end="")
         raise
+    from cleanba_utils.run_args import RunArgs
+
+    if isinstance(args, RunArgs):
+        from cleanba_utils.accelerators import request_deterministic_ops
+
+        request_deterministic_ops(args.nondeterministic_gpu_ops)
+    return args
 
 
 CHECK = "check"

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from tensorboardX import SummaryWriter
 
-from cleanba_utils import devices, distributed, hub, parsing, run_files, signals
+from cleanba_utils import accelerators, devices, distributed, hub, parsing, run_files, signals
 from cleanba_utils.checkpoints import OPTIONS_RECORD, options_record, save_checkpoint
 from cleanba_utils.threads import Stopped
 
@@ -585,6 +585,8 @@ def open_run(
     `counters["update"] > 0` means a resumed run: it writes `spec_resume_<update>.json`, and
     TensorBoard drops what the preempted run logged after its checkpoint (purge_step), so the curves
     read as one stream."""
+    backend = jax.default_backend()
+    accelerators.check_opt_out(args, backend)
     name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join("runs", name)
     resumed_update = counters["update"] or None
@@ -667,7 +669,8 @@ def open_run(
             f"{name}: {sizes.num_updates} update{'s' * (sizes.num_updates != 1)} of "
             f"{sizes.steps_per_update} environment steps "
             f"({sizes.num_envs} environments), {len(global_learner_devices)} learner device(s), "
-            f"{jax.process_count()} process(es), JAX backend {jax.default_backend()}; a line at "
+            f"{jax.process_count()} process(es), JAX backend {backend}"
+            f"{accelerators.backend_note(args, backend)}; a line at "
             f"least every {PROGRESS_SECONDS:.0f} s",
             flush=True,
         )

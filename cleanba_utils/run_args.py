@@ -51,6 +51,11 @@ class RunArgs:
     envpool_num_threads: int | None = positive(None)
     """worker threads of each envpool instance (default: the CPUs shared equally among the
     instances); results do not depend on it"""
+    nondeterministic_gpu_ops: bool = False
+    """trade repeatability for speed on a GPU: let XLA pick its fastest kernels, whose sums run in
+    whatever order the GPU's threads arrive, so the same command gives another result each run
+    (default: `--xla_gpu_deterministic_ops=true` is added to XLA_FLAGS; docs/performance.md has its
+    cost). Refused where JAX does not run on a GPU"""
     concurrency: bool = False
     """let actors collect the next rollout while the learner trains (policy lag 1 instead of 0)"""
     distributed: bool = False
@@ -131,6 +136,8 @@ RESUMABLE_CHANGES = frozenset(
         # the same computation scheduled otherwise: envpool's workers, microbatches whose gradients
         # sum to the minibatch's, Ape-X's replay work in a background thread or not
         "envpool_num_threads",
+        # a GPU's kernels: the same computation, its sums in another order
+        "nondeterministic_gpu_ops",
         "gradient_accumulation_steps",
         "pipeline",
     ]

@@ -80,8 +80,9 @@ def git_sha(path: str):
 
 
 def run_description(args, sizes, run_name: str, script_path: str) -> dict:
-    """Enough to rerun the run: every argument, the derived sizes, the code version and the library
-    versions."""
+    """Enough to rerun the run: every argument, the derived sizes, the code version, the library
+    versions and the XLA flags its backend started with (on a GPU, whether its operations are
+    deterministic)."""
     import jax
 
     return dict(
@@ -94,6 +95,7 @@ def run_description(args, sizes, run_name: str, script_path: str) -> dict:
         python=platform.python_version(),
         versions={p: importlib.metadata.version(p) for p in PACKAGES},
         devices=[str(d) for d in jax.devices()],
+        xla_flags=os.environ.get("XLA_FLAGS", ""),
         start_time=time.time(),
     )
 

@@ -12,6 +12,10 @@ os.environ.setdefault(
     os.path.join(tempfile.gettempdir(), f"cleanba-tests-jax-cache-{os.getuid()}"),
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# JAX on the CPU, whatever is installed: the multi-device tests simulate their devices on the CPU
+# (XLA_FLAGS=--xla_force_host_platform_device_count), and a GPU would give other floats than the
+# CPU figures the tests compare with.
+os.environ["JAX_PLATFORMS"] = "cpu"
 # The scripts run by the tests do not restart themselves for huge pages
 # (cleanba_utils/huge_pages.py): a restart repeats the imports, and the pages change the speed, not
 # the results.

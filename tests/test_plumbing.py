@@ -474,6 +474,7 @@ class NamedRunArgs:
     upload_model: bool = False
     eval_episodes: int = 2
     eval_every: int = 2
+    nondeterministic_gpu_ops: bool = False
 
 
 def test_a_resumed_runs_summary_keeps_earlier_evaluations_and_a_finished_run_ignores_stops(
