@@ -2,13 +2,15 @@
 ring. Every agent has its own environments, optimizer and parameters x_i. After each local update,
 agent i sends x_i to its out-peers i+1 .. i+k and averages with the messages it holds: x_i <- (x_i +
 sum of messages) / (1 + their number). The agents stay in a ball around their average x̄, which is
-saved. `--gossip sync` (default): lock step, one `pmap` over the agents' devices, the in-peers' new
-parameters by `lax.ppermute`: the same seed gives the same run. `--gossip async` (the paper's): a
-learner thread per agent, messages left in mailboxes without waiting. `--topology allreduce`: A2C,
-gradients averaged over the agents; `none`: independent agents. Each agent's actor thread keeps
-Cleanba's protocol (queues of size 1, lag 1)."""
+saved. The agents share the devices there are, in blocks of consecutive agents. `--gossip sync`
+(default): lock step, one `shard_map` over the devices, each computing its block's gradients with
+`vmap`, the in-peers' new parameters by `lax.ppermute`: the same seed gives the same run.
+`--gossip async` (the paper's): a learner thread per agent, messages left in mailboxes without
+waiting. `--topology allreduce`: A2C, gradients averaged over the agents; `none`: independent
+agents. Each agent's actor thread keeps Cleanba's protocol (queues of size 1, lag 1)."""
 
 import dataclasses
+import functools
 import operator
 import os
 import queue
@@ -23,14 +25,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax.training.train_state import TrainState
+from jax.sharding import NamedSharding
 
 from cleanba_utils import distributed, parsing
 from cleanba_utils.agent_arrays import (
+    agent_slice,
     agents_sharding,
     from_slices,
     gathered_agents,
     sharded,
-    slice_on,
 )
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.consensus import consensus_line, consensus_of, consensus_stats
@@ -117,8 +120,10 @@ class Args(RunArgs):
     """dense layers after the torso (images; 512 is the paper's), or hidden layers of each of the
     separate actor and critic MLPs (vector observations: e.g. --hiddens 64 64 for CartPole)"""
     num_agents: int = positive(4)
-    """the number of actor-learners, each on its own device (CPU:
-    XLA_FLAGS=--xla_force_host_platform_device_count)"""
+    """the number of actor-learners. They share the devices there are, as in the paper, which runs
+    several agents in parallel on one GPU (its Figure 3: one V100 and 48 CPUs): each process's
+    agents go in equal blocks of consecutive agents to as many of its devices as divide them (4
+    agents: all on 1 device, 2 on each of 2 or 3 devices, 1 on each of 4 or more)"""
     topology: Literal["gossip", "allreduce", "none"] = "gossip"
     """gossip over a directed ring, gradients averaged over all agents (A2C), or independent agents
     """
@@ -198,21 +203,28 @@ def validate(args: Args):
 
 
 def validate_layout(args: Args):
-    """The checks that need the devices (and, with --distributed, the number of processes)."""
+    """The checks that need the number of processes (--distributed) or the update's size, and a note
+    where the agents leave devices of a process idle."""
     sizes = sizes_of(args)
     num_processes = jax.process_count()
-    num_devices = len(jax.local_devices())
-    agents_per_process = args.num_agents // num_processes
-    if args.num_agents % num_processes or num_devices < agents_per_process:
+    if args.num_agents % num_processes:
         parsing.fail(
-            f"--num-agents {args.num_agents} needs one device per agent in each of {num_processes} "
-            f"process(es), this one has {num_devices}; on CPU run with "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={agents_per_process}"
+            f"--num-agents {args.num_agents} does not divide into the {num_processes} processes "
+            "of the run: every process takes the same number of agents"
         )
     if sizes.num_updates < 1:
         parsing.fail(
             f"--total-timesteps {args.total_timesteps} is less than one update "
             f"({sizes.steps_per_update} steps)"
+        )
+    local_agents = args.num_agents // num_processes
+    num_devices = len(jax.local_devices())
+    used = len(set(agent_devices_of(args).local))
+    if used < min(local_agents, num_devices):
+        print(
+            f"note: the {local_agents} agents of each process share {used} of its {num_devices} "
+            "devices, in equal blocks; a number of agents that more devices divide uses more",
+            file=sys.stderr,
         )
 
 
@@ -527,6 +539,35 @@ def mix(params, messages: list):
     return jax.tree.map(lambda x, *ms: (x + sum(ms)) / (1 + len(ms)), params, *messages)
 
 
+def ring_shift(tree, distance: int):
+    """Inside a `shard_map` over the mesh axis "agents" whose devices hold blocks of consecutive
+    agents (a leading axis): agent j's rows of `tree` go to agent j + distance (mod the agents).
+    Whole blocks move distance // block devices on; then the last distance % block agents of each
+    block move to the front of the next device's block. With one agent per device, one
+    `ppermute`."""
+    num_devices = jax.lax.axis_size("agents")
+
+    def device_shift(x, hops):
+        pairs = [(p, (p + hops) % num_devices) for p in range(num_devices)]
+        return jax.lax.ppermute(x, "agents", pairs)
+
+    def shift(x):
+        block = x.shape[0]
+        hops, rest = divmod(distance, block)
+        x = device_shift(x, hops)
+        if rest == 0:
+            return x
+        return jnp.concatenate([device_shift(x[block - rest :], 1), x[: block - rest]])
+
+    return jax.tree.map(shift, tree)
+
+
+def agents_mean(tree):
+    """Inside a `shard_map` over the mesh axis "agents": the mean over every agent of `tree`, whose
+    leading axis is this device's block of agents."""
+    return jax.lax.pmean(jax.tree.map(lambda x: x.mean(0), tree), "agents")
+
+
 def cosine(a, b):
     dot = lambda u, v: sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(u), jax.tree.leaves(v)))
     return dot(a, b) / (jnp.sqrt(dot(a, a) * dot(b, b)) + 1e-12)
@@ -592,45 +633,57 @@ def a2c_gradients(args: Args, state, transitions: Transitions, bootstrap_obs):
 
 
 def lockstep_update(args: Args):
-    """One agent's share of the lock-step update, over the named axis "agents" (one agent per
-    index): an A2C step (gradients averaged for allreduce), then the gossip step with the in-peers'
-    new parameters (j sends to j + d); the consensus, and with `with_similarity` the cosine
-    similarity of ring neighbours' gradients."""
+    """One device's share of the lock-step update, inside a `shard_map` over the mesh axis "agents":
+    its block of agents (a leading axis), each taking an A2C step (gradients averaged over every
+    agent for allreduce), then the gossip step with the in-peers' new parameters (j sends to j +
+    d); the consensus, and with `with_similarity` the mean cosine similarity of ring neighbours'
+    gradients."""
 
-    def ring_shift(tree, distance):
-        """Agent j's `tree` goes to agent j + distance."""
-        pairs = [(j, (j + distance) % args.num_agents) for j in range(args.num_agents)]
-        return jax.lax.ppermute(tree, "agents", pairs)
-
-    def update_all(state, transitions, bootstrap_obs, with_similarity):
-        grads, losses = a2c_gradients(args, state, transitions, bootstrap_obs)
+    def update_block(state, transitions, bootstrap_obs, with_similarity):
+        gradients = jax.vmap(functools.partial(a2c_gradients, args))
+        grads, losses = gradients(state, transitions, bootstrap_obs)
         similarity = None
         if with_similarity:
-            similarity = jax.lax.pmean(cosine(grads, ring_shift(grads, 1)), "agents")
+            similarity = agents_mean(jax.vmap(cosine)(grads, ring_shift(grads, 1)))
         if args.topology == "allreduce":
-            grads = jax.lax.pmean(grads, "agents")
-        state = state.apply_gradients(grads=grads)
+            grads = jax.tree.map(
+                lambda mean, agent_grads: jnp.broadcast_to(mean, agent_grads.shape),
+                agents_mean(grads),
+                grads,
+            )
+        # The optimizer steps go agent by agent: each is then the program of an agent alone on its
+        # device (vmap's batched clipping and RMSProp step round differently).
+        state = jax.lax.map(lambda pair: pair[0].apply_gradients(grads=pair[1]), (state, grads))
         if args.topology == "gossip":
             # Algorithm 1: after its step each agent sends its new parameters to its out-peers and
             # averages its own with the ones it receives, so the agents' mean moves by the mean of
             # their steps (mixing with the peers' parameters from before the step would halve it).
             in_peers = [ring_shift(state.params, d) for d in range(1, args.num_peers + 1)]
             state = state.replace(params=mix(state.params, in_peers))
-        losses = jax.lax.pmean(losses, "agents")
-        consensus = consensus_of(jax.lax.all_gather(state.params, "agents"))
-        return state, losses, consensus, similarity
+        losses = agents_mean(losses)
+        consensus = consensus_of(jax.lax.all_gather(state.params, "agents", tiled=True))
+        # What every device holds alike comes back with a leading axis of devices, as from a pmap
+        # (`first_replica` reads it).
+        replicas = jax.tree.map(lambda x: x[None], (losses, consensus, similarity))
+        return state, *replicas
 
-    return update_all
+    return update_block
 
 
-def make_update(args: Args, agent_devices: list):
-    """The lock-step update of every agent, pmap'd over their devices."""
-    return jax.pmap(
-        lockstep_update(args),
-        axis_name="agents",
-        devices=agent_devices,
-        static_broadcasted_argnums=3,
-    )
+def make_update(args: Args, sharding: NamedSharding):
+    """The lock-step update of every agent: a `shard_map` over the devices of `sharding`, each with
+    its block of agents."""
+    block_update = lockstep_update(args)
+
+    def update_all(state, transitions, bootstrap_obs, with_similarity):
+        return jax.shard_map(
+            functools.partial(block_update, with_similarity=with_similarity),
+            mesh=sharding.mesh,
+            in_specs=sharding.spec,
+            out_specs=sharding.spec,
+        )(state, transitions, bootstrap_obs)
+
+    return jax.jit(update_all, static_argnums=3)
 
 
 def make_agent_update(args: Args):
@@ -650,16 +703,22 @@ def make_agent_update(args: Args):
 
 class AgentDevices(NamedTuple):
     local: list
-    """the devices of this process's agents"""
+    """the device of each of this process's agents, in agent order"""
     every: list
-    """every process's agents' devices: agent i on device i"""
+    """the devices that hold agents, every process's in order, each once: device k holds the k-th
+    block of consecutive agents"""
 
 
 def agent_devices_of(args: Args) -> AgentDevices:
+    """Each process's agents in equal blocks over its first d devices, d the most that divide them
+    and that every process has."""
     local_agents = args.num_agents // jax.process_count()
+    fewest = min(len(jax.local_devices(process_index=p)) for p in range(jax.process_count()))
+    num_devices = max(d for d in range(1, fewest + 1) if local_agents % d == 0)
+    block = local_agents // num_devices
     return AgentDevices(
-        local=jax.local_devices()[:local_agents],
-        every=distributed.global_learner_devices(range(local_agents)),
+        local=[jax.local_devices()[agent // block] for agent in range(local_agents)],
+        every=distributed.global_learner_devices(range(num_devices)),
     )
 
 
@@ -708,13 +767,14 @@ def log_distances(run, global_step: int, consensus, agent_steps: list):
 
 
 def train_sync(args: Args, run, network, state):
-    """All agents in lock step, one pmap'd update over their devices. Returns the consensus average
-    and the updates done."""
+    """All agents in lock step, one update over their devices. Returns the consensus average and the
+    updates done."""
     sizes = run.sizes
     agent_devices, global_devices = agent_devices_of(args)
     sharding = agents_sharding(global_devices)
     state = sharded(state, sharding)
-    update_fn = make_update(args, global_devices)
+    update_fn = make_update(args, sharding)
+    first_agent = jax.process_index() * len(agent_devices)
     first_update = run.counters["update"] + 1
     param_queues, rollout_queues, threads = start_actors(
         args=args,
@@ -727,8 +787,8 @@ def train_sync(args: Args, run, network, state):
     with run.learner_loop(threads) as end:
         update = first_update - 1  # the updates done, where the loop makes none (a finished run)
         for update in range(first_update, sizes.num_updates + 1):
-            for param_queue, device in zip(param_queues, agent_devices):
-                params = slice_on(state.params, device)
+            for index, param_queue in enumerate(param_queues):
+                params = agent_slice(state.params, first_agent + index)
                 queue_put(param_queue, (update - 1, params), run.stop)
             rollouts, rollout_queue_get_time = take_rollouts(
                 rollout_queues,
@@ -930,7 +990,8 @@ def train(args: Args):
 
 def main(argv=None):
     args = parse_args(argv)
-    # One device per agent of this process (validate_layout refuses agents that do not divide).
+    # Up to one device per agent of this process, which its agents share (validate_layout refuses
+    # agents that do not divide over the processes).
     agents_per_process = max(1, args.num_agents // distributed.num_processes_of(args))
     distributed.join(args, num_layout_devices=agents_per_process)
     validate_layout(args)
