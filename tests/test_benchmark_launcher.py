@@ -10,6 +10,7 @@ import time
 import pytest
 from helpers import launch
 
+from cleanba_utils.experiments import launch as launch_module
 from cleanba_utils.experiments.sweeps import grid_settings, parse_sweep, random_settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -117,6 +118,78 @@ def test_interrupt_stops_running_runs(tmp_path, fake_train):
     for record in (tmp_path / "calls").glob("*.json"):
         with pytest.raises(ProcessLookupError):
             os.kill(int(record.stem), 0)
+
+
+@pytest.mark.parametrize(
+    "workers, gpus, given, expected",
+    [
+        (2, 1, {}, "0.45"),
+        # Every run sees every GPU, so a second GPU does not make the share larger.
+        (2, 2, {}, "0.45"),
+        (7, 4, {}, "0.12"),
+        (1, 1, {}, None),
+        (4, 0, {}, None),
+        (4, 1, {"XLA_CLIENT_MEM_FRACTION": "0.6"}, "0.6"),
+        (4, 1, {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.6"}, None),
+    ],
+)
+def test_runs_sharing_a_gpu_each_get_a_share_of_its_memory(
+    monkeypatch, workers, gpus, given, expected
+):
+    monkeypatch.setattr(launch_module, "gpu_count", lambda: gpus)
+    environ = dict(given)
+    line = launch_module.share_gpus(workers, environ)
+    assert environ.get("XLA_CLIENT_MEM_FRACTION") == expected
+    assert environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION") == given.get(
+        "XLA_PYTHON_CLIENT_MEM_FRACTION"
+    )
+    assert (line is not None) == (expected is not None and not given)
+
+
+# Records the memory fraction its environment gives it, under calls/<pid>.json.
+ENVIRONMENT_RECORDER = """
+import json, os, sys
+here = os.path.dirname(os.path.abspath(__file__))
+os.makedirs(os.path.join(here, "calls"), exist_ok=True)
+with open(os.path.join(here, "calls", f"{os.getpid()}.json"), "w") as file:
+    json.dump([os.environ.get("XLA_CLIENT_MEM_FRACTION")], file)
+"""
+
+
+def test_local_workers_on_a_gpu_machine_get_the_memory_fraction(tmp_path):
+    # nvidia-smi stands in for the machine's: it lists two GPUs.
+    (tmp_path / "bin").mkdir()
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\necho 'GPU 0: Fake GPU (UUID: GPU-0)'\necho 'GPU 1: Fake GPU (UUID: GPU-1)'\n"
+    )
+    smi.chmod(0o755)
+    recorder = tmp_path / "recorder.py"
+    recorder.write_text(ENVIRONMENT_RECORDER)
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+    }
+    env["PATH"] = f"{tmp_path / 'bin'}{os.pathsep}{env['PATH']}"
+    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(recorder))}"
+    result = launch(
+        tmp_path,
+        "--env-ids",
+        *GAMES,
+        "--command",
+        command,
+        "--num-seeds",
+        "2",
+        "--workers",
+        "3",
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "3 runs at a time share each of the 2 GPU(s): XLA_CLIENT_MEM_FRACTION=0.30" in (
+        result.stdout
+    )
+    assert [run["argv"] for run in calls(tmp_path)] == [["0.30"]] * 4
 
 
 def test_dry_run_prints_commands_only(tmp_path, fake_train):

@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from cleanba_utils import accelerators
 from cleanba_utils.experiments import cli, search, slurm, spec
 from cleanba_utils.experiments.sweeps import (
     LAUNCHER_FLAGS,
@@ -51,6 +52,10 @@ DEFAULTS = {
     "pruner": "median",
     "startup_trials": 5,
 }
+MEMORY_FRACTION = "XLA_CLIENT_MEM_FRACTION"
+"""The share of each GPU's memory a JAX process reserves when it starts (JAX's default: 0.75). JAX
+also reads the older name, and refuses to start when both are set."""
+MEMORY_FRACTION_NAMES = (MEMORY_FRACTION, "XLA_PYTHON_CLIENT_MEM_FRACTION")
 # The options a spec can set (see spec.py).
 SPEC_OPTIONS = {
     *spec.TOP.values(),
@@ -312,6 +317,31 @@ def stop(processes):
             process.wait()
 
 
+def gpu_count() -> int:
+    """The NVIDIA GPUs of this machine, as `nvidia-smi -L` lists them (0 without nvidia-smi)."""
+    return len(accelerators.nvidia_gpus())
+
+
+def share_gpus(workers: int, environ) -> str | None:
+    """Every local run sees every GPU of the machine, and each JAX process reserves 75 % of the
+    memory of each GPU it sees when it starts, so a second run at the same time finds too little
+    left. With several runs at a time and a GPU, each run gets 90 % of a GPU's memory split
+    between the runs, rounded down to a hundredth, in `environ[MEMORY_FRACTION]`, unless
+    `environ` already sets a fraction under either name. Returns the line that says what it set, or
+    None."""
+    if workers < 2 or any(name in environ for name in MEMORY_FRACTION_NAMES):
+        return None
+    gpus = gpu_count()
+    if not gpus:
+        return None
+    fraction = f"{max(90 // workers, 1) / 100:.2f}"
+    environ[MEMORY_FRACTION] = fraction
+    return (
+        f"{workers} runs at a time share each of the {gpus} GPU(s): {MEMORY_FRACTION}={fraction} "
+        "for each (set it to choose another share)"
+    )
+
+
 def run_local(runs, workers, log_dir):
     """Run at most `workers` runs at a time, each logging to <log_dir>/<run name>.log; returns {run
     name: exit code}."""
@@ -560,6 +590,11 @@ def main():
     # here.
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(signum, signal.default_int_handler)
+    # The runs inherit the launcher's environment.
+    workers = 1 if args.search_worker else args.workers
+    shared = share_gpus(workers, os.environ)
+    if shared:
+        print(shared, flush=True)
     if trials is None:
         try:
             exit_code = run_search(
@@ -568,14 +603,14 @@ def main():
                 seeds=seeds,
                 experiment_dir=experiment_dir,
                 log_dir=log_dir,
-                workers=1 if args.search_worker else args.workers,
+                workers=workers,
             )
         except KeyboardInterrupt:
             sys.exit(130)
         sys.exit(exit_code)
     exit_codes = {}
     try:
-        exit_codes = run_local([run for _, runs in trials for run in runs], args.workers, log_dir)
+        exit_codes = run_local([run for _, runs in trials for run in runs], workers, log_dir)
     except KeyboardInterrupt:
         sys.exit(130)
     finally:
