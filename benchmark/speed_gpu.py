@@ -34,7 +34,8 @@ Sections (--sections, any subset, in this order), all on Breakout-v5 with the sc
   rollout's preparation, plus one microbatch step times the steps of the update: the analysis of
   the update's own rolled loop counts its body once), counted in the first process of each script
   (the same arithmetic either way), over the seconds per update, and as shares of NVIDIA's dense
-  peaks for the device (`PEAKS`).
+  peaks for the device (`PEAKS`); beside it the count of the same programs as JAX lowers them,
+  before XLA's passes (`update_flops`).
 - runs: `cleanba/cleanba_ppo.py` and `cleanba/cleanba_impala.py` at their defaults, --env-id
   Breakout-v5, --log-frequency 1, only --total-timesteps shortened (--ppo-timesteps,
   --impala-timesteps), without deterministic GPU operations and with them: where the script takes
@@ -140,6 +141,7 @@ CSV_COLUMNS = [
     "seconds_per_update",
     "updates_timed",
     "flops_per_update",
+    "flops_per_update_lowered",
     "flop_rate",
     "device_kind",
     "peak",
@@ -537,10 +539,10 @@ def synthetic_rollouts(script, args, learner_devices: list) -> tuple:
     return tuple(rollouts)
 
 
-def flops_of(compiled) -> float | None:
-    """FLOPs of a compiled program by XLA's cost analysis (a dict, or a list of one dict per
-    program in older jax), or None where it gives none."""
-    analysis = compiled.cost_analysis()
+def flops_of(program) -> float | None:
+    """FLOPs of a lowered or compiled program by XLA's cost analysis (a dict, or a list of one dict
+    per program in older jax), or None where it gives none."""
+    analysis = program.cost_analysis()
     if isinstance(analysis, list | tuple):
         analysis = analysis[0] if analysis else None
     if not analysis or "flops" not in analysis:
@@ -548,21 +550,28 @@ def flops_of(compiled) -> float | None:
     return float(analysis["flops"])
 
 
-def update_flops(parts: dict, devices: list, state, rollouts) -> float | None:
+def update_flops(parts: dict, devices: list, state, rollouts) -> dict:
     """FLOPs of one update on a learner device: its preparation of the rollout, and one microbatch
-    step times the steps of its schedule, each pmap'd as `microbatch_update` runs them unrolled."""
+    step times the steps of its schedule, each pmap'd as `microbatch_update` runs them unrolled. By
+    XLA's cost analysis of the compiled programs ("compiled"), and of the programs as JAX lowers
+    them, before XLA's passes ("lowered"; a GPU's compiled program calls libraries for its
+    convolutions and matrix products, which its analysis may count otherwise)."""
     pmap = functools.partial(jax.pmap, axis_name="devices", devices=devices)
     num_indices = len(parts["schedule"][0])
     prepare = pmap(parts["prepare"], in_axes=(0, None))
     step = pmap(parts["microbatch_step"], in_axes=(0, 0, None, *[None] * num_indices))
     update = np.int32(1)
-    prepare_flops = flops_of(prepare.lower(rollouts, update).compile())
+    lowered_prepare = prepare.lower(rollouts, update)
     prepared = prepare(rollouts, update)
-    indices = [np.int32(0)] * num_indices
-    step_flops = flops_of(step.lower(state, prepared, update, *indices).compile())
-    if prepare_flops is None or step_flops is None:
-        return None
-    return prepare_flops + len(parts["schedule"]) * step_flops
+    lowered_step = step.lower(state, prepared, update, *[np.int32(0)] * num_indices)
+    programs = [lowered_prepare, lowered_step]
+    total = lambda counts: (
+        None if None in counts else counts[0] + len(parts["schedule"]) * counts[1]
+    )
+    return dict(
+        compiled=total([flops_of(program.compile()) for program in programs]),
+        lowered=total([flops_of(program) for program in programs]),
+    )
 
 
 def learner_main(options):
@@ -607,13 +616,14 @@ def learner_main(options):
         jax.block_until_ready(state)
         seconds.append(time.perf_counter() - tic)
     counted = options.count_flops and parts
-    flops = update_flops(parts, learner_devices, state, rollouts) if counted else None
+    flops = update_flops(parts, learner_devices, state, rollouts) if counted else {}
     result = dict(
         device_kind=learner_devices[0].device_kind,
         xla_flags=xla_flags,
         steps_per_update=sizes.steps_per_update,
         seconds=seconds,
-        flops_per_update=flops,
+        flops_per_update=flops.get("compiled"),
+        flops_per_update_lowered=flops.get("lowered"),
     )
     options.result.write_text(json.dumps(result))
 
@@ -671,9 +681,9 @@ def learner_measurement(
             )
             raise RuntimeError(f"{status}: {finished.last_stderr_line}")
         result = json.loads(result_path.read_text())
-    flops.setdefault(algorithm, result["flops_per_update"])
+    flops.setdefault(algorithm, (result["flops_per_update"], result["flops_per_update_lowered"]))
     per_update = statistics.median(result["seconds"])
-    flops_per_update = flops[algorithm]
+    flops_per_update, flops_per_update_lowered = flops[algorithm]
     rate = None if flops_per_update is None else flops_per_update / per_update
     peak = peak_of(result["device_kind"])
     shares = {
@@ -687,6 +697,7 @@ def learner_measurement(
         seconds_per_update=per_update,
         updates_timed=len(result["seconds"]),
         flops_per_update=flops_per_update,
+        flops_per_update_lowered=flops_per_update_lowered,
         flop_rate=rate,
         device_kind=result["device_kind"],
         peak=peak or "unknown peak",
@@ -701,9 +712,11 @@ def learner_measurement(
         if peak and rate is not None
         else "unknown peak"
     )
+    lowered = significant(flops_per_update_lowered, 1e9) or "none"
     line = (
         f"{per_update:.4f} s per update ({len(result['seconds'])} timed), {flop_text} "
-        f"({share_text}; {result['device_kind']})"
+        f"({share_text}; {significant(flops_per_update, 1e9) or 'no'} GFLOP per update, "
+        f"{lowered} as lowered; {result['device_kind']})"
     )
     return row, line
 
@@ -924,7 +937,7 @@ def summary(rows: list[dict], context: dict) -> str:
         lines += [
             "",
             "| learner alone | deterministic ops | s per update | env steps/s | GFLOP per update "
-            "| TFLOP/s | share of FP32 / TF32 / BF16 peak |",
+            "(compiled / lowered) | TFLOP/s | share of FP32 / TF32 / BF16 peak |",
             "|---|---|---|---|---|---|---|",
         ]
         for row in section("learner"):
@@ -933,11 +946,14 @@ def summary(rows: list[dict], context: dict) -> str:
                 for p in PRECISIONS
                 if row.get(f"share_of_{p}_peak") is not None
             )
-            flops = row.get("flops_per_update")
+            flops = (
+                f"{significant(row.get('flops_per_update'), 1e9)} / "
+                f"{significant(row.get('flops_per_update_lowered'), 1e9)}"
+            )
             lines.append(
                 f"| {row['script']} | {row['deterministic_ops']} "
                 f"| {number(row.get('seconds_per_update'), 4)} | {number(row.get('sps'))} "
-                f"| {number(None if flops is None else flops / 1e9, 1)} "
+                f"| {flops if row.get('seconds_per_update') else ''} "
                 f"| {significant(row.get('flop_rate'), 1e12)} "
                 f"| {shares or row.get('peak', '') or row.get('last_stderr_line', '')} |"
             )

@@ -62,7 +62,8 @@ def test_small_run_of_every_section(tmp_path):
         for setting in ("off", "on")
     }
     for (_, setting), row in learner.items():
-        for column in ["seconds_per_update", "sps", "flops_per_update", "flop_rate"]:
+        columns = ["seconds_per_update", "sps", "flops_per_update", "flops_per_update_lowered"]
+        for column in [*columns, "flop_rate"]:
             assert positive(row[column]), (column, row)
         assert row["peak"] == "unknown peak"
         # The user's flags come first, the deterministic one after them; without it, they alone.
