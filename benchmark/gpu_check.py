@@ -7,7 +7,7 @@ python benchmark/gpu_check.py --parallel 4 --out DIR   # 4 runs at a time; DIR/g
 python benchmark/gpu_check.py --nondeterministic       # the same with --nondeterministic-gpu-ops
 
 With --parallel the runs share the GPU and the CPUs, so their steps per second are not each
-script's speed alone, and each run's XLA_PYTHON_CLIENT_MEM_FRACTION is its share of the GPU's
+script's speed alone, and each run's XLA_CLIENT_MEM_FRACTION is its share of the GPU's
 memory. Steps per second: the console's SPS at the last update (compilation included).
 Exit code 1 if a run fails or, with deterministic operations, a fingerprint does not repeat."""
 
@@ -44,8 +44,11 @@ def run_once(script: str, nondeterministic: bool, memory_fraction: float | None)
     command += ["--nondeterministic-gpu-ops"] if nondeterministic else []
     xla_flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4"
     environ = dict(os.environ, XLA_FLAGS=xla_flags.strip())
-    if memory_fraction is not None:
-        environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{memory_fraction:.2f}"
+    # JAX's name for the share of the GPU's memory a process reserves (the older
+    # XLA_PYTHON_CLIENT_MEM_FRACTION beside it is an error), unless the user set either.
+    user_fraction = {"XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"} & set(environ)
+    if memory_fraction is not None and not user_fraction:
+        environ["XLA_CLIENT_MEM_FRACTION"] = f"{memory_fraction:.2f}"
     start = time.time()
     with tempfile.TemporaryDirectory() as folder:
         result = subprocess.run(
