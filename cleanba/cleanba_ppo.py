@@ -287,6 +287,14 @@ def actor_thread(
         return action, logprob, value
 
     get_value = jax.jit(lambda params, obs: network.apply(params, obs)[1])
+    # The rollout's observations stay on the actor's device, where inference put them: they are
+    # stacked there, env-major (envs, steps, ...) in one slice of environments per learner device,
+    # instead of being stacked on the host and copied to the devices a second time.
+    stack_obs = jax.jit(
+        lambda observations: jnp.stack(observations, axis=1).reshape(
+            len(learner_devices), -1, len(observations), *observations[0].shape[1:]
+        )
+    )
 
     episodes = run.episodes(args.local_num_envs)
     next_obs, _ = envs.reset()
@@ -302,20 +310,30 @@ def actor_thread(
         rollout_start = time.time()
         inference_time = 0.0
         env_step_time = 0.0
+        observations = []
         steps = []
+        # The episode statistics of the step played last, counted while the environments play the
+        # next one.
+        uncounted = None
         for step in range(args.num_steps):
             tic = time.time()
             policy_step = (update - 1) * args.num_steps + step
+            observations.append(jax.device_put(next_obs, device))
             action, logprob, value = jax.device_get(
-                get_action(params, jax.device_put(next_obs, device), policy_step)
+                get_action(params, observations[-1], policy_step)
             )
             inference_time += time.time() - tic
+            # envpool's worker threads step the environments from `send` to `recv` (what its `step`
+            # does; with a batch of all the environments, `recv` gives them in env-id order), and
+            # meanwhile the actor counts the previous step into the episode statistics.
+            envs.send(action)
+            if uncounted:
+                episodes.step(*uncounted)
             tic = time.time()
-            obs, reward, terminated, truncated, info = envs.step(action)
+            obs, reward, terminated, truncated, info = envs.recv()
             env_step_time += time.time() - tic
             steps.append(
                 dict(
-                    obs=next_obs,
                     actions=action,
                     logprobs=logprob,
                     values=value,
@@ -326,19 +344,30 @@ def actor_thread(
                 )
             )
             done = terminated | truncated
-            episodes.step(
-                info.get("reward", reward), done, next_is_reset, policy_step * sizes.num_envs
+            uncounted = (
+                info.get("reward", reward),
+                done,
+                next_is_reset,
+                policy_step * sizes.num_envs,
             )
             next_obs = obs
             next_is_reset = done
+        episodes.step(*uncounted)
+        # On the device once: the rollout's last observation is also the next rollout's first.
+        next_obs = jax.device_put(next_obs, device)
 
         # Env-major (envs, steps, ...) split into one slice of envs per learner device: a single
-        # host-to-device copy of the whole rollout, overlapped with the learner's work.
+        # host-to-device copy of what the actor holds on the host, overlapped with the learner's
+        # work.
         stacked = {key: np.stack([s[key] for s in steps], axis=1) for key in steps[0]}
-        data = Trajectories(**stacked, env_ids=env_ids)
-        bootstrap_value = np.asarray(get_value(params, jax.device_put(next_obs, device)))
-        data = data._replace(values=np.concatenate([data.values, bootstrap_value[:, None]], axis=1))
-        data = jax.tree.map(lambda v: v.reshape(len(learner_devices), -1, *v.shape[1:]), data)
+        bootstrap_value = np.asarray(get_value(params, next_obs))
+        stacked["values"] = np.concatenate([stacked["values"], bootstrap_value[:, None]], axis=1)
+        split = lambda v: v.reshape(len(learner_devices), -1, *v.shape[1:])
+        data = Trajectories(
+            obs=stack_obs(observations),
+            **{key: split(value) for key, value in stacked.items()},
+            env_ids=split(env_ids),
+        )
         timing = dict(
             param_queue_get_time=param_queue_get_time,
             rollout_time=time.time() - rollout_start,

@@ -169,6 +169,30 @@ def test_action_sampling_depends_on_env_index_not_batch():
     assert len(set(np.asarray(together).tolist())) > 1
 
 
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Breakout-v5"])
+def test_envpool_send_then_recv_is_step_in_env_id_order(env_id):
+    """The actors hand envpool the actions (`send`) and take the step's results later (`recv`): in
+    envpool's synchronous mode, as `make_env` makes the environments, `recv` returns every
+    environment in env-id order, the arrays `step` returns, episode ends included (CartPole's)."""
+    args = ppo.parse_args(
+        ["--env-id", env_id, "--local-num-envs", "8", "--envpool-num-threads", "3"]
+    )
+    stepped, sent = ppo.make_env(args, 5, 8), ppo.make_env(args, 5, 8)
+    np.testing.assert_array_equal(stepped.reset()[0], sent.reset()[0])
+    actions = np.random.default_rng(0).integers(0, stepped.action_space.n, (60, 8))
+    ends = 0
+    for action in actions:
+        expected = stepped.step(action)
+        sent.send(action)
+        received = sent.recv()
+        np.testing.assert_array_equal(received[4]["env_id"], np.arange(8))
+        for got, want in zip(received[:4], expected[:4], strict=True):
+            np.testing.assert_array_equal(got, want)
+        ends += int((received[2] | received[3]).sum())
+    if env_id == "CartPole-v1":
+        assert ends > 0
+
+
 @pytest.fixture(scope="session")
 def sync_run(tmp_path_factory):
     """Sync mode on the default device, with save, evaluation and an offline W&B run."""
