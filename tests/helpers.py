@@ -231,6 +231,11 @@ class FailingEnv:
         self.count_step()
         return self.env.step(action)
 
+    def send(self, action):
+        # The image scripts' actors step with envpool's `send` and `recv`.
+        self.count_step()
+        return self.env.send(action)
+
     def xla(self):
         # A compiled rollout steps through envpool's XLA interface: counted by a callback.
         handle, recv, send, step = self.env.xla()
