@@ -45,7 +45,9 @@ Sections (--sections, any subset, in this order), all on Breakout-v5 with the sc
   ../shared/gpu/prepare.sh makes .gpu/orig) those at their defaults; with --before-dir (an older
   copy of this project) its scripts at theirs, with that copy first on PYTHONPATH. In this order:
   for each script ours without deterministic operations and the original's, then ours with them,
-  then the older copy's. Each run in a temporary folder of its own, one at a time, for
+  then (on a GPU) ours with them and the CPU's values of the options whose default is the
+  platform's (`CPU_DEFAULTS`: one envpool instance per actor thread, PPO's 4 microbatches), then the
+  older copy's. Each run in a temporary folder of its own, one at a time, for
   --run-timeout seconds at most: steady SPS from its TensorBoard events (charts/learning_rate,
   from its 2nd point to its last: steps over event wall time), its exit code and last line of
   stderr, and the medians after the first update of the learner's and the rollout's seconds per
@@ -117,6 +119,13 @@ SMALL = {
 """--small: the options of each script (and of the original's, which has the same ones)."""
 SMALL_UPDATES = 4
 """--small: the updates of each whole run (2 actor threads x 4 environments x 8 steps each)."""
+CPU_DEFAULTS = {
+    "ppo": ["--env-splits", "1", "--gradient-accumulation-steps", "4"],
+    "impala": ["--env-splits", "1"],
+}
+"""The CPU's values of the options whose default depends on the platform (the scripts'
+`PLATFORM_DEFAULTS`)."""
+CPU_DEFAULTS_SOURCE = "ours with the CPU defaults"
 DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops"
 NONDETERMINISTIC_OPTION = "--nondeterministic-gpu-ops"
 STEADY_TAG = "charts/learning_rate"
@@ -765,7 +774,8 @@ class RunSpec(NamedTuple):
 def run_specs(options, backend: str) -> list[RunSpec]:
     """In the order they run (the comparisons that matter most first, should --budget run out):
     for each script ours without deterministic GPU operations and the original's, then ours with
-    them, then the older copy's. `backend` is JAX's: the scripts refuse --nondeterministic-gpu-ops
+    them, at the defaults and with the CPU's values of the platform's defaults (on a GPU only), then
+    the older copy's. `backend` is JAX's: the scripts refuse --nondeterministic-gpu-ops
     elsewhere than on a GPU."""
     env = child_environment()
     ours_env = with_first_on_path(env, REPO)
@@ -784,6 +794,18 @@ def run_specs(options, backend: str) -> list[RunSpec]:
             on = ours(deterministic_ops="on", options=[], env=with_deterministic_ops(ours_env))
         first.append(off)
         second.append(on)
+        # The CPU's values of the options whose default is the platform's: what the GPU's own
+        # defaults (two envpool instances per actor thread, PPO without gradient accumulation)
+        # gain over them.
+        second.append(
+            ours(
+                source=CPU_DEFAULTS_SOURCE,
+                deterministic_ops="on",
+                options=CPU_DEFAULTS[algorithm],
+                env=ours_env,
+                skip="" if backend == "gpu" else "the platform's defaults are these on a CPU",
+            )
+        )
         if options.original_dir:
             original = RunSpec(
                 source="original",
@@ -862,7 +884,10 @@ def whole_run(spec: RunSpec, options, report: Report) -> tuple[dict, str]:
             cwd=Path(cwd),
             env=spec.env,
             timeout=min(options.run_timeout, report.time_left()),
-            log_name=f"run_{spec.source}_{spec.algorithm}_deterministic_{spec.deterministic_ops}",
+            log_name=(
+                f"run_{spec.source.replace(' ', '_')}_{spec.algorithm}"
+                f"_deterministic_{spec.deterministic_ops}"
+            ),
             logs=report.out / "logs",
         )
         steady = steady_sps(Path(cwd) / "runs") or {}
@@ -993,7 +1018,7 @@ def ratios(rows: list[dict]) -> list[str]:
         f"| {ratio(row['sps'], reference('before', row['script']))} "
         f"| {ratio(row['sps'], max(bare, default=None))} |"
         for row in runs
-        if row["source"] == "ours"
+        if row["source"] in ("ours", CPU_DEFAULTS_SOURCE)
     ]
     if not lines:
         return []

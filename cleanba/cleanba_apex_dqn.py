@@ -20,7 +20,7 @@ import optax
 import rlax
 from flax.training.train_state import TrainState
 
-from cleanba_utils import distributed, parsing
+from cleanba_utils import accelerators, distributed, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
 from cleanba_utils.envs import make_env
@@ -47,6 +47,7 @@ from cleanba_utils.replay import ReplayStore, store_bytes
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
+from cleanba_utils.split_envs import SplitEnvs
 from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put
 from cleanba_utils.torsos import ImpalaTorso, NatureTorso, check_torso_channels, torso_channels
 
@@ -80,6 +81,12 @@ class Args(DeviceArgs):
     """the number of environments of each actor thread"""
     num_actor_threads: int = positive(2)
     """the number of actor threads per actor device"""
+    env_splits: int | None = positive(None)
+    """the envpool instances an actor thread's environments are split into, stepped in turn: while
+    one split steps, the thread infers the next one's actions (double-buffered sampling,
+    cleanba_utils/split_envs.py). Default: 2 on a GPU (1 for a thread with one environment), 1 on
+    a CPU, where inference would take the cores the environments step on; the results are the same
+    up to float rounding"""
     num_steps: int = positive(32)
     """the number of steps each environment runs per rollout (one update of the learner)"""
     gamma: float = in_range(0.99, 0, 1, low_open=True)
@@ -127,6 +134,13 @@ class Args(DeviceArgs):
     --no-pipeline waits for them (the same run, slower)"""
 
 
+# The options whose default depends on the platform JAX runs on (`None` in `Args`), given their
+# value by `validate_layout`: {option: rule(args, platform)}.
+PLATFORM_DEFAULTS = {
+    "env_splits": lambda args, platform: min(2, args.local_num_envs) if platform == "gpu" else 1,
+}
+
+
 # The options that act only in some configurations, with what each needs: `validate` refuses one
 # set away from its default where its need does not hold.
 NEEDS = {
@@ -171,7 +185,8 @@ def validate(args: Args):
 
 def validate_layout(args: Args):
     """The checks that need the devices (and, with --distributed, the number of processes) or the
-    machine."""
+    machine. First gives the options of `PLATFORM_DEFAULTS` left unset their platform's value."""
+    accelerators.apply_platform_defaults(args, PLATFORM_DEFAULTS)
     sizes = sizes_of(args, jax.process_count())
     parsing.check_devices(args, sizes.num_updates, sizes.steps_per_update, split_batches=True)
     if args.buffer_size < sizes.steps_per_update:
@@ -314,35 +329,68 @@ def epsilon_greedy(q_values, epsilons, key, step, env_ids):
     return jnp.where(explore, random, jnp.argmax(q_values, axis=1))
 
 
+class Acted(NamedTuple):
+    """What the actor keeps of one step of a split besides the actions: the newest frame of each
+    observation, the Q-value of the action taken and the greedy Q-value."""
+
+    frames: np.ndarray
+    q_taken: np.ndarray
+    q_max: np.ndarray
+
+
 def actor_thread(
     args, sizes, run, network, first_update, env_offset, device, param_queue, rollout_queue
 ):
     """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs
     - 1."""
-    envs = make_env(args, args.seed + env_offset, args.local_num_envs)
-    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
-    epsilons = jax.device_put(
-        epsilons_of(env_ids, sizes.num_envs, args.epsilon_base, args.epsilon_alpha), device
+    envs = SplitEnvs(
+        functools.partial(make_env, args),
+        seed=args.seed + env_offset,
+        num_envs=args.local_num_envs,
+        num_splits=args.env_splits,
     )
-    env_ids_on_device = jax.device_put(env_ids, device)
+    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
+    epsilons = epsilons_of(env_ids, sizes.num_envs, args.epsilon_base, args.epsilon_alpha)
+    split_epsilons = [jax.device_put(epsilons[s], device) for s in envs.env_slices]
+    split_env_ids = [jax.device_put(env_ids[s], device) for s in envs.env_slices]
     # The quarter of the environments with the lowest ε (at least one) log their returns on their
     # own.
     lowest_epsilon_quarter = env_ids >= sizes.num_envs - max(1, sizes.num_envs // 4)
-    image = len(envs.observation_space.shape) == 3
+    image = len(envs.instances[0].observation_space.shape) == 3
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
 
     @jax.jit
-    def act(params, obs, step):
+    def get_action(params, obs, step, epsilons, env_ids):
         q_values = network.apply(params, obs)
         action = epsilon_greedy(
-            q_values, epsilons=epsilons, key=action_key, step=step, env_ids=env_ids_on_device
+            q_values, epsilons=epsilons, key=action_key, step=step, env_ids=env_ids
         )
         return action, q_values[jnp.arange(action.shape[0]), action], q_values.max(axis=1)
 
+    def act(params, policy_step, split, obs):
+        action, q_taken, q_max = jax.device_get(
+            get_action(
+                params,
+                jax.device_put(obs, device),
+                policy_step,
+                epsilons=split_epsilons[split],
+                env_ids=split_env_ids[split],
+            )
+        )
+        return action, Acted(frames=obs[:, -1] if image else obs, q_taken=q_taken, q_max=q_max)
+
     episodes = run.episodes(args.local_num_envs)
-    next_obs, _ = envs.reset()
+
+    def count_episodes(policy_step, played):
+        done = played.terminations | played.truncations
+        global_step = policy_step * sizes.num_envs
+        reward = played.info.get("reward", played.rewards)
+        finished = episodes.step(reward, done, played.is_reset, global_step)
+        for env, episode_return in zip(np.flatnonzero(done), finished):
+            if lowest_epsilon_quarter[env]:
+                run.log({"charts/lowest_epsilon_return": episode_return}, global_step)
+
     tail = None
-    next_is_reset = np.zeros(args.local_num_envs, bool)
     episode_step = np.zeros(args.local_num_envs, np.uint8)
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
@@ -351,44 +399,34 @@ def actor_thread(
         param_queue_get_time = time.time() - param_wait_start
 
         rollout_start = time.time()
-        inference_time = 0.0
-        env_step_time = 0.0
+        # envpool's environment reset on the step after an episode's end ignores the action,
+        # returns the first observation of the next episode, and is masked out of learning
+        # (`is_reset`).
+        played_steps = envs.play(
+            first_step=(update - 1) * args.num_steps,
+            num_steps=args.num_steps,
+            act=functools.partial(act, params),
+            record=count_episodes,
+        )
         steps = []
-        for step in range(args.num_steps):
-            tic = time.time()
-            policy_step = (update - 1) * args.num_steps + step
-            action, q_taken, q_max = jax.device_get(
-                act(params, jax.device_put(next_obs, device), policy_step)
+        for step in played_steps.steps:
+            steps.append(
+                Played(
+                    frames=step.outputs.frames,
+                    episode_step=episode_step,
+                    actions=step.actions,
+                    q_taken=step.outputs.q_taken,
+                    q_max=step.outputs.q_max,
+                    rewards=step.rewards,
+                    terminations=step.terminations,
+                    truncations=step.truncations,
+                    is_reset=step.is_reset,
+                )
             )
-            inference_time += time.time() - tic
-            tic = time.time()
-            obs, reward, terminated, truncated, info = envs.step(action)
-            env_step_time += time.time() - tic
-            played_step = Played(
-                frames=next_obs[:, -1] if image else next_obs,
-                episode_step=episode_step,
-                actions=action,
-                q_taken=q_taken,
-                q_max=q_max,
-                rewards=reward,
-                terminations=terminated,
-                truncations=truncated,
-                is_reset=next_is_reset,
-            )
-            steps.append(played_step)
-            done = terminated | truncated
-            global_step = policy_step * sizes.num_envs
-            finished = episodes.step(info.get("reward", reward), done, next_is_reset, global_step)
-            for env, episode_return in zip(np.flatnonzero(done), finished):
-                if lowest_epsilon_quarter[env]:
-                    run.log({"charts/lowest_epsilon_return": episode_return}, global_step)
             # The observation after a reset step is its episode's first; a count to 255 tells the
             # stack enough.
-            episode_step = np.where(next_is_reset, 0, np.minimum(episode_step, 254) + 1)
+            episode_step = np.where(step.is_reset, 0, np.minimum(episode_step, 254) + 1)
             episode_step = episode_step.astype(np.uint8)
-            next_obs = obs
-            next_is_reset = done
-
         played = Played(*[np.stack(field, axis=1) for field in zip(*steps)])
         data, tail = rollout_data(
             played=played, tail=tail, env_ids=env_ids, gamma=args.gamma, n=args.n_step
@@ -396,8 +434,8 @@ def actor_thread(
         timing = dict(
             param_queue_get_time=param_queue_get_time,
             rollout_time=time.time() - rollout_start,
-            inference_time=inference_time,
-            env_step_time=env_step_time,
+            inference_time=played_steps.inference_time,
+            env_step_time=played_steps.env_step_time,
         )
         queue_put(rollout_queue, Rollout(update, policy_version, data, timing), run.stop)
 

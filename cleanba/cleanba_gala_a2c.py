@@ -27,7 +27,7 @@ import optax
 from flax.training.train_state import TrainState
 from jax.sharding import NamedSharding
 
-from cleanba_utils import distributed, parsing
+from cleanba_utils import accelerators, distributed, parsing
 from cleanba_utils.agent_arrays import (
     agent_slice,
     agents_sharding,
@@ -48,6 +48,7 @@ from cleanba_utils.parsing import in_range, non_negative, positive
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, RunArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
+from cleanba_utils.split_envs import SplitEnvs
 from cleanba_utils.threads import POLL_SECONDS, Stopped, queue_get, queue_put, start_thread
 from cleanba_utils.torsos import NatureTorso, check_torso_channels, torso_channels
 
@@ -98,6 +99,12 @@ class Args(RunArgs):
     square as in PyTorch's RMSprop, which the authors ran (optax eps_in_sqrt=False)"""
     local_num_envs: int = positive(16)
     """the number of environments of each agent"""
+    env_splits: int | None = positive(None)
+    """the envpool instances an actor thread's environments are split into, stepped in turn: while
+    one split steps, the thread infers the next one's actions (double-buffered sampling,
+    cleanba_utils/split_envs.py). Default: 2 on a GPU (1 for a thread with one environment), 1 on
+    a CPU, where inference would take the cores the environments step on; the results are the same
+    up to float rounding"""
     num_steps: int = positive(5)
     """the number of steps each environment runs per rollout: the horizon of the bootstrapped
     returns"""
@@ -144,6 +151,13 @@ class Args(RunArgs):
 
 def lock_step(args: Args) -> bool:
     return args.topology != "gossip" or args.gossip == "sync"
+
+
+# The options whose default depends on the platform JAX runs on (`None` in `Args`), given their
+# value by `validate_layout`: {option: rule(args, platform)}.
+PLATFORM_DEFAULTS = {
+    "env_splits": lambda args, platform: min(2, args.local_num_envs) if platform == "gpu" else 1,
+}
 
 
 # The options that act only in some configurations, with what each needs: `validate` refuses one
@@ -204,7 +218,9 @@ def validate(args: Args):
 
 def validate_layout(args: Args):
     """The checks that need the number of processes (--distributed) or the update's size, and a note
-    where the agents leave devices of a process idle."""
+    where the agents leave devices of a process idle. First gives the options of
+    `PLATFORM_DEFAULTS` left unset their platform's value."""
+    accelerators.apply_platform_defaults(args, PLATFORM_DEFAULTS)
     sizes = sizes_of(args)
     num_processes = jax.process_count()
     if args.num_agents % num_processes:
@@ -380,60 +396,69 @@ def actor_thread(
     """Agent `agent`'s actor thread: environments with global indices agent x local_num_envs + 0, 1,
     ..."""
     env_offset = agent * args.local_num_envs
-    envs = make_env(args, args.seed + env_offset, args.local_num_envs)
-    env_ids = jax.device_put(
-        np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32), device
+    envs = SplitEnvs(
+        functools.partial(make_env, args),
+        seed=args.seed + env_offset,
+        num_envs=args.local_num_envs,
+        num_splits=args.env_splits,
     )
+    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
+    split_env_ids = [jax.device_put(env_ids[s], device) for s in envs.env_slices]
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
 
     @jax.jit
-    def get_action(params, obs, step):
+    def get_action(params, obs, step, env_ids):
         logits = network.apply(params, obs)[0]
         return sample_actions(logits, action_key, step, env_ids)
 
+    def act(params, policy_step, split, obs):
+        on_device = jax.device_put(obs, device)
+        return np.asarray(get_action(params, on_device, policy_step, split_env_ids[split])), obs
+
     episodes = run.episodes(args.local_num_envs)
-    next_obs, _ = envs.reset()
-    # envpool resets an environment on the step after its episode ended: that step ignores the
-    # action, returns the first observation of the next episode, and is masked out of learning.
-    next_is_reset = np.zeros(args.local_num_envs, dtype=bool)
+
+    def count_episodes(policy_step, played):
+        global_step = policy_step * sizes.num_envs
+        finished = episodes.step(
+            played.info.get("reward", played.rewards),
+            episode_over(played.terminations, played.truncations, played.info),
+            played.is_reset,
+            global_step,
+        )
+        for episode_return in finished:
+            run.log({f"charts/agent_{agent}/episodic_return": episode_return}, global_step)
+
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
         if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
-        steps = []
-        for step in range(args.num_steps):
-            policy_step = (update - 1) * args.num_steps + step
-            action = np.asarray(get_action(params, jax.device_put(next_obs, device), policy_step))
-            obs, reward, terminated, truncated, info = envs.step(action)
-            steps.append(
-                Transitions(
-                    obs=next_obs,
-                    actions=action,
-                    rewards=reward,
-                    terminations=terminated,
-                    truncations=truncated,
-                    is_reset=next_is_reset,
-                )
+        # envpool's environment reset on the step after an episode's end ignores the action,
+        # returns the first observation of the next episode, and is masked out of learning
+        # (`is_reset`).
+        played = envs.play(
+            first_step=(update - 1) * args.num_steps,
+            num_steps=args.num_steps,
+            act=functools.partial(act, params),
+            record=count_episodes,
+        )
+        steps = [
+            Transitions(
+                obs=s.outputs,
+                actions=s.actions,
+                rewards=s.rewards,
+                terminations=s.terminations,
+                truncations=s.truncations,
+                is_reset=s.is_reset,
             )
-            done = terminated | truncated
-            global_step = policy_step * sizes.num_envs
-            finished = episodes.step(
-                info.get("reward", reward),
-                episode_over(terminated, truncated, info),
-                next_is_reset,
-                global_step,
-            )
-            for episode_return in finished:
-                run.log({f"charts/agent_{agent}/episodic_return": episode_return}, global_step)
-            next_obs = obs
-            next_is_reset = done
+            for s in played.steps
+        ]
         transitions = jax.tree.map(lambda *xs: np.stack(xs, axis=1)[None], *steps)
         rollout = Rollout(
             update=update,
             policy_version=policy_version,
             transitions=jax.device_put(transitions, device),
-            bootstrap_obs=jax.device_put(next_obs[None], device),
+            bootstrap_obs=jax.device_put(envs.next_obs[None], device),
             timing=dict(param_queue_get_time=param_queue_get_time),
         )
         queue_put(rollout_queue, rollout, run.stop)

@@ -23,7 +23,7 @@ import rlax
 from flax.training.train_state import TrainState
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from cleanba_utils import distributed, parsing
+from cleanba_utils import accelerators, distributed, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.envs import make_env
@@ -41,6 +41,7 @@ from cleanba_utils.parsing import fail, in_range, non_negative, positive
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
+from cleanba_utils.split_envs import SplitEnvs
 from cleanba_utils.threads import queue_get, queue_put
 
 # === Args ===
@@ -64,6 +65,12 @@ class Args(DeviceArgs):
     """the number of environments of each actor thread"""
     num_actor_threads: int = positive(2)
     """the number of actor threads per actor device"""
+    env_splits: int | None = positive(None)
+    """the envpool instances an actor thread's environments are split into, stepped in turn: while
+    one split steps, the thread infers the next one's actions (double-buffered sampling,
+    cleanba_utils/split_envs.py). Default: 2 on a GPU (1 for a thread with one environment), 1 on
+    a CPU, where inference would take the cores the environments step on; the results are the same
+    up to float rounding"""
     num_steps: int = positive(20)
     """the number of steps each environment runs per rollout"""
     gamma: float = in_range(0.99, 0, 1, low_open=True)
@@ -92,6 +99,13 @@ class Args(DeviceArgs):
     gradient_accumulation_steps: int = positive(1)
     """split each minibatch into this many microbatches whose gradients are summed before one
     optimizer step: the same result (up to float rounding) in less learner memory"""
+
+
+# The options whose default depends on the platform JAX runs on (`None` in `Args`), given their
+# value by `validate_layout`: {option: rule(args, platform)}.
+PLATFORM_DEFAULTS = {
+    "env_splits": lambda args, platform: min(2, args.local_num_envs) if platform == "gpu" else 1,
+}
 
 
 # The options that act only in some configurations, with what each needs: `validate` refuses one
@@ -126,7 +140,9 @@ def validate(args: Args):
 
 
 def validate_layout(args: Args):
-    """The checks that need the devices (and, with --distributed, the number of processes)."""
+    """The checks that need the devices (and, with --distributed, the number of processes). First
+    gives the options of `PLATFORM_DEFAULTS` left unset their platform's value."""
+    accelerators.apply_platform_defaults(args, PLATFORM_DEFAULTS)
     sizes = sizes_of(args, jax.process_count())
     parsing.check_devices(args, sizes.num_updates, sizes.steps_per_update)
     envs_per_device = args.local_num_envs // len(args.learner_device_ids)
@@ -255,6 +271,14 @@ def sample_actions(logits, key, step, env_ids):
     return jnp.argmax(logits + gumbel, axis=1)
 
 
+class Acted(NamedTuple):
+    """What the actor keeps of its inference for one step of a split: the observations on its
+    device and the actions' log-probabilities."""
+
+    obs: jax.Array
+    logprobs: np.ndarray
+
+
 def actor_thread(
     args,
     sizes,
@@ -270,18 +294,23 @@ def actor_thread(
     """One actor thread (`start_actor_threads`) on `device`: environments with global indices
     env_offset .. env_offset + local_num_envs - 1, their rollouts split among the local
     `learner_devices`."""
-    envs = make_env(args, args.seed + env_offset, args.local_num_envs)
+    envs = SplitEnvs(
+        functools.partial(make_env, args),
+        seed=args.seed + env_offset,
+        num_envs=args.local_num_envs,
+        num_splits=args.env_splits,
+    )
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
-    env_ids_on_device = jax.device_put(env_ids, device)
+    split_env_ids = [jax.device_put(env_ids[s], device) for s in envs.env_slices]
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     learner_sharding = NamedSharding(
         Mesh(np.array(learner_devices), ("devices",)), PartitionSpec("devices")
     )
 
     @jax.jit
-    def get_action(params, obs, step):
+    def get_action(params, obs, step, env_ids):
         logits, _ = network.apply(params, obs)
-        action = sample_actions(logits, action_key, step, env_ids_on_device)
+        action = sample_actions(logits, action_key, step, env_ids)
         logprob = jax.nn.log_softmax(logits)[jnp.arange(action.shape[0]), action]
         return action, logprob
 
@@ -294,11 +323,18 @@ def actor_thread(
         )
     )
 
+    def act(params, policy_step, split, obs):
+        obs = jax.device_put(obs, device)
+        action, logprob = jax.device_get(get_action(params, obs, policy_step, split_env_ids[split]))
+        return action, Acted(obs=obs, logprobs=logprob)
+
     episodes = run.episodes(args.local_num_envs)
-    next_obs, _ = envs.reset()
-    # envpool resets an environment on the step after its episode ended: that step ignores the
-    # action, returns the first observation of the next episode, and is masked out of learning.
-    next_is_reset = np.zeros(args.local_num_envs, dtype=bool)
+
+    def count_episodes(policy_step, played):
+        done = played.terminations | played.truncations
+        reward = played.info.get("reward", played.rewards)
+        episodes.step(reward, done, played.is_reset, policy_step * sizes.num_envs)
+
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
         if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
@@ -306,67 +342,39 @@ def actor_thread(
         param_queue_get_time = time.time() - param_wait_start
 
         rollout_start = time.time()
-        inference_time = 0.0
-        env_step_time = 0.0
-        observations = []
-        steps = []
-        # The episode statistics of the step played last, counted while the environments play the
-        # next one.
-        uncounted = None
-        for step in range(args.num_steps):
-            tic = time.time()
-            policy_step = (update - 1) * args.num_steps + step
-            observations.append(jax.device_put(next_obs, device))
-            action, logprob = jax.device_get(get_action(params, observations[-1], policy_step))
-            inference_time += time.time() - tic
-            # envpool's worker threads step the environments from `send` to `recv` (what its `step`
-            # does; with a batch of all the environments, `recv` gives them in env-id order), and
-            # meanwhile the actor counts the previous step into the episode statistics.
-            envs.send(action)
-            if uncounted:
-                episodes.step(*uncounted)
-            tic = time.time()
-            obs, reward, terminated, truncated, info = envs.recv()
-            env_step_time += time.time() - tic
-            steps.append(
-                dict(
-                    actions=action,
-                    logprobs=logprob,
-                    rewards=reward,
-                    terminations=terminated,
-                    truncations=truncated,
-                    is_reset=next_is_reset,
-                )
-            )
-            done = terminated | truncated
-            uncounted = (
-                info.get("reward", reward),
-                done,
-                next_is_reset,
-                policy_step * sizes.num_envs,
-            )
-            next_obs = obs
-            next_is_reset = done
-        episodes.step(*uncounted)
-        # On the device once: the rollout's last observation is also the next rollout's first.
-        next_obs = jax.device_put(next_obs, device)
+        # envpool's environment reset on the step after an episode's end ignores the action,
+        # returns the first observation of the next episode, and is masked out of learning
+        # (`is_reset`).
+        played = envs.play(
+            first_step=(update - 1) * args.num_steps,
+            num_steps=args.num_steps,
+            act=functools.partial(act, params),
+            record=count_episodes,
+        )
+        steps = played.steps
 
         # Env-major (envs, steps, ...) split into one slice of envs per learner device: a single
         # host-to-device copy of what the actor holds on the host, overlapped with the learner's
         # work. The learner evaluates every observation with its current parameters, the last one
         # included.
-        stacked = {key: np.stack([s[key] for s in steps], axis=1) for key in steps[0]}
+        env_major = lambda arrays: np.stack(arrays, axis=1)
         split = lambda v: v.reshape(len(learner_devices), -1, *v.shape[1:])
+        last_obs = jax.device_put(envs.next_obs, device)
         data = Trajectories(
-            obs=stack_obs([*observations, next_obs]),
-            **{key: split(value) for key, value in stacked.items()},
+            obs=stack_obs([*[s.outputs.obs for s in steps], last_obs]),
+            actions=split(env_major([s.actions for s in steps])),
+            logprobs=split(env_major([s.outputs.logprobs for s in steps])),
+            rewards=split(env_major([s.rewards for s in steps])),
+            terminations=split(env_major([s.terminations for s in steps])),
+            truncations=split(env_major([s.truncations for s in steps])),
+            is_reset=split(env_major([s.is_reset for s in steps])),
             env_ids=split(env_ids),
         )
         timing = dict(
             param_queue_get_time=param_queue_get_time,
             rollout_time=time.time() - rollout_start,
-            inference_time=inference_time,
-            env_step_time=env_step_time,
+            inference_time=played.inference_time,
+            env_step_time=played.env_step_time,
         )
         rollout = Rollout(
             update=update,

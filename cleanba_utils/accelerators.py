@@ -9,12 +9,18 @@ its backend starts, so the flag is appended to the user's own `XLA_FLAGS` (never
 while the command line is parsed, before anything starts a backend. The CPU backend accepts the
 flag and is deterministic anyway.
 
+Some defaults differ by platform, where the CPU's choice costs on a GPU (say, the PPO script's
+gradient accumulation, a bound for CPU memory): such an option defaults to None in `Args`, and
+`apply_platform_defaults` gives it the value for the platform JAX runs on, once the backend has
+started; the first line and spec.json name each value so chosen.
+
 A CPU-only install of JAX on a machine with an NVIDIA GPU runs on the CPU without an error; the
 run's first line then says how to install for the GPU."""
 
 import importlib.metadata
 import os
 import subprocess
+from collections.abc import Callable
 
 from cleanba_utils.parsing import fail
 
@@ -24,6 +30,40 @@ NVIDIA_SMI = "nvidia-smi"
 """The command that lists the machine's NVIDIA GPUs (`-L`), found on PATH."""
 CUDA_PLUGINS = ("jax-cuda13-plugin", "jax-cuda12-plugin")
 """JAX's CUDA backends, installed by `jax[cuda13]` (the `cuda` extra) or `jax[cuda12]`."""
+
+_platform_chosen: dict = {}
+"""The options that `apply_platform_defaults` gave a value in this process, with that value."""
+
+
+def apply_platform_defaults(args, rules: dict[str, Callable]):
+    """Gives each option named in `rules` that is unset (None) its value for the platform JAX runs
+    on, `rules[name](args, platform)` ("gpu", "cpu", ...), in `args` itself: the script's own
+    choice where a CPU's default would cost on a GPU. Starts JAX's backend."""
+    import jax
+
+    platform = jax.default_backend()
+    _platform_chosen.clear()
+    for name, rule in rules.items():
+        if getattr(args, name) is None:
+            setattr(args, name, rule(args, platform))
+            _platform_chosen[name] = getattr(args, name)
+
+
+def platform_defaults() -> dict:
+    """The options given their platform's value by the last `apply_platform_defaults`, with their
+    values (spec.json's `platform_defaults`)."""
+    return dict(_platform_chosen)
+
+
+def platform_defaults_note(backend: str) -> str:
+    """The first line's list of the values chosen for the platform, e.g. `; GPU defaults:
+    --env-splits 2`."""
+    if not _platform_chosen:
+        return ""
+    chosen = ", ".join(
+        f"--{name.replace('_', '-')} {value}" for name, value in _platform_chosen.items()
+    )
+    return f"; {backend.upper()} defaults: {chosen}"
 
 
 def flag_value_of(xla_flags: str, name: str) -> str | None:

@@ -46,7 +46,8 @@ def envpool_num_threads(requested: int | None, num_envs: int, instances: int) ->
 def make_env(args, seed: int, num_envs: int):
     """`num_envs` gymnasium environments of --env-id for a script with actor threads, environment i
     seeded with `seed + i`. One envpool instance per actor thread (--num-actor-threads on each
-    actor device), its worker threads as `envpool_num_threads` shares the CPUs among them. Atari
+    actor device), its worker threads as `envpool_num_threads` shares the CPUs among them; an actor
+    thread's splits (--env-splits, of which one steps at a time) each get that share. Atari
     follows Machado et al. (2018) (`MACHADO_ATARI`); a MuJoCo or dm_control episode ends on
     termination or at the task's time limit (1000 steps), which envpool reports as a truncation."""
     instances = args.num_actor_threads * len(args.actor_device_ids)

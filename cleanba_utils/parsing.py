@@ -142,6 +142,12 @@ def check_run_options(args):
         fail(
             f"--env-id {args.env_id} is not an envpool environment; try Breakout-v5 or CartPole-v1"
         )
+    env_splits = getattr(args, "env_splits", None)
+    if env_splits and env_splits > args.local_num_envs:
+        fail(
+            f"--env-splits {env_splits} exceeds --local-num-envs {args.local_num_envs}: each split "
+            "needs at least one environment"
+        )
     if args.upload_model:
         from cleanba_utils.hub import check_repository
 

@@ -670,7 +670,8 @@ def open_run(
             f"{sizes.steps_per_update} environment steps "
             f"({sizes.num_envs} environments), {len(global_learner_devices)} learner device(s), "
             f"{jax.process_count()} process(es), JAX backend {backend}"
-            f"{accelerators.backend_note(args, backend)}; a line at "
+            f"{accelerators.backend_note(args, backend)}"
+            f"{accelerators.platform_defaults_note(backend)}; a line at "
             f"least every {PROGRESS_SECONDS:.0f} s",
             flush=True,
         )

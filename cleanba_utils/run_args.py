@@ -136,6 +136,7 @@ RESUMABLE_CHANGES = frozenset(
         # the same computation scheduled otherwise: envpool's workers, microbatches whose gradients
         # sum to the minibatch's, Ape-X's replay work in a background thread or not
         "envpool_num_threads",
+        "env_splits",
         # a GPU's kernels: the same computation, its sums in another order
         "nondeterministic_gpu_ops",
         "gradient_accumulation_steps",

@@ -81,9 +81,11 @@ def git_sha(path: str):
 
 def run_description(args, sizes, run_name: str, script_path: str) -> dict:
     """Enough to rerun the run: every argument, the derived sizes, the code version, the library
-    versions and the XLA flags its backend started with (on a GPU, whether its operations are
-    deterministic)."""
+    versions, the XLA flags its backend started with (on a GPU, whether its operations are
+    deterministic) and the options whose default is the platform's (`accelerators`)."""
     import jax
+
+    from cleanba_utils import accelerators
 
     return dict(
         run_name=run_name,
@@ -96,6 +98,7 @@ def run_description(args, sizes, run_name: str, script_path: str) -> dict:
         versions={p: importlib.metadata.version(p) for p in PACKAGES},
         devices=[str(d) for d in jax.devices()],
         xla_flags=os.environ.get("XLA_FLAGS", ""),
+        platform_defaults=accelerators.platform_defaults(),
         start_time=time.time(),
     )
 

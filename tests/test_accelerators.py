@@ -142,3 +142,42 @@ def test_the_opt_out_is_refused_off_a_gpu(tmp_path):
 def test_the_suite_keeps_jax_on_the_cpu():
     assert os.environ["JAX_PLATFORMS"] == "cpu"
     assert jax.default_backend() == "cpu"
+
+
+def test_a_run_names_the_defaults_it_chose_for_its_platform(tmp_path):
+    """PPO on the CPU with neither --env-splits nor --gradient-accumulation-steps: the CPU's values
+    in the first line, in spec.json's `platform_defaults` and in its recorded options; a value given
+    on the command line is the user's, not the platform's."""
+    at = CARTPOLE.index("--gradient-accumulation-steps")
+    options = CARTPOLE[:at] + CARTPOLE[at + 2 :]
+    result = run_script("cleanba_ppo.py", [*options, "--run-name", "r"], tmp_path)
+    line = first_line(result)
+    assert "; CPU defaults: --env-splits 1, --gradient-accumulation-steps 4;" in line, line
+    with open(tmp_path / "runs" / "r" / "spec.json") as f:
+        spec = json.load(f)
+    assert spec["platform_defaults"] == {"env_splits": 1, "gradient_accumulation_steps": 4}
+    assert spec["args"]["gradient_accumulation_steps"] == 4
+    given = run_script("cleanba_ppo.py", [*CARTPOLE, "--env-splits", "2"], tmp_path)
+    assert "defaults:" not in first_line(given)
+
+
+def test_the_gpu_defaults(monkeypatch):
+    """What PPO and IMPALA choose where JAX runs on a GPU (its backend simulated): two envpool
+    instances per actor thread (one for a thread with one environment), no gradient accumulation."""
+    from cleanba import cleanba_impala, cleanba_ppo
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(accelerators, "_platform_chosen", {})
+    args = cleanba_ppo.parse_args(["--local-num-envs", "4"])
+    accelerators.apply_platform_defaults(args, cleanba_ppo.PLATFORM_DEFAULTS)
+    assert (args.env_splits, args.gradient_accumulation_steps) == (2, 1)
+    note = accelerators.platform_defaults_note("gpu")
+    assert note == "; GPU defaults: --env-splits 2, --gradient-accumulation-steps 1"
+    single = cleanba_impala.parse_args(["--local-num-envs", "1", "--num-minibatches", "1"])
+    accelerators.apply_platform_defaults(single, cleanba_impala.PLATFORM_DEFAULTS)
+    assert single.env_splits == 1
+    assert accelerators.platform_defaults() == {"env_splits": 1}
+    given = cleanba_ppo.parse_args(["--gradient-accumulation-steps", "2"])
+    accelerators.apply_platform_defaults(given, cleanba_ppo.PLATFORM_DEFAULTS)
+    assert given.gradient_accumulation_steps == 2
+    assert accelerators.platform_defaults() == {"env_splits": 2}

@@ -122,6 +122,9 @@ VALUES = {
     "actor_device_ids": ["1"],
     "learner_device_ids": ["1"],
     "envpool_num_threads": ["3"],
+    # None in `Args`: the platform's value (`PLATFORM_DEFAULTS`).
+    "env_splits": ["3"],
+    "gradient_accumulation_steps": ["2"],
     "similarity_every": ["5"],
     "gamma": ["0.9"],
     # Ape-X DPG's optimizer steps per rollout are a multiple of its steps per call.

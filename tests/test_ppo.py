@@ -385,6 +385,8 @@ BAD_INPUTS = [
     (["--num-steps", "10", "--num-minibatches", "4"], "--num-steps"),
     (["--channels", "0"], "--channels"),
     (["--envpool-num-threads", "0"], "--envpool-num-threads"),
+    (["--env-splits", "0"], "--env-splits"),
+    (["--local-num-envs", "2", "--env-splits", "3"], "--env-splits"),
     (["--ent-coef", "-0.5"], "--ent-coef"),
     (["--learning-rate", "nan"], "--learning-rate"),
     (["--clip-coef", "inf"], "--clip-coef"),

@@ -1,0 +1,132 @@
+"""An actor thread's environments as several envpool instances stepped in turn: double-buffered
+sampling (Sample Factory's `worker_num_splits`). While envpool's worker threads step one split, the
+actor thread receives the next split's observations, infers its actions and sends them, so the
+network's inference and the copies between host and device hide behind the environments' stepping
+instead of adding to it.
+
+Deterministic, unlike envpool's asynchronous `recv`: each split is its own instance, a contiguous
+block of the thread's environments seeded as one instance would seed them (environment i with
+`seed + i`), and its synchronous `recv` gives back exactly the environments it was sent. With
+actions drawn per environment, the data are those of one instance, step for step, whatever the
+number of splits."""
+
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class EnvStep(NamedTuple):
+    """One step of every environment of the thread, in environment order."""
+
+    actions: np.ndarray
+    outputs: object
+    """what `act` returned beside the actions (a pytree of NumPy or device arrays: whatever the
+    script keeps of the observations and of its inference)"""
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    info: dict
+    """envpool's, its environment indices (`env_id`) the thread's"""
+    is_reset: np.ndarray
+    """envpool's step after an episode's end: it ignores the action, returns the first observation
+    of the next episode and belongs to no episode"""
+
+
+class Played(NamedTuple):
+    steps: list[EnvStep]
+    """the rollout's steps, in order"""
+    inference_time: float
+    """seconds in `act` (inference and copies)"""
+    env_step_time: float
+    """seconds waiting for envpool's `recv`"""
+
+
+def _join(parts: list):
+    """The splits' pytrees joined along the environment axis (NumPy stays NumPy)."""
+    if len(parts) == 1:
+        return parts[0]
+    return jax.tree.map(
+        lambda *xs: np.concatenate(xs) if isinstance(xs[0], np.ndarray) else jnp.concatenate(xs),
+        *parts,
+    )
+
+
+def _with_thread_env_ids(info: dict, first: int) -> dict:
+    """A split's `info` with its environments' indices (`env_id`, also under `players` for Atari)
+    counted among the thread's, not the split's."""
+    if not first:
+        return info
+    info = dict(info)
+    if "env_id" in info:
+        info["env_id"] = info["env_id"] + first
+    if isinstance(info.get("players"), dict) and "env_id" in info["players"]:
+        info["players"] = {**info["players"], "env_id": info["players"]["env_id"] + first}
+    return info
+
+
+class SplitEnvs:
+    """`num_envs` environments as `num_splits` envpool instances made by `make(seed, num_envs)`,
+    reset at once. `env_slices[s]`: the environments of split s. `next_obs`: every environment's
+    observation to act on next (host, environment order)."""
+
+    def __init__(self, make: Callable, seed: int, num_envs: int, num_splits: int):
+        blocks = np.array_split(np.arange(num_envs), num_splits)
+        self.env_slices = [slice(int(block[0]), int(block[-1]) + 1) for block in blocks]
+        self.instances = [make(seed + s.start, s.stop - s.start) for s in self.env_slices]
+        self.split_obs = [instance.reset()[0] for instance in self.instances]
+        self.is_reset = np.zeros(num_envs, dtype=bool)
+
+    @property
+    def next_obs(self):
+        return _join(self.split_obs)
+
+    def play(self, first_step: int, num_steps: int, act: Callable, record: Callable) -> Played:
+        """Plays steps `first_step` .. `first_step + num_steps - 1` of every environment. At step
+        t, for each split in turn, `act(t, split, obs)` gets the split's observations (host) and
+        returns its actions (host) and what else to keep; the actions go to the split's instance,
+        whose worker threads step them while the next splits take their turn. Once step t's results
+        are in for every split, `record(t, EnvStep)` gets them while the environments play step
+        t + 1."""
+        steps = []
+        inference_time = 0.0
+        env_step_time = 0.0
+        playing = None
+        for step in range(first_step, first_step + num_steps + 1):
+            results = []
+            chosen = []
+            for split, instance in enumerate(self.instances):
+                if playing:
+                    tic = time.time()
+                    obs, rewards, terminations, truncations, info = instance.recv()
+                    env_step_time += time.time() - tic
+                    info = _with_thread_env_ids(info, self.env_slices[split].start)
+                    results.append((obs, rewards, terminations, truncations, info))
+                    self.split_obs[split] = obs
+                if step < first_step + num_steps:
+                    tic = time.time()
+                    actions, outputs = act(step, split, self.split_obs[split])
+                    inference_time += time.time() - tic
+                    instance.send(actions)
+                    chosen.append((actions, outputs))
+            if playing:
+                _, rewards, terminations, truncations, info = (_join(r) for r in zip(*results))
+                actions, outputs = playing
+                steps.append(
+                    EnvStep(
+                        actions=actions,
+                        outputs=outputs,
+                        rewards=rewards,
+                        terminations=terminations,
+                        truncations=truncations,
+                        info=info,
+                        is_reset=self.is_reset,
+                    )
+                )
+                record(step - 1, steps[-1])
+                self.is_reset = terminations | truncations
+            playing = tuple(_join(list(part)) for part in zip(*chosen)) if chosen else None
+        return Played(steps=steps, inference_time=inference_time, env_step_time=env_step_time)
