@@ -37,6 +37,7 @@ LOSS = {
     "gala_a2c": "a2c_loss",
     "sac": "critic_loss",
     "apex_dpg": "critic_loss",
+    "ppo_continuous": "ppo_loss",
 }
 
 BROKEN_PROGRAM = """
