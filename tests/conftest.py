@@ -36,7 +36,7 @@ COSTLIEST_FIRST = [
     "test_layouts.py",  # 187
     "test_gala_a2c.py",  # 116
     "test_apex_dpg.py",  # 113
-    "test_original_readme.py",  # 92 and 130 (2026-11-26, the cores shared with other jobs)
+    "test_original_readme.py",  # 92, 130; 107, 114 with 2 updates (2026-11-26/27, cores shared)
     "test_hub.py",  # 94 (2026-11-26, the cores shared with other jobs)
     "test_sac.py",  # 104
 ]

@@ -5,9 +5,11 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import flax.serialization
 import numpy as np
@@ -57,6 +59,39 @@ def run_script(
         text=True,
         timeout=timeout,
     )
+
+
+REQUIRE_ALL_TESTS = "CLEANBA_REQUIRE_ALL_TESTS"
+"""Set to 1 (`.ci/run` does) to make the tests that need something of the machine (a SLURM cluster,
+its second node, tmpfs mounts, transparent huge pages) fail where it is missing, instead of
+skipping: a run that passes has then run them all."""
+
+
+def skip_unless_required(reason: str):
+    """Skips the calling test for what this machine lacks (`reason`: what is missing and how to
+    provide it), or, with CLEANBA_REQUIRE_ALL_TESTS=1, fails it with that line."""
+    __tracebackhide__ = True  # pytest's summary names the caller's line
+    if os.environ.get(REQUIRE_ALL_TESTS) == "1":
+        pytest.fail(f"{REQUIRE_ALL_TESTS}=1 and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def hub_api_stand_in(uploaded: str = "uploaded", user: str = "token-user"):
+    """huggingface_hub.HfApi for the tests (the Hub is not reachable from here), autospecced from
+    the installed class: a call that its signatures refuse raises TypeError, a method it lacks
+    AttributeError. Its instance answers as the Hub would: `whoami` names `user`, `create_repo`
+    returns the repository's address and `upload_folder` copies the folder to `uploaded`/<repo
+    id>; the calls are in `.return_value.mock_calls`."""
+    import huggingface_hub
+
+    api_class = mock.create_autospec(huggingface_hub.HfApi, spec_set=True)
+    api = api_class.return_value
+    api.whoami.return_value = {"name": user}
+    api.create_repo.side_effect = lambda repo_id, **options: f"https://huggingface.co/{repo_id}"
+    api.upload_folder.side_effect = lambda **options: shutil.copytree(
+        options["folder_path"], Path(uploaded) / options["repo_id"]
+    )
+    return api_class
 
 
 def scalars(run_dir, tag: str) -> list[tuple[int, float]]:

@@ -10,12 +10,13 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import huggingface_hub
 import huggingface_hub.errors
 import numpy as np
 import pytest
-from helpers import REPO, assert_refused, scalars
+from helpers import REPO, assert_refused, hub_api_stand_in, scalars
 
 from cleanba import cleanba_apex_dqn, cleanba_ppo
 from cleanba_utils import evaluate, hub
@@ -95,43 +96,32 @@ def repo_id_of(script: str, argv: list[str]) -> str:
 
 
 # Runs every script's main in one process (an import of JAX and envpool takes seconds), with
-# huggingface_hub.HfApi replaced by one that records its calls and copies the uploaded folder to
-# uploaded/<repo id>. sys.argv is the command a user would type: spec.json records it. The last
-# command runs without a token; its exit code and stderr are saved.
+# huggingface_hub.HfApi replaced by tests/helpers.py's `hub_api_stand_in` (autospecced from the
+# real class), which copies the uploaded folder to uploaded/<repo id>; each run's calls to it are
+# saved as [method, positional arguments, keyword arguments]. sys.argv is the command a user would
+# type: spec.json records it. The last command runs without a token; its exit code and stderr are
+# saved.
 DRIVER = """
 import contextlib
 import importlib
 import io
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
 import huggingface_hub
 
-calls = []
+sys.path.insert(0, sys.argv[2])
+from helpers import hub_api_stand_in
 
-
-class RecordingApi:
-    def whoami(self):
-        calls.append(["whoami"])
-        return {"name": "token-user"}
-
-    def create_repo(self, repo_id, **options):
-        calls.append(["create_repo", repo_id, options])
-        return f"https://huggingface.co/{repo_id}"
-
-    def upload_folder(self, *, repo_id, folder_path, commit_message):
-        calls.append(["upload_folder", repo_id, folder_path, commit_message])
-        shutil.copytree(folder_path, Path("uploaded") / repo_id)
-
-
-huggingface_hub.HfApi = RecordingApi
+huggingface_hub.HfApi = hub_api_stand_in()
+api = huggingface_hub.HfApi.return_value
 for command in json.loads(sys.argv[1]):
     script = importlib.import_module(f"cleanba.{command['script']}")
     sys.argv = [f"cleanba/{command['script']}.py", *command["argv"]]
-    calls.clear()
+    api.reset_mock()
+    calls = api.mock_calls
     if command.get("no_token"):
         del os.environ["HF_TOKEN"]
         captured = io.StringIO()
@@ -142,11 +132,11 @@ for command in json.loads(sys.argv[1]):
             except SystemExit as exit_:
                 code = exit_.code
         Path("no_token.json").write_text(
-            json.dumps(dict(code=code, stderr=captured.getvalue(), calls=calls))
+            json.dumps(dict(code=code, stderr=captured.getvalue(), calls=list(map(list, calls))))
         )
         continue
     script.main(command["argv"])
-    Path(f"{command['name']}.calls.json").write_text(json.dumps(calls))
+    Path(f"{command['name']}.calls.json").write_text(json.dumps(list(map(list, calls))))
 """
 
 NO_TOKEN_ARGV = [*TINY["cleanba_ppo"], *UPLOAD, "--hf-entity", "an-org", "--run-name", "no_token"]
@@ -165,7 +155,7 @@ def uploads(tmp_path_factory):
         HF_HOME=str(cwd / "hf_home"),
     )
     result = subprocess.run(
-        [sys.executable, "-c", DRIVER, json.dumps(commands)],
+        [sys.executable, "-c", DRIVER, json.dumps(commands), str(REPO / "tests")],
         cwd=cwd,
         env={**os.environ, **env},
         capture_output=True,
@@ -185,13 +175,19 @@ def test_upload_hands_the_folder_to_the_hub_client(uploads, script):
     folder = run_dir / hub.FOLDER
     env_id = argv[argv.index("--env-id") + 1]
     calls = json.loads((uploads / f"{script}.calls.json").read_text())
-    expected = [] if script in ENTITIES else [["whoami"]]
+    commit_message = calls[-1][2]["commit_message"]
+    folder_path = str(Path("runs") / script / hub.FOLDER)
+    expected = [] if script in ENTITIES else [["whoami", [], {}]]
     expected += [
-        ["create_repo", repo_id, {"exist_ok": True}],
-        ["upload_folder", repo_id, str(Path("runs") / script / hub.FOLDER), calls[-1][3]],
+        ["create_repo", [repo_id], {"exist_ok": True}],
+        [
+            "upload_folder",
+            [],
+            dict(repo_id=repo_id, folder_path=folder_path, commit_message=commit_message),
+        ],
     ]
     assert calls == expected
-    assert env_id in calls[-1][3]
+    assert env_id in commit_message
 
     uploaded = uploads / "uploaded" / repo_id
     model = f"{script}.cleanba_model"
@@ -261,7 +257,7 @@ def test_evaluate_loads_the_uploaded_model_by_its_repository_id(
         downloads.append(repo_id)
         return str(uploaded)
 
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", autospecced(snapshot_download))
     monkeypatch.chdir(uploads)
     results = json.loads((uploaded / "results.json").read_text())
     episodes = results["evaluation"]["episodes"]
@@ -287,12 +283,37 @@ def test_a_run_without_a_token_keeps_its_model_and_says_so_in_one_line(uploads):
     assert stdout.count("note: --upload-model: no Hugging Face token here") == 1
 
 
-def failing_api(error: Exception):
-    class FailingApi:
-        def create_repo(self, repo_id, **options):
-            raise error
+def autospecced(snapshot_download):
+    """huggingface_hub.snapshot_download autospecced from the installed function (a call its
+    signature refuses raises TypeError), answering as `snapshot_download`."""
+    return mock.create_autospec(huggingface_hub.snapshot_download, side_effect=snapshot_download)
 
-    return FailingApi
+
+def failing_api(error: Exception):
+    """The Hub's API, autospecced, whose create_repo raises `error`."""
+    api_class = hub_api_stand_in()
+    api_class.return_value.create_repo.side_effect = error
+    return api_class
+
+
+def test_the_hub_stand_in_refuses_what_the_installed_hub_would(tmp_path):
+    """The tests' HfApi has the signatures of the installed huggingface_hub's: a keyword it does not
+    take, an argument it needs left out, a keyword-only one given by position, a method it lacks,
+    all fail as against the Hub; the calls that cleanba_utils.hub makes go through."""
+    api = hub_api_stand_in(uploaded=str(tmp_path / "uploaded"))()
+    with pytest.raises(TypeError, match="exists_ok"):
+        api.create_repo("an-org/model", exists_ok=True)
+    with pytest.raises(TypeError, match="folder_path"):
+        api.upload_folder(repo_id="an-org/model", folder="hub", commit_message="a model")
+    with pytest.raises(TypeError):
+        api.upload_folder("an-org/model", folder_path="hub", commit_message="a model")
+    with pytest.raises(AttributeError):
+        api.upload_model()
+    (tmp_path / "hub").mkdir()
+    assert api.create_repo("an-org/model", exist_ok=True) == "https://huggingface.co/an-org/model"
+    api.upload_folder(repo_id="an-org/model", folder_path=str(tmp_path / "hub"), commit_message="m")
+    assert (tmp_path / "uploaded" / "an-org" / "model").is_dir()
+    assert api.whoami() == {"name": TOKEN_USER}
 
 
 @pytest.mark.parametrize(
@@ -413,7 +434,7 @@ def test_a_path_is_a_path_and_entity_name_a_repository_id(tmp_path, monkeypatch)
         downloads.append(repo_id)
         return str(run_dir)
 
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", autospecced(snapshot_download))
     # An existing file or folder is read from disk, even when it looks like `entity/name`.
     assert evaluate.model_file("runs/fake") == str(Path("runs/fake") / model_path.name)
     assert evaluate.model_file(str(model_path)) == str(model_path)
@@ -433,7 +454,7 @@ def test_a_repository_that_cannot_be_downloaded_is_one_line(tmp_path, monkeypatc
     def snapshot_download(repo_id, **options):
         raise huggingface_hub.errors.LocalEntryNotFoundError("no connection\nand more")
 
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", autospecced(snapshot_download))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_:
         evaluate.main(["an-org/model"])

@@ -135,24 +135,31 @@ def command_labelled(label: str) -> ReadmeCommand:
 
 
 # One GPU, actor and learner on it: the run every other run of the same global configuration is
-# compared with.
+# compared with. It is itself compared with the same command on a host of one device
+# (REFERENCE_HOST_DEVICES): see the test's docstring.
 REFERENCE = command_labelled("a0-l0-d1")
+HOST_DEVICES = 8
+REFERENCE_HOST_DEVICES = 1
 TWO_TERMINALS = command_labelled("a0-l1,2,3-d2")
 SLURM_BENCHMARK = command_labelled("slurm-benchmark")
 # The launcher's name of the benchmark's one run: game, experiment (the script), setting, seed.
 BENCHMARK_RUN_NAME = "Breakout-v5__cleanba_ppo__0__1"
 
-# TINY's network and rollout (Breakout, 4 channels, 16 steps) and one update. Each actor thread's
-# 12 environments divide among 1, 2, 3, 4 and 6 learner devices: each takes an equal share. The
-# models are saved to compare the layouts' parameters.
+# TINY's network (Breakout, 4 channels) and two updates: the second rollout is played with the
+# parameters of the first update, which the learner devices return to the actor's device (without
+# --concurrency the actor waits for them). Rollouts of 8 steps, TINY's 16 halved, so that the two
+# updates play as many steps as one of TINY's. Each actor thread's 12 environments divide among 1,
+# 2, 3, 4 and 6 learner devices: each takes an equal share. The models are saved to compare the
+# layouts' parameters.
 NUM_ENVS_PER_THREAD = 12
 NUM_ACTOR_THREADS = 2  # the script's default, as the original's
-NUM_UPDATES = 1
-STEPS_PER_UPDATE = (
-    NUM_ACTOR_THREADS * NUM_ENVS_PER_THREAD * int(TINY[TINY.index("--num-steps") + 1])
-)
+NUM_UPDATES = 2
+NUM_STEPS = 8
+STEPS_PER_UPDATE = NUM_ACTOR_THREADS * NUM_ENVS_PER_THREAD * NUM_STEPS
+SHORT_TINY = list(TINY)
+SHORT_TINY[TINY.index("--num-steps") + 1] = str(NUM_STEPS)
 BUDGET = [
-    *TINY,
+    *SHORT_TINY,
     "--total-timesteps",
     NUM_UPDATES * STEPS_PER_UPDATE,
     "--save-model",
@@ -188,12 +195,14 @@ def option_values(args: list[str], option: str) -> list[str]:
 @pytest.fixture(scope="module")
 def single_process_run(tmp_path_factory):
     """Runs a single-process command once for the module (the other runs' tests compare with the
-    reference run): its result, its run folder and its working directory."""
+    reference run) on `devices` host devices: its result, its run folder and its working
+    directory."""
     cwd = tmp_path_factory.mktemp("original_readme")
     results = {}
 
-    def run(command: ReadmeCommand):
-        if command.label not in results:
+    def run(command: ReadmeCommand, devices: int = HOST_DEVICES):
+        run_name = command.label if devices == HOST_DEVICES else f"{command.label}_{devices}"
+        if run_name not in results:
             script = split_text(command.ours)[1]
             result = run_script(
                 script.removeprefix("cleanba/"),
@@ -203,33 +212,38 @@ def single_process_run(tmp_path_factory):
                     "--local-num-envs",
                     NUM_ENVS_PER_THREAD,
                     "--run-name",
-                    command.label,
+                    run_name,
                 ],
                 cwd,
-                devices=8,
+                devices=devices,
                 extra_env=WANDB_OFFLINE,
             )
-            results[command.label] = (result, cwd / "runs" / command.label, cwd)
-        return results[command.label]
+            results[run_name] = (result, cwd / "runs" / run_name, cwd)
+        return results[run_name]
 
     return run
 
 
-def assert_ran_to_the_end(run_dir) -> dict:
-    """The run's summary has every step and update of the budget; its spec, on 8 devices."""
+def assert_ran_to_the_end(run_dir, devices: int = HOST_DEVICES) -> dict:
+    """The run's summary has every step and update of the budget; its spec, on `devices`
+    devices."""
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["global_step"] == NUM_UPDATES * STEPS_PER_UPDATE, summary
     assert summary["learner_policy_version"] == NUM_UPDATES, summary
     spec = json.loads((run_dir / "spec.json").read_text())
-    assert len(spec["devices"]) == 8, spec["devices"]
+    assert len(spec["devices"]) == devices, spec["devices"]
     return spec
 
 
-def assert_agrees_with_the_reference_run(run_dir, spec: dict, single_process_run):
+def assert_agrees_with_the_reference_run(
+    run_dir, spec: dict, single_process_run, host_devices: int = HOST_DEVICES
+):
     """The reference run's global configuration (spec.json's sizes) and its parameters, up to
-    float rounding; the reference run's result."""
-    reference_result, reference_dir, _ = single_process_run(REFERENCE)
+    float rounding; the reference run's result. The reference run on `host_devices` host
+    devices."""
+    reference_result, reference_dir, _ = single_process_run(REFERENCE, host_devices)
     assert reference_result.returncode == 0, reference_result.stderr[-3000:]
+    assert_ran_to_the_end(reference_dir, host_devices)
     assert spec["sizes"] == json.loads((reference_dir / "spec.json").read_text())["sizes"]
     model = "cleanba_ppo.cleanba_model"
     difference = max_abs_difference(
@@ -257,7 +271,18 @@ def test_a_single_process_command_runs_to_the_end_as_the_reference_run_does(
     global configuration: the original keeps the actor's settings (its device, environments,
     threads) and adds learner devices, which split each rollout. So their parameters agree with
     the reference run's up to float rounding; the default command, which is the reference run
-    without --track, gives its very parameters."""
+    without --track, gives its very parameters.
+
+    The reference run itself (a0-l0-d1, on 8 host devices as every run here) is compared with the
+    same command on a host of one device. There the actor and the learner can only share that
+    device: no rollout, parameter or collective can reach another, so that run is the one-device
+    run by construction, whatever the code does with the devices it is not given. On 8 devices, a
+    run that used more than its layout names (a pmap or a sharding over every local device,
+    environments or seeds counted by the host's devices) would differ from it or fail; the number
+    of host devices changes nothing else, so the two agree up to float rounding (XLA may split the
+    host's threads otherwise; on this project's machine they agree bit for bit). The other
+    layouts cannot give this reference: they are compared with a0-l0-d1, and comparing it with
+    them would be the same comparison."""
     original_lines = command.original.splitlines()
     assert [script_arguments(line) for line in original_lines] == [script_arguments(command.ours)]
     result, run_dir, cwd = single_process_run(command)
@@ -271,7 +296,10 @@ def test_a_single_process_command_runs_to_the_end_as_the_reference_run_does(
     if "--track" in ours:
         (wandb_copy,) = cwd.glob(f"wandb/offline-run-*/files/runs/{command.label}")
         assert scalar_tags(wandb_copy) == scalar_tags(run_dir)
-    reference_result = assert_agrees_with_the_reference_run(run_dir, spec, single_process_run)
+    host_devices = REFERENCE_HOST_DEVICES if command is REFERENCE else HOST_DEVICES
+    reference_result = assert_agrees_with_the_reference_run(
+        run_dir, spec, single_process_run, host_devices
+    )
     if command.label == "default":
         assert fingerprint_of(result) == fingerprint_of(reference_result)
 

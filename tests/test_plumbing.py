@@ -4,6 +4,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import platform
 import queue
 import signal
 import struct
@@ -20,7 +21,7 @@ import numpy as np
 import optax
 import pytest
 from flax.training.train_state import TrainState
-from helpers import REPO, scalars
+from helpers import REPO, scalars, skip_unless_required
 from tensorboardX import SummaryWriter
 
 from cleanba_utils import (
@@ -623,12 +624,27 @@ restart_with_huge_pages()
 """
 
 
-@pytest.mark.skipif(
-    not (huge_pages.glibc_has_the_tunable() and huge_pages.madvised_huge_pages()),
-    reason="needs glibc >= 2.35 and transparent huge pages in madvise mode",
-)
+def huge_pages_mode() -> str:
+    """The kernel's line of transparent huge page modes, the chosen one in brackets."""
+    try:
+        with open(huge_pages.THP_MODE_FILE) as file:
+            return file.read().strip()
+    except OSError as error:
+        return f"unreadable: {error.strerror}"
+
+
 def test_a_script_restarts_once_with_huge_pages_unless_told_not_to(tmp_path):
     """Same process, same arguments, the caller's tunables kept; no restart with the opt-out."""
+    if not huge_pages.glibc_has_the_tunable():
+        skip_unless_required(
+            f"glibc {platform.libc_ver()[1] or '(none)'} has no glibc.malloc.hugetlb tunable: "
+            "the huge-pages restart needs glibc >= 2.35 (Debian 12, Ubuntu 22.04 or newer)"
+        )
+    if not huge_pages.madvised_huge_pages():
+        skip_unless_required(
+            f"transparent huge pages are not in madvise mode ({huge_pages.THP_MODE_FILE}: "
+            f"{huge_pages_mode()}): as root, echo madvise > {huge_pages.THP_MODE_FILE}"
+        )
     probe = tmp_path / "probe.py"
     probe.write_text(HUGE_PAGES_PROBE)
     env = dict(os.environ, GLIBC_TUNABLES="glibc.malloc.check=0")

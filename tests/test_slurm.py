@@ -1,9 +1,11 @@
 """The SLURM path on a real cluster (benchmark/slurm_local.sh start): a job array submitted by the
 launcher, with a failing task, and a requeued task that resumes. Skipped where no cluster answers
-`sinfo`; `.ci/run` starts the local one first."""
+`sinfo` (failed with CLEANBA_REQUIRE_ALL_TESTS=1, as `.ci/run` sets, which starts the local one
+first)."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,7 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import PPO_LAYOUT_ATOL, REPO, launch, load_params, max_abs_difference, run_script
+from helpers import (
+    PPO_LAYOUT_ATOL,
+    REPO,
+    launch,
+    load_params,
+    max_abs_difference,
+    run_script,
+    skip_unless_required,
+)
 from test_ppo_continuous import LAYOUT_ATOL as PPO_CONTINUOUS_LAYOUT_ATOL
 
 
@@ -25,9 +35,18 @@ def cluster_answers() -> bool:
 
 
 CLUSTER = cluster_answers()
-pytestmark = pytest.mark.skipif(
-    not CLUSTER, reason="no SLURM cluster answers sinfo (start one: benchmark/slurm_local.sh start)"
+NO_CLUSTER = (
+    "no SLURM cluster answers sinfo (start one as root: bash benchmark/slurm_local.sh start "
+    "--nodes 2)"
 )
+
+
+@pytest.fixture(autouse=True)
+def cluster():
+    """Every test of this file needs the cluster."""
+    if not CLUSTER:
+        skip_unless_required(NO_CLUSTER)
+
 
 SLURM = [
     *["--slurm-template-path", REPO / "cleanba.slurm_template", "--slurm-gpus-per-task", 0],
@@ -48,6 +67,25 @@ def tasks_env() -> dict:
 def state_of(task: str) -> str:
     squeue = ["squeue", "--noheader", "--array", f"--jobs={task}", "--format=%T"]
     return subprocess.run(squeue, capture_output=True, text=True).stdout.strip()
+
+
+def restarts_of(task: str) -> int | None:
+    """How many times SLURM has queued the task again; None once it has forgotten the task
+    (MinJobAge seconds after its end)."""
+    show = ["scontrol", "show", "job", "--oneliner", task]
+    match = re.search(
+        r"\bRestarts=(\d+)", subprocess.run(show, capture_output=True, text=True).stdout
+    )
+    return int(match.group(1)) if match else None
+
+
+def kill_wait_seconds() -> int:
+    """The cluster's KillWait: the seconds between the SIGTERM and the SIGKILL with which SLURM ends
+    a job's processes."""
+    config = subprocess.run(
+        ["scontrol", "show", "config"], capture_output=True, text=True, check=True
+    ).stdout
+    return int(re.search(r"^KillWait\s*=\s*(\d+) sec", config, re.M).group(1))
 
 
 def summary(cwd, run_name: str) -> dict:
@@ -171,11 +209,26 @@ def test_a_users_scancel_ends_the_task_for_good_keeping_its_checkpoint(tmp_path)
         while state_of(f"{job_id}_{task}"):
             assert time.time() < deadline, state_of(f"{job_id}_{task}")
             time.sleep(0.2)
-    # A requeue would show a task pending again within a second or two.
-    time.sleep(3)
+    ended_at = time.time()
+    # A requeue puts the task back in the queue as soon as it is asked for (PENDING, held for
+    # SLURM's 2 minutes, its Restarts counted up), by the batch script before it ends or by a
+    # process of the task that outlives it: on slurm_local.sh's cluster, a task whose batch script
+    # left `sleep 8; scontrol requeue` behind was pending again 8 s after it had ended. SLURM ends
+    # the processes it tracks of an ended task with SIGTERM and, KillWait seconds later (30 s in
+    # slurm_local.sh's slurm.conf, SLURM's default), SIGKILL: the queue is watched that long after
+    # the last task ended, plus 5 s for the controller. Nothing else requeues a cancelled or failed
+    # task (SLURM requeues running jobs, on a node's failure or a preemption).
+    deadline = ended_at + kill_wait_seconds() + 5
+    while True:
+        for task in range(2):
+            text = (log_dir / f"cancelled_{job_id}_{task}.log").read_text()
+            assert state_of(f"{job_id}_{task}") == "", text[-3000:]
+            assert restarts_of(f"{job_id}_{task}") in (0, None), text[-3000:]
+        if time.time() > deadline:
+            break
+        time.sleep(0.5)
     for task in range(2):
         text = (log_dir / f"cancelled_{job_id}_{task}.log").read_text()
-        assert state_of(f"{job_id}_{task}") == "", text[-3000:]
         assert "requeueing" not in text
         assert "stopped by a signal after update" in text, text[-3000:]
         run_dir = tmp_path / "runs" / f"CartPole-v1__cancelled__0__{task + 1}"
@@ -195,11 +248,15 @@ def nodes_up() -> list[str]:
     )
 
 
-two_nodes = pytest.mark.skipif(
-    len(nodes_up()) < 2,
-    reason="the SLURM cluster has fewer than 2 nodes (start two: benchmark/slurm_local.sh start "
-    "--nodes 2)",
-)
+@pytest.fixture
+def two_nodes():
+    if len(nodes_up()) < 2:
+        skip_unless_required(
+            "the SLURM cluster has fewer than 2 nodes that answer (start two as root: bash "
+            "benchmark/slurm_local.sh start --nodes 2)"
+        )
+
+
 TWO_NODES = ["--slurm-nodes", "2", "--slurm-ntasks", "2", "--slurm-total-cpus", "2"]
 # One process per node with 4 environments, against one process with 8 and two learner devices:
 # the same global configuration (the layout tolerances of tests/test_ppo.py and
@@ -225,7 +282,7 @@ def job_nodes(task_log) -> list[str]:
     return subprocess.run(hostnames, capture_output=True, text=True).stdout.split()
 
 
-@two_nodes
+@pytest.mark.usefixtures("two_nodes")
 @pytest.mark.parametrize("script", ACROSS_NODES)
 def test_a_run_across_two_nodes_is_the_one_process_run_up_to_rounding(tmp_path, script):
     env_id, options, layout_atol = ACROSS_NODES[script]
@@ -262,11 +319,6 @@ def node_of_batch(task: str) -> str:
 
 
 @pytest.mark.long
-@pytest.mark.skipif(
-    len(local_cluster_nodes()) < 2,
-    reason="needs the 2-node cluster of benchmark/slurm_local.sh (start --nodes 2), whose nodes it "
-    "kills and revives",
-)
 def test_a_node_that_dies_ends_its_job_which_slurm_requeues_and_the_run_resumes_to_its_end(
     tmp_path,
 ):
@@ -275,6 +327,11 @@ def test_a_node_that_dies_ends_its_job_which_slurm_requeues_and_the_run_resumes_
     SIGKILLed): the surviving process stops with a line naming the lost peer, SLURM requeues the
     job for its node's failure, and once the node is back the run resumes from its newest
     checkpoint and ends with the fingerprint of the same run uninterrupted."""
+    if len(local_cluster_nodes()) < 2:
+        skip_unless_required(
+            "no 2-node cluster of benchmark/slurm_local.sh, whose nodes this test kills and "
+            "revives, answers (start it as root: bash benchmark/slurm_local.sh start --nodes 2)"
+        )
     command = (
         f"python {REPO}/cleanba/cleanba_ppo_continuous.py --num-steps 16 "
         "--num-minibatches 2 --update-epochs 2 --local-num-envs 4 --log-frequency 1 "

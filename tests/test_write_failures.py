@@ -1,7 +1,8 @@
 """A checkpoint or run file that cannot be written (a full disk, a read-only folder) ends the run
 within seconds with one line and exit 1, from the learner's path and from the stop thread's; the
 newest checkpoint stays intact and resumable, and no temporary file is left. The folders are small
-tmpfs mounts (root's privilege: the tests are skipped where mounting fails)."""
+tmpfs mounts (root's privilege: the tests are skipped where mounting fails, and fail there with
+CLEANBA_REQUIRE_ALL_TESTS=1)."""
 
 import glob
 import json
@@ -13,7 +14,7 @@ import threading
 import time
 
 import pytest
-from helpers import TINY, run_script
+from helpers import TINY, run_script, skip_unless_required
 from tensorboardX import SummaryWriter
 
 from cleanba_utils import run_files
@@ -86,7 +87,11 @@ def mount_tmpfs(folder, size: int):
         text=True,
     )
     if mounted.returncode:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+        why = (mounted.stderr.strip().splitlines() or [f"exit {mounted.returncode}"])[0]
+        skip_unless_required(
+            f"cannot mount a tmpfs ({why}): these tests mount small tmpfs folders, which needs "
+            "root (run the tests as root)"
+        )
 
 
 def unmount(folder):
