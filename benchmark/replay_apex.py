@@ -32,7 +32,7 @@ import numpy as np
 from cleanba import cleanba_apex_dqn as apex
 from cleanba_utils import parsing
 from cleanba_utils.devices import first_replica, replicate
-from cleanba_utils.prioritized_learning import write_priorities
+from cleanba_utils.replay.prioritized_learning import write_priorities
 from cleanba_utils.threads import BackgroundJobs
 
 REPO = Path(__file__).resolve().parents[1]

@@ -29,15 +29,16 @@ from flax import struct
 from flax.training.train_state import TrainState
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from cleanba_utils import distributed, env_records, handoff, parsing
+from cleanba_utils import distributed, env_records, handoff, hub, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
 from cleanba_utils.env_records import EnvRecord
 from cleanba_utils.envs import compiled_step, flat_observation, make_env, observation_size
+from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
-from cleanba_utils.n_step import n_step_transitions
-from cleanba_utils.parsing import at_most, fail, in_range, non_negative, positive
-from cleanba_utils.prioritized_learning import (
+from cleanba_utils.fields import Need, at_most, in_range, non_negative, positive
+from cleanba_utils.replay.n_step import n_step_transitions
+from cleanba_utils.replay.prioritized_learning import (
     NO_PENDING,
     PRIORITY_EPSILON,
     Learned,
@@ -46,7 +47,7 @@ from cleanba_utils.prioritized_learning import (
     learn,
     log_priorities,
 )
-from cleanba_utils.replay import Mark, ReplayStore, store_bytes
+from cleanba_utils.replay.store import Mark, ReplayStore, store_bytes
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
@@ -128,10 +129,10 @@ class Args(DeviceArgs):
 # Options that act only in some configurations: `validate` refuses one set where its need fails.
 NEEDS = {
     **RUN_NEEDS,
-    "eviction_exponent": parsing.Need(
+    "eviction_exponent": Need(
         lambda args: args.eviction == "prioritized", "--eviction prioritized"
     ),
-    "importance_sampling_exponent": parsing.Need(
+    "importance_sampling_exponent": Need(
         lambda args: args.priority_exponent > 0,
         "--priority-exponent above 0 (uniform sampling weights every item 1)",
     ),
@@ -517,6 +518,14 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     return returns
 
 
+# The model card of --upload-model: the algorithm, its papers and how `evaluate` acts.
+MODEL_CARD = hub.ModelCard(
+    name="Ape-X DPG",
+    papers=(hub.APE_X,),
+    evaluation_policy=lambda args: "the actor's deterministic action, without noise",
+)
+
+
 # === Replay ===
 
 MEMORY_RESERVE_BYTES = 2 * 2**30  # for the rest of the process: networks, environments, batches
@@ -875,6 +884,7 @@ def train(args: Args):
         counters=counters,
         global_learner_devices=global_learner_devices,
         evaluate=evaluate,
+        model_card=MODEL_CARD,
         host_copy=functools.partial(saved_of, args, replay, replay.snapshot()),
         frozen_by=(replay.lock,),
     )

@@ -20,12 +20,13 @@ import optax
 import rlax
 from flax.training.train_state import TrainState
 
-from cleanba_utils import accelerators, distributed, parsing
+from cleanba_utils import accelerators, distributed, hub, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
 from cleanba_utils.envs import make_env
+from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
-from cleanba_utils.frame_ring import FrameRing, frame_ring_bytes, frame_spec, make_frame_ring
+from cleanba_utils.fields import Need, in_range, non_negative, positive
 from cleanba_utils.handoff import (
     OnResume,
     actor_fetches_params,
@@ -33,9 +34,9 @@ from cleanba_utils.handoff import (
     take_rollouts,
 )
 from cleanba_utils.huge_pages import restart_with_huge_pages
-from cleanba_utils.n_step import n_step_transitions
-from cleanba_utils.parsing import fail, in_range, non_negative, positive
-from cleanba_utils.prioritized_learning import (
+from cleanba_utils.replay.frame_ring import FrameRing, frame_ring_bytes, frame_spec, make_frame_ring
+from cleanba_utils.replay.n_step import n_step_transitions
+from cleanba_utils.replay.prioritized_learning import (
     PRIORITY_EPSILON,
     Learned,
     PendingPriorities,
@@ -43,7 +44,7 @@ from cleanba_utils.prioritized_learning import (
     log_priorities,
     write_priorities,
 )
-from cleanba_utils.replay import ReplayStore, store_bytes
+from cleanba_utils.replay.store import ReplayStore, store_bytes
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
@@ -145,7 +146,7 @@ PLATFORM_DEFAULTS = {
 # set away from its default where its need does not hold.
 NEEDS = {
     **RUN_NEEDS,
-    "importance_sampling_exponent": parsing.Need(
+    "importance_sampling_exponent": Need(
         lambda args: args.priority_exponent > 0,
         "--priority-exponent above 0 (uniform sampling weights every item 1)",
     ),
@@ -496,6 +497,14 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     return play_episodes(envs, num_episodes, lambda obs, step: act(params, obs, step))
 
 
+# The model card of --upload-model: the algorithm, its papers and how `evaluate` acts.
+MODEL_CARD = hub.ModelCard(
+    name="Ape-X DQN",
+    papers=(hub.APE_X,),
+    evaluation_policy=lambda args: f"ε-greedy with ε = {EVAL_EPSILON} (argmax Q otherwise)",
+)
+
+
 # === Replay ===
 
 MEMORY_RESERVE_BYTES = 3 * 2**30  # for the rest of the process: networks, environments, batches
@@ -513,7 +522,7 @@ class Stored(NamedTuple):
 
 
 class Replay(NamedTuple):
-    """The transitions in a prioritized FIFO store (`cleanba_utils.replay`), their frames in a
+    """The transitions in a prioritized FIFO store (`cleanba_utils.replay.store`), their frames in a
     `FrameRing`. The ring outlives every transition that points into it: a transition lives while
     fewer than --buffer-size transitions are inserted after it, at most buffer_size // num_envs
     steps of every environment, so its frames, from stack - 1 steps before it to n steps after, are
@@ -802,6 +811,7 @@ def train(args: Args):
         counters=counters,
         global_learner_devices=global_learner_devices,
         evaluate=evaluate,
+        model_card=MODEL_CARD,
     )
     optimizer_steps = int(state.step)
     state = replicate(state, learner_devices)

@@ -27,24 +27,25 @@ import optax
 from flax.training.train_state import TrainState
 from jax.sharding import NamedSharding
 
-from cleanba_utils import accelerators, distributed, parsing
-from cleanba_utils.agent_arrays import (
+from cleanba_utils import accelerators, distributed, hub, parsing
+from cleanba_utils.checkpoints import resume_from
+from cleanba_utils.devices import first_replica
+from cleanba_utils.envs import envpool_num_threads, is_atari
+from cleanba_utils.errors import fail
+from cleanba_utils.evaluation_episodes import play_episodes
+from cleanba_utils.fields import Need, in_range, non_negative, positive
+from cleanba_utils.gala.agent_arrays import (
     agent_slice,
     agents_sharding,
     from_slices,
     gathered_agents,
     sharded,
 )
-from cleanba_utils.checkpoints import resume_from
-from cleanba_utils.consensus import consensus_line, consensus_of, consensus_stats
-from cleanba_utils.devices import first_replica
-from cleanba_utils.envs import envpool_num_threads, is_atari
-from cleanba_utils.evaluation_episodes import play_episodes
+from cleanba_utils.gala.consensus import consensus_line, consensus_of, consensus_stats
+from cleanba_utils.gala.mailboxes import Mailbox, Message, broadcast, receive
 from cleanba_utils.handoff import OnResume, actor_fetches_params, take_rollouts
 from cleanba_utils.huge_pages import restart_with_huge_pages
-from cleanba_utils.mailboxes import Mailbox, Message, broadcast, receive
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
-from cleanba_utils.parsing import in_range, non_negative, positive
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, RunArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
@@ -164,18 +165,18 @@ PLATFORM_DEFAULTS = {
 # set away from its default where its need does not hold.
 NEEDS = {
     **RUN_NEEDS,
-    "eval_actions": parsing.Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
-    "eval_every": parsing.Need(
+    "eval_actions": Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
+    "eval_every": Need(
         lambda args: args.eval_episodes > 0 and lock_step(args),
         "--eval-episodes, agents in lock step (--gossip sync or --topology allreduce/none)",
     ),
     "torso": parsing.IMAGE_OBSERVATIONS,
     "channels": parsing.IMAGE_OBSERVATIONS,
-    "gossip": parsing.Need(lambda args: args.topology == "gossip", "--topology gossip"),
-    "num_peers": parsing.Need(lambda args: args.topology == "gossip", "--topology gossip"),
-    "staleness_bound": parsing.Need(lambda args: not lock_step(args), "--gossip async"),
+    "gossip": Need(lambda args: args.topology == "gossip", "--topology gossip"),
+    "num_peers": Need(lambda args: args.topology == "gossip", "--topology gossip"),
+    "staleness_bound": Need(lambda args: not lock_step(args), "--gossip async"),
     # The agents of --gossip async never hold gradients of the same moment.
-    "similarity_every": parsing.Need(
+    "similarity_every": Need(
         lock_step, "--gossip sync or --topology allreduce/none (agents in lock step)"
     ),
 }
@@ -200,7 +201,7 @@ def validate(args: Args):
     problem."""
     parsing.check_fields(args)
     if args.topology == "gossip" and not 1 <= args.num_peers < args.num_agents:
-        parsing.fail(
+        fail(
             "--topology gossip needs --num-agents >= 2, --num-peers in 1 .. agents - 1; got "
             f"{args.num_agents} and {args.num_peers}"
         )
@@ -210,7 +211,7 @@ def validate(args: Args):
     parsing.check_needs(args, NEEDS)
     check_torso_channels(args)
     if args.gossip == "async" and (args.distributed or args.checkpoint_every or args.resume):
-        parsing.fail(
+        fail(
             "--gossip async runs in one process without checkpoints: not with "
             "--distributed/--checkpoint-every/--resume"
         )
@@ -224,12 +225,12 @@ def validate_layout(args: Args):
     sizes = sizes_of(args)
     num_processes = jax.process_count()
     if args.num_agents % num_processes:
-        parsing.fail(
+        fail(
             f"--num-agents {args.num_agents} does not divide into the {num_processes} processes "
             "of the run: every process takes the same number of agents"
         )
     if sizes.num_updates < 1:
-        parsing.fail(
+        fail(
             f"--total-timesteps {args.total_timesteps} is less than one update "
             f"({sizes.steps_per_update} steps)"
         )
@@ -481,6 +482,18 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     return play_episodes(
         envs, num_episodes, lambda obs, step: act(params, obs, step), episode_over=episode_over
     )
+
+
+# The model card of --upload-model: the algorithm, its papers and how `evaluate` acts.
+MODEL_CARD = hub.ModelCard(
+    name="GALA-A2C",
+    papers=(hub.GALA,),
+    evaluation_policy=lambda args: (
+        "greedy: the most probable action of the agents' average policy (argmax π)"
+        if args.eval_actions == "greedy"
+        else "actions sampled from the agents' average policy π"
+    ),
+)
 
 
 # === Loss ===
@@ -1000,6 +1013,7 @@ def train(args: Args):
         counters=counters,
         global_learner_devices=agent_devices_of(args).every,
         evaluate=evaluate,
+        model_card=MODEL_CARD,
         host_copy=gathered_agents,
         host_copy_is_collective=True,
     )

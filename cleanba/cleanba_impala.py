@@ -23,11 +23,13 @@ import rlax
 from flax.training.train_state import TrainState
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from cleanba_utils import accelerators, distributed, parsing
+from cleanba_utils import accelerators, distributed, hub, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.envs import make_env
+from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
+from cleanba_utils.fields import in_range, non_negative, positive
 from cleanba_utils.handoff import (
     OnResume,
     actor_fetches_params,
@@ -37,7 +39,6 @@ from cleanba_utils.handoff import (
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.microbatches import microbatch_update
-from cleanba_utils.parsing import fail, in_range, non_negative, positive
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
@@ -398,6 +399,14 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     return play_episodes(envs, num_episodes, lambda obs, step: act(params, obs, step))
 
 
+# The model card of --upload-model: the algorithm, its papers and how `evaluate` acts.
+MODEL_CARD = hub.ModelCard(
+    name="Cleanba IMPALA",
+    papers=(hub.CLEANBA, hub.IMPALA),
+    evaluation_policy=lambda args: "actions sampled from the policy π",
+)
+
+
 # === Loss ===
 
 
@@ -654,6 +663,7 @@ def train(args: Args):
         counters=counters,
         global_learner_devices=global_learner_devices,
         evaluate=evaluate,
+        model_card=MODEL_CARD,
     )
     state = replicate(state, learner_devices)
     run.evaluate_untrained(lambda: jax.device_get(first_replica(state.params)))

@@ -45,7 +45,7 @@ from flax.training.train_state import TrainState
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from cleanba_utils import distributed, parsing
+from cleanba_utils import distributed, hub, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.env_records import (
@@ -58,7 +58,9 @@ from cleanba_utils.env_records import (
     record_step,
 )
 from cleanba_utils.envs import compiled_step, flat_observation, make_env
+from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
+from cleanba_utils.fields import in_range, non_negative, positive
 from cleanba_utils.handoff import (
     OnResume,
     actor_fetches_params,
@@ -66,7 +68,6 @@ from cleanba_utils.handoff import (
     start_actor_threads,
     take_rollouts,
 )
-from cleanba_utils.parsing import fail, in_range, non_negative, positive
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
@@ -532,6 +533,17 @@ def evaluate(saved_policy: dict, args: Args, num_episodes: int, seed: int) -> li
     return returns
 
 
+# The model card of --upload-model: the algorithm, its papers and how `evaluate` acts.
+MODEL_CARD = hub.ModelCard(
+    name="PPO with a Gaussian policy",
+    papers=(hub.PPO,),
+    evaluation_policy=lambda args: (
+        "the Gaussian policy's mean action, clipped to the action bounds, with the observation "
+        "normalizer frozen"
+    ),
+)
+
+
 # === Loss ===
 
 
@@ -811,6 +823,7 @@ def train(args: Args):
         counters=counters,
         global_learner_devices=global_learner_devices,
         evaluate=evaluate,
+        model_card=MODEL_CARD,
         host_copy=saved_of,
     )
     state = replicate(state, learner_devices)

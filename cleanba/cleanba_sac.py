@@ -27,15 +27,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from cleanba_utils import distributed, env_records, handoff, parsing
+from cleanba_utils import distributed, env_records, handoff, hub, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
 from cleanba_utils.env_records import EnvRecord
 from cleanba_utils.envs import compiled_step, flat_observation, make_env, observation_size
+from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
+from cleanba_utils.fields import Need, in_range, non_negative, positive
 from cleanba_utils.handoff import OnResume
-from cleanba_utils.parsing import fail, in_range, non_negative, positive
-from cleanba_utils.replay import Mark, ReplayStore, store_bytes
+from cleanba_utils.replay.store import Mark, ReplayStore, store_bytes
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
@@ -97,8 +98,8 @@ class Args(DeviceArgs):
 # Options that act only in some configurations: `validate` refuses one set where its need fails.
 NEEDS = {
     **RUN_NEEDS,
-    "alpha": parsing.Need(lambda args: not args.autotune, "--no-autotune"),
-    "alpha_lr": parsing.Need(lambda args: args.autotune, "--autotune"),
+    "alpha": Need(lambda args: not args.autotune, "--no-autotune"),
+    "alpha_lr": Need(lambda args: args.autotune, "--autotune"),
 }
 
 
@@ -451,6 +452,16 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     )
     envs.close()
     return returns
+
+
+# The model card of --upload-model: the algorithm, its papers and how `evaluate` acts.
+MODEL_CARD = hub.ModelCard(
+    name="Soft Actor-Critic",
+    papers=(hub.SAC,),
+    evaluation_policy=lambda args: (
+        "the deterministic action: tanh of the policy's mean, scaled to the action bounds"
+    ),
+)
 
 
 # === Replay ===
@@ -862,6 +873,7 @@ def train(args: Args):
         counters=counters,
         global_learner_devices=global_learner_devices,
         evaluate=evaluate,
+        model_card=MODEL_CARD,
         host_copy=functools.partial(saved_of, replay),
         frozen_by=(replay.lock,),
     )

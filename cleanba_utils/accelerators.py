@@ -22,7 +22,7 @@ import os
 import subprocess
 from collections.abc import Callable
 
-from cleanba_utils.parsing import fail
+from cleanba_utils.errors import fail
 
 DETERMINISTIC_OPS_FLAG = "--xla_gpu_deterministic_ops"
 OPT_OUT = "--nondeterministic-gpu-ops"

@@ -13,7 +13,7 @@ import flax.serialization
 import jax
 import numpy as np
 
-from cleanba_utils.parsing import fail
+from cleanba_utils.errors import fail
 from cleanba_utils.run_args import RESUMABLE_CHANGES
 from cleanba_utils.run_files import atomic_file
 

@@ -7,7 +7,7 @@ import subprocess
 
 import jax
 
-from cleanba_utils.parsing import fail
+from cleanba_utils.errors import fail
 
 # When a peer dies, a collective of the survivors fails at once (its connection closes), and
 # each survivor ends with the line of `broken_run_line`. A peer that stops answering without

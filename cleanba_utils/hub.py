@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from cleanba_utils import run_files
-from cleanba_utils.parsing import fail
+from cleanba_utils.errors import fail
 
 UPLOAD_EVAL_EPISODES = 10
 """the episodes that the upload plays for the card when the run made no evaluation
@@ -74,56 +74,24 @@ SAC = Paper(
     "https://arxiv.org/abs/1812.05905",
 )
 
-APE_X_DQN_EVAL_EPSILON = 0.01
-"""the ε of Ape-X DQN's evaluation (the script's EVAL_EPSILON), for its card"""
 
+class ModelCard(NamedTuple):
+    """What a script's model card says of its algorithm, declared by the script (`MODEL_CARD`,
+    given to `open_run`)."""
 
-def gala_evaluation_policy(args) -> str:
-    if args.eval_actions == "greedy":
-        return "greedy: the most probable action of the agents' average policy (argmax π)"
-    return "actions sampled from the agents' average policy π"
-
-
-class Algorithm(NamedTuple):
     name: str
     papers: tuple[Paper, ...]
     evaluation_policy: Callable
     """how the script's `evaluate` chooses actions, a function of the run's Args"""
 
 
-ALGORITHMS = {
-    "cleanba_ppo": Algorithm(
-        "Cleanba PPO", (CLEANBA, PPO), lambda args: "actions sampled from the policy π"
-    ),
-    "cleanba_impala": Algorithm(
-        "Cleanba IMPALA", (CLEANBA, IMPALA), lambda args: "actions sampled from the policy π"
-    ),
-    "cleanba_apex_dqn": Algorithm(
-        "Ape-X DQN",
-        (APE_X,),
-        lambda args: f"ε-greedy with ε = {APE_X_DQN_EVAL_EPSILON} (argmax Q otherwise)",
-    ),
-    "cleanba_gala_a2c": Algorithm("GALA-A2C", (GALA,), gala_evaluation_policy),
-    "cleanba_ppo_continuous": Algorithm(
-        "PPO with a Gaussian policy",
-        (PPO,),
-        lambda args: (
-            "the Gaussian policy's mean action, clipped to the action bounds, with the "
-            "observation normalizer frozen"
-        ),
-    ),
-    "cleanba_sac": Algorithm(
-        "Soft Actor-Critic",
-        (SAC,),
-        lambda args: (
-            "the deterministic action: tanh of the policy's mean, scaled to the action bounds"
-        ),
-    ),
-    "cleanba_apex_dpg": Algorithm(
-        "Ape-X DPG", (APE_X,), lambda args: "the actor's deterministic action, without noise"
-    ),
-}
-"""Each script's algorithm, papers and evaluation policy, by the script's module name."""
+def card_of_unnamed(script: str) -> ModelCard:
+    """The card of a script that declares none: its file name, no paper."""
+    return ModelCard(
+        name=script,
+        papers=(),
+        evaluation_policy=lambda args: f"as `{script}.py`'s `evaluate` plays",
+    )
 
 
 class UploadFailed(Exception):
@@ -208,7 +176,7 @@ def returns_record(returns) -> dict:
 
 def results_record(
     args,
-    script: str,
+    card: ModelCard,
     *,
     training_returns,
     eval_returns,
@@ -222,7 +190,7 @@ def results_record(
     evaluation = returns_record(eval_returns)
     evaluation.update(
         first_seed=eval_seed,
-        policy=ALGORITHMS[script].evaluation_policy(args),
+        policy=card.evaluation_policy(args),
         made_by=eval_made_by,
     )
     return dict(
@@ -254,12 +222,13 @@ def code_version(spec: dict) -> str:
     return f"git commit {spec['git_sha']}"
 
 
-def model_card(args, script: str, repo_id: str, spec: dict, results: dict) -> str:
+def model_card(args, card: ModelCard, repo_id: str, spec: dict, results: dict) -> str:
     """The card's text, below its metadata."""
-    algorithm = ALGORITHMS[script]
+    algorithm = card
     evaluation = results["evaluation"]
     last_seed = evaluation["first_seed"] + evaluation["episodes"] - 1
     papers = "\n".join(f"- {paper.citation}, {paper.url}" for paper in algorithm.papers)
+    papers = papers or "None named by the script."
     return f"""# {algorithm.name} playing {args.env_id}
 
 A model trained by Cleanba's `cleanba/{spec["script"]}` on the envpool task `{args.env_id}` and
@@ -304,11 +273,11 @@ evaluation policy, in the environments of the evaluation above (the run's seed +
 """
 
 
-def card_metadata(args, script: str, results: dict) -> dict:
+def card_metadata(args, card: ModelCard, results: dict) -> dict:
     """The card's metadata: the Hub's tags and its model-index of the evaluation's mean return."""
     from huggingface_hub import metadata_eval_result
 
-    algorithm = ALGORITHMS[script]
+    algorithm = card
     evaluation = results["evaluation"]
     return dict(
         library_name="cleanba",
@@ -326,7 +295,9 @@ def card_metadata(args, script: str, results: dict) -> dict:
     )
 
 
-def build_folder(run_dir: str, model_path: str, repo_id: str, args, script: str, results) -> str:
+def build_folder(
+    run_dir: str, model_path: str, repo_id: str, args, card: ModelCard, results
+) -> str:
     """The folder that is uploaded, `FOLDER` in the run folder: the model file, spec.json,
     results.json and the card. A file that cannot be written raises UploadFailed."""
     from huggingface_hub import metadata_save
@@ -342,8 +313,8 @@ def build_folder(run_dir: str, model_path: str, repo_id: str, args, script: str,
         shutil.copy2(spec_path, folder)
         run_files.write_json_atomically(os.path.join(folder, RESULTS_FILE), results)
         with run_files.atomic_file(card_path, "w") as f:
-            f.write(model_card(args, script, repo_id, spec, results))
-        metadata_save(card_path, card_metadata(args, script, results))
+            f.write(model_card(args, card, repo_id, spec, results))
+        metadata_save(card_path, card_metadata(args, card, results))
     except OSError as error:
         raise UploadFailed(first_line(error)) from error
     return folder
@@ -370,6 +341,7 @@ def upload_run(
     script_path: str,
     model_path: str,
     *,
+    card: ModelCard | None,
     eval_returns,
     play: Callable,
     eval_seed: int,
@@ -379,8 +351,10 @@ def upload_run(
 ) -> str | None:
     """--upload-model, in process 0 at the end of the run: the repository id, the evaluation
     (`eval_returns`, the run's final one; None: `play(UPLOAD_EVAL_EPISODES)` plays it), the folder
-    and its upload. Returns the line that says why the model was not uploaded, or None."""
+    and its upload. `card`: the script's `MODEL_CARD` (None: `card_of_unnamed`). Returns the line
+    that says why the model was not uploaded, or None."""
     script = os.path.splitext(os.path.basename(script_path))[0]
+    card = card or card_of_unnamed(script)
     folder = None
     try:
         repo_id = repository_id(args)
@@ -395,7 +369,7 @@ def upload_run(
             )
         results = results_record(
             args,
-            script,
+            card,
             training_returns=training_returns,
             eval_returns=eval_returns,
             eval_seed=eval_seed,
@@ -403,8 +377,8 @@ def upload_run(
             global_step=global_step,
             params_fingerprint=params_fingerprint,
         )
-        folder = build_folder(run_dir, model_path, repo_id, args, script, results)
-        commit_message = f"{ALGORITHMS[script].name} on {args.env_id}, seed {args.seed}"
+        folder = build_folder(run_dir, model_path, repo_id, args, card, results)
+        commit_message = f"{card.name} on {args.env_id}, seed {args.seed}"
         url = upload_folder(folder, repo_id, commit_message)
     except UploadFailed as failure:
         kept = f"the model stays in {run_dir}"

@@ -1,7 +1,8 @@
 """The command line of a training script: tyro's parser with one-line errors, the checks that every
-script's `validate` and `validate_layout` share, and the fields that declare their own check
-(`positive`, `non_negative`, `in_range`, `at_most`), which `check_fields` applies. A user's mistake
-is one line on stderr and exit code 2, in the scripts and in the experiment tools alike (`fail`).
+script's `validate` and `validate_layout` share, and `check_fields`, which applies the checks
+that fields declare (`fields`: `positive`, `non_negative`, `in_range`, `at_most`). A user's mistake
+is one line on stderr and exit code 2, in the scripts and in the experiment tools alike
+(`errors.fail`).
 
 JAX, envpool and tyro are imported by the functions that use them: the experiment tools import
 `fail` alone, and a launcher's dry run should not wait for their imports."""
@@ -11,17 +12,9 @@ import dataclasses
 import io
 import math
 import os
-import sys
-from collections.abc import Callable
-from typing import Any, NamedTuple, NoReturn
 
-
-def fail(message: str, prog: str | None = None) -> NoReturn:
-    """A user's mistake: `error: message` on stderr (`prog: error: message` for a named command-line
-    tool), exit code 2, no traceback."""
-    prefix = f"{prog}: error" if prog else "error"
-    print(f"{prefix}: {message}", file=sys.stderr)
-    sys.exit(2)
+from cleanba_utils.errors import fail
+from cleanba_utils.fields import CHECK, Need
 
 
 def flag(name: str) -> str:
@@ -61,49 +54,6 @@ def parse_args(args_type, argv=None):
 
         request_deterministic_ops(args.nondeterministic_gpu_ops)
     return args
-
-
-CHECK = "check"
-"""The key of a field's `Check` in its metadata (tyro reads only the key "help" there)."""
-
-
-class Check(NamedTuple):
-    """What an option's value must satisfy: `holds(value)`, and `requirement`, the message's words
-    where it does not ("must be positive")."""
-
-    holds: Callable[[Any], bool]
-    requirement: str
-
-
-def checked(default, check: Check):
-    """A dataclass field with `default` whose option `check_fields` checks; None, where the default
-    is None, stands for the option left unset and is not checked."""
-    return dataclasses.field(default=default, metadata={CHECK: check})
-
-
-def positive(default):
-    """A field whose value must be above 0."""
-    return checked(default, Check(lambda value: value > 0, "must be positive"))
-
-
-def non_negative(default):
-    """A field whose value must be 0 or above."""
-    return checked(default, Check(lambda value: value >= 0, "must be non-negative"))
-
-
-def in_range(default, low: float, high: float, low_open: bool = False):
-    """A field whose value must lie in [low, high], or in (low, high] with `low_open`."""
-
-    def holds(value) -> bool:
-        return low < value <= high if low_open else low <= value <= high
-
-    interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
-    return checked(default, Check(holds, f"must be in {interval}"))
-
-
-def at_most(default, high: float):
-    """A field whose value must be `high` or below."""
-    return checked(default, Check(lambda value: value <= high, f"must be at most {high:g}"))
 
 
 def check_fields(args):
@@ -164,14 +114,6 @@ def check_layers(args, names: list[str]):
     for name, layers in sizes.items():
         if any(size <= 0 for size in layers):
             fail(f"{flag(name)} takes positive layer sizes, got {' '.join(map(str, layers))}")
-
-
-class Need(NamedTuple):
-    """What an option needs to act: `holds(args)` says whether it acts in the configuration `args`
-    chose, `what` names the options (or the task) that make it act."""
-
-    holds: Callable[[Any], bool]
-    what: str
 
 
 def observes_images(args) -> bool:

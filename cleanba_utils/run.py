@@ -18,8 +18,9 @@ import jax
 import numpy as np
 from tensorboardX import SummaryWriter
 
-from cleanba_utils import accelerators, devices, distributed, hub, parsing, run_files, signals
+from cleanba_utils import accelerators, devices, distributed, hub, run_files, signals
 from cleanba_utils.checkpoints import OPTIONS_RECORD, options_record, save_checkpoint
+from cleanba_utils.errors import fail
 from cleanba_utils.threads import Stopped
 
 # XLA reports a device allocation it cannot make as RESOURCE_EXHAUSTED: the run asked for more than
@@ -69,6 +70,8 @@ class Run:
     seed, and the script and its options (`checkpoints.options_record`), which --resume compares"""
     stop_agreed: object
     """a function of `received_signals`: True when any process of the run received a stop signal"""
+    model_card: object = None
+    """the script's `hub.ModelCard` for --upload-model (None: its file name, no paper)"""
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     """set when the run ends or any thread fails: every queue wait gives up"""
     failures: list = dataclasses.field(default_factory=list)
@@ -480,7 +483,7 @@ class Run:
             thread.join(timeout=10)
         if any("RESOURCE_EXHAUSTED" in failure for failure in self.failures):
             self.close_logs()
-            parsing.fail(out_of_memory(self.args))
+            fail(out_of_memory(self.args))
         if self.failures:
             print("".join(self.failures), file=sys.stderr, end="")
             exit_code = 1
@@ -541,6 +544,7 @@ class Run:
                 self.dir,
                 self.script_path,
                 model_path,
+                card=self.model_card,
                 eval_returns=self.last_evaluation[1] if args.eval_episodes else None,
                 play=lambda episodes: self.evaluate(
                     params, args, episodes, args.seed + EVAL_SEED_OFFSET
@@ -575,13 +579,15 @@ def open_run(
     global_learner_devices: list,
     *,
     evaluate,
+    model_card=None,
     host_copy=devices.first_replica,
     host_copy_is_collective: bool = False,
     frozen_by: tuple = (),
 ) -> Run:
     """The run folder, its spec and its TensorBoard writer (and W&B with --track); process 0 alone
-    writes. What the run needs of the script is given here, once: its `evaluate`, and for its
-    checkpoints `host_copy`, `host_copy_is_collective` and `frozen_by` (see `Run`).
+    writes. What the run needs of the script is given here, once: its `evaluate`, the
+    `hub.ModelCard` of its --upload-model, and for its checkpoints `host_copy`,
+    `host_copy_is_collective` and `frozen_by` (see `Run`).
     `counters["update"] > 0` means a resumed run: it writes `spec_resume_<update>.json`, and
     TensorBoard drops what the preempted run logged after its checkpoint (purge_step), so the curves
     read as one stream."""
@@ -622,7 +628,7 @@ def open_run(
                 resume="allow" if args.resume else None,
             )
         except wandb.errors.Error as error:
-            parsing.fail(
+            fail(
                 f"--track could not start Weights & Biases ({str(error).splitlines()[0]}); log in "
                 "with `wandb login`, or set WANDB_MODE=offline to log here and `wandb sync` later"
             )
@@ -656,6 +662,7 @@ def open_run(
         dir=run_dir,
         writer=writer,
         evaluate=evaluate,
+        model_card=model_card,
         counters=counters | {OPTIONS_RECORD: options_record(args, script_path)},
         stop_agreed=stop_agreed,
         evaluations=evaluations,

@@ -2,13 +2,13 @@
 over processes, checkpointing and resuming it. A script's `Args` extends `RunArgs` (or `DeviceArgs`,
 which adds the devices of the actor threads and of the learner) with its algorithm's options, and
 redeclares a field where its default or its meaning differs (the option keeps its place in
-`--help`). A numeric field declares the check of its values (`parsing.positive`, `non_negative`,
+`--help`). A numeric field declares the check of its values (`fields.positive`, `non_negative`,
 `in_range`, `at_most`); a redeclared field replaces the whole field, so it declares its check
 again."""
 
 import dataclasses
 
-from cleanba_utils.parsing import Need, non_negative, positive
+from cleanba_utils.fields import Need, non_negative, positive
 
 
 @dataclasses.dataclass

@@ -5,8 +5,8 @@ from collections.abc import Callable
 
 import flax.linen as nn
 
+from cleanba_utils.errors import fail
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
-from cleanba_utils.parsing import fail
 
 TORSO_CHANNELS = {"nature": (32, 64, 64), "impala": (16, 32, 32)}
 """--torso nature: the Nature DQN's; --torso impala: the IMPALA paper's, one per ResNet stack"""

@@ -26,8 +26,8 @@ from helpers import (
 from scipy import stats
 
 from cleanba import cleanba_apex_dqn as apex
-from cleanba_utils import sum_tree
-from cleanba_utils.n_step import n_step_transitions
+from cleanba_utils.replay import sum_tree
+from cleanba_utils.replay.n_step import n_step_transitions
 
 
 def test_sum_tree_samples_in_proportion_to_priority_to_the_alpha():

@@ -3,6 +3,7 @@ calls into huggingface_hub with its API object replaced (the Hub is not reachabl
 line and the exit code of a run that could not upload, and `python -m cleanba_utils.evaluate`
 loading a model back from a Hub repository id, downloaded as a local folder."""
 
+import importlib
 import json
 import os
 import shlex
@@ -216,7 +217,8 @@ def test_upload_hands_the_folder_to_the_hub_client(uploads, script):
     assert evaluation["first_seed"] == EVAL_SEED
 
     metadata = huggingface_hub.metadata_load(uploaded / "README.md")
-    algorithm = hub.ALGORITHMS[script].name
+    card_facts = importlib.import_module(f"cleanba.{script}").MODEL_CARD
+    algorithm = card_facts.name
     assert metadata["library_name"] == "cleanba"
     assert env_id in metadata["tags"]
     [model_index] = metadata["model-index"]
@@ -237,7 +239,7 @@ def test_upload_hands_the_folder_to_the_hub_client(uploads, script):
         assert f"{training['mean_return']:.2f} ± " in card
         assert f"over {training['episodes']} episode" in card
     assert f"python -m cleanba_utils.evaluate {repo_id} --episodes {evaluation['episodes']}" in card
-    for paper in hub.ALGORITHMS[script].papers:
+    for paper in card_facts.papers:
         assert paper.url in card
     assert f"seeds {EVAL_SEED} to {EVAL_SEED + evaluation['episodes'] - 1}" in card
 
@@ -372,7 +374,7 @@ def test_the_card_of_a_run_folder(tmp_path):
     run_dir, model_path, args = fake_run(tmp_path)
     results = hub.results_record(
         args,
-        "cleanba_ppo",
+        cleanba_ppo.MODEL_CARD,
         training_returns=[10.0, 20.0, 30.0],
         eval_returns=[100.0, 200.0],
         eval_seed=EVAL_SEED,
@@ -382,7 +384,9 @@ def test_the_card_of_a_run_folder(tmp_path):
     )
     repo_id = "an-org/CartPole-v1-cleanba_ppo-seed1"
     folder = Path(
-        hub.build_folder(str(run_dir), str(model_path), repo_id, args, "cleanba_ppo", results)
+        hub.build_folder(
+            str(run_dir), str(model_path), repo_id, args, cleanba_ppo.MODEL_CARD, results
+        )
     )
     card = (folder / "README.md").read_text()
     assert "| final training return | 20.00 ± 8.16 over 3 episodes" in card
@@ -397,18 +401,42 @@ def test_the_card_of_a_run_folder(tmp_path):
     assert json.loads((folder / "results.json").read_text()) == results
 
 
-def test_every_script_has_its_algorithm_and_papers():
-    scripts = {path.stem for path in (REPO / "cleanba").glob("cleanba_*.py")}
-    assert set(hub.ALGORITHMS) == scripts
-    for algorithm in hub.ALGORITHMS.values():
-        assert algorithm.papers
-        assert all(paper.url.startswith("https://arxiv.org/abs/") for paper in algorithm.papers)
+def test_every_script_declares_its_algorithm_and_papers():
+    scripts = sorted(path.stem for path in (REPO / "cleanba").glob("cleanba_*.py"))
+    assert len(scripts) == 7
+    for name in scripts:
+        card = importlib.import_module(f"cleanba.{name}").MODEL_CARD
+        assert isinstance(card, hub.ModelCard) and card.name, name
+        assert card.papers, name
+        assert all(paper.url.startswith("https://arxiv.org/abs/") for paper in card.papers)
 
 
 def test_the_ape_x_dqn_card_gives_the_epsilon_of_its_evaluation():
-    policy = hub.ALGORITHMS["cleanba_apex_dqn"].evaluation_policy(None)
+    policy = cleanba_apex_dqn.MODEL_CARD.evaluation_policy(None)
     assert f"ε = {cleanba_apex_dqn.EVAL_EPSILON}" in policy
     assert not policy.startswith("greedy")
+
+
+def test_a_script_without_a_card_uploads_under_its_own_name(tmp_path):
+    """A new script that declares no `MODEL_CARD` (the minimal example's shape): the card names
+    the script's file and says it names no paper, instead of failing at the end of training."""
+    run_dir, model_path, args = fake_run(tmp_path)
+    card = hub.card_of_unnamed("cleanba_mine")
+    results = hub.results_record(
+        args,
+        card,
+        training_returns=[1.0],
+        eval_returns=[2.0],
+        eval_seed=EVAL_SEED,
+        eval_made_by="played for the upload (the run made no evaluation)",
+        global_step=64,
+        params_fingerprint="ab" * 32,
+    )
+    folder = hub.build_folder(str(run_dir), str(model_path), "me/x", args, card, results)
+    text = (Path(folder) / "README.md").read_text()
+    assert "# cleanba_mine playing CartPole-v1" in text
+    assert "None named by the script." in text
+    assert "as `cleanba_mine.py`'s `evaluate` plays" in text
 
 
 @pytest.mark.parametrize(

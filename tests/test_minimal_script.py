@@ -22,7 +22,7 @@ from helpers import REPO, fingerprint_of, scalars
 from preempt import assert_resumed_as_uninterrupted
 from test_options import UNCHECKED_NUMBERS, number_types
 
-from cleanba_utils import parsing
+from cleanba_utils import fields
 
 SCRIPT = REPO / "docs" / "examples" / "cleanba_a2c_minimal.py"
 PAGE = REPO / "docs" / "writing_a_script.md"
@@ -310,4 +310,4 @@ def test_the_code_the_page_quotes_is_the_minimal_scripts():
 def test_every_numeric_option_declares_its_check_or_says_what_checks_it():
     for field in dataclasses.fields(load_script().Args):
         if number_types(field.type) and field.name not in UNCHECKED_NUMBERS:
-            assert parsing.CHECK in field.metadata, f"--{field.name} declares no check"
+            assert fields.CHECK in field.metadata, f"--{field.name} declares no check"

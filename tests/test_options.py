@@ -22,7 +22,7 @@ from cleanba import (
     cleanba_ppo_continuous,
     cleanba_sac,
 )
-from cleanba_utils import parsing
+from cleanba_utils import fields
 
 ATARI = ["--env-id", "Breakout-v5"]
 TRACK = ["--track"]
@@ -228,7 +228,7 @@ def test_channels_are_the_torso_convolutions_in_every_script(script):
 
 
 # The numeric options of the scripts that declare no check on their field, each with what checks it
-# instead. Every other numeric option declares its check (`parsing.positive`, `non_negative`,
+# instead. Every other numeric option declares its check (`fields.positive`, `non_negative`,
 # `in_range`, `at_most`).
 UNCHECKED_NUMBERS = {
     "seed": "none: any integer seeds a run",
@@ -261,13 +261,13 @@ def test_every_numeric_option_declares_its_check_or_says_what_checks_it():
         for field in dataclasses.fields(script.Args):
             if not number_types(field.type):
                 continue
-            declared = parsing.CHECK in field.metadata
+            declared = fields.CHECK in field.metadata
             if field.name in UNCHECKED_NUMBERS:
                 assert not declared, f"{name}: --{field.name} is in UNCHECKED_NUMBERS and checked"
                 unchecked_seen.add(field.name)
             else:
                 assert declared, (
-                    f"{name}: --{field.name} declares no check (parsing.positive, non_negative, "
+                    f"{name}: --{field.name} declares no check (fields.positive, non_negative, "
                     "in_range or at_most) and is not in UNCHECKED_NUMBERS"
                 )
     assert unchecked_seen == set(UNCHECKED_NUMBERS), set(UNCHECKED_NUMBERS) - unchecked_seen

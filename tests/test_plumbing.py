@@ -28,6 +28,7 @@ from cleanba_utils import (
     checkpoints,
     devices,
     env_records,
+    fields,
     handoff,
     huge_pages,
     parsing,
@@ -81,15 +82,15 @@ def test_non_finite_floats_are_refused_even_where_any_sign_is_allowed(capsys, va
 
 @dataclasses.dataclass
 class CheckedOptions:
-    rate: float = parsing.in_range(0.5, 0, 1, low_open=True)
+    rate: float = fields.in_range(0.5, 0, 1, low_open=True)
     """a rate in (0, 1]"""
-    count: int = parsing.positive(3)
+    count: int = fields.positive(3)
     """a positive count"""
-    offset: float = parsing.non_negative(0.0)
+    offset: float = fields.non_negative(0.0)
     """an offset of 0 or more"""
-    exponent: float = parsing.at_most(-0.5, 0)
+    exponent: float = fields.at_most(-0.5, 0)
     """an exponent of 0 or less"""
-    threads: int | None = parsing.positive(None)
+    threads: int | None = fields.positive(None)
     """unset, or a positive number of threads"""
 
 

@@ -1,4 +1,4 @@
-"""cleanba_utils/replay.py against brute-force references: sampling probabilities, importance
+"""cleanba_utils/replay/store.py against brute-force references: sampling probabilities, importance
 weights, FIFO and prioritized eviction, priority updates, reproducibility, the background jobs."""
 
 import threading
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from cleanba_utils.replay import ReplayStore, store_bytes
+from cleanba_utils.replay.store import ReplayStore, store_bytes
 from cleanba_utils.threads import BackgroundJobs, Stopped
 
 

@@ -64,6 +64,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import optuna
 
+from cleanba_utils.errors import fail
 from cleanba_utils.experiments import cli, hns, slm_metrics, slm_report
 from cleanba_utils.experiments.events import GRID_POINTS, read_scalars, running_mean
 from cleanba_utils.experiments.figures import save_figure
@@ -74,7 +75,6 @@ from cleanba_utils.experiments.random_baseline import (
     under_script,
 )
 from cleanba_utils.experiments.spec import METRICS
-from cleanba_utils.parsing import fail
 
 X_AXES = {"steps": ("steps", "global step"), "wall_time": ("wall_times", "wall time (s)")}
 

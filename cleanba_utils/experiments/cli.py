@@ -4,7 +4,7 @@ errors as one line."""
 import argparse
 import sys
 
-from cleanba_utils.parsing import fail
+from cleanba_utils.errors import fail
 
 
 def warn(message: str, prog: str):

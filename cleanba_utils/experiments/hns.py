@@ -29,10 +29,10 @@ import numpy as np
 import scipy.stats
 from rliable import metrics
 
+from cleanba_utils.errors import fail
 from cleanba_utils.experiments import cli
 from cleanba_utils.experiments.events import GRID_POINTS, read_scalars, running_mean
 from cleanba_utils.experiments.figures import save_figure
-from cleanba_utils.parsing import fail
 
 TAGS = {"episodic_return": "charts/episodic_return", "eval": "eval/episodic_return"}
 SCORE_COLUMNS = {"algorithm": str, "env_id": str, "seed": int, "score": float}

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from cleanba_utils import accelerators
+from cleanba_utils.errors import fail
 from cleanba_utils.experiments import cli, search, slurm, spec
 from cleanba_utils.experiments.sweeps import (
     LAUNCHER_FLAGS,
@@ -39,7 +40,6 @@ from cleanba_utils.experiments.sweeps import (
     random_settings,
     trial_runs,
 )
-from cleanba_utils.parsing import fail
 
 PRUNERS = ("median", "successive_halving", "none")
 DEFAULTS = {

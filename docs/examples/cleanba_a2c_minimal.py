@@ -28,14 +28,15 @@ from cleanba_utils import distributed, parsing
 from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.envs import has_image_observations, make_env
+from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
+from cleanba_utils.fields import in_range, non_negative, positive
 from cleanba_utils.handoff import (
     OnResume,
     actor_fetches_params,
     start_actor_threads,
     take_rollouts,
 )
-from cleanba_utils.parsing import fail, in_range, non_negative, positive
 from cleanba_utils.run import open_run, run_dir_of
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from cleanba_utils.devices import first_replica
-from cleanba_utils.replay import ReplayStore
+from cleanba_utils.replay.store import ReplayStore
 from cleanba_utils.threads import BackgroundJobs
 
 PRIORITY_EPSILON = 1e-6  # keeps a transition with zero TD error sampleable

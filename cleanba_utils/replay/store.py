@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from cleanba_utils import sum_tree
+from cleanba_utils.replay import sum_tree
 
 MIN_EVICTION_PRIORITY = 1e-6
 """The priority an item of priority 0 has for prioritized eviction (a negative exponent of 0 is

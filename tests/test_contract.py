@@ -1,0 +1,64 @@
+"""Every script, and the minimal example of docs/writing_a_script.md, provides what
+`cleanba_utils.contract` says the library and the tools read by name; a script missing one of those
+names or fields fails the check; the names the suite replaces are module-level names of the scripts
+and are named on the page."""
+
+import importlib
+import importlib.util
+import types
+
+import pytest
+from helpers import REPO
+
+from cleanba_utils import contract
+
+SCRIPTS = sorted(path.stem for path in (REPO / "cleanba").glob("cleanba_*.py"))
+MINIMAL = REPO / "docs" / "examples" / "cleanba_a2c_minimal.py"
+
+
+def minimal_script():
+    spec = importlib.util.spec_from_file_location("cleanba_a2c_minimal", MINIMAL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def modules():
+    return [*(importlib.import_module(f"cleanba.{name}") for name in SCRIPTS), minimal_script()]
+
+
+def test_every_script_provides_the_contract():
+    assert len(SCRIPTS) == 7
+    for module in modules():
+        assert isinstance(module, contract.Script), module.__name__
+        args = module.parse_args([])
+        assert isinstance(args, contract.ScriptArgs), module.__name__
+        source = (REPO / module.__file__).read_text()
+        if "start_actor_threads(" in source:
+            assert isinstance(args, contract.ActorThreadArgs), module.__name__
+
+
+def test_a_script_missing_a_name_or_a_field_fails_the_check():
+    ppo = importlib.import_module("cleanba.cleanba_ppo")
+    without_evaluate = types.ModuleType("without_evaluate")
+    without_evaluate.__dict__.update({k: v for k, v in vars(ppo).items() if k != "evaluate"})
+    assert isinstance(ppo, contract.Script)
+    assert not isinstance(without_evaluate, contract.Script)
+    args = ppo.parse_args([])
+    fields = {name: getattr(args, name) for name in ("env_id", "total_timesteps")}
+    assert not isinstance(types.SimpleNamespace(**fields), contract.ScriptArgs)
+    assert isinstance(types.SimpleNamespace(**fields, local_num_envs=4), contract.ScriptArgs)
+    assert not isinstance(
+        types.SimpleNamespace(**fields, local_num_envs=4, num_actor_threads=1),
+        contract.ActorThreadArgs,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(contract.TEST_REPLACEMENTS))
+def test_the_names_the_suite_replaces_are_module_names_named_on_the_page(name):
+    page = (REPO / "docs" / "writing_a_script.md").read_text()
+    assert f"`{name}`" in page
+    tests = "\n".join(path.read_text() for path in (REPO / "tests").glob("*.py"))
+    assert f"script.{name} = " in tests, f"the suite no longer replaces {name}: drop it"
+    for module in modules():
+        assert callable(getattr(module, name)), (module.__name__, name)
