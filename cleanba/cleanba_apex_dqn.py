@@ -371,9 +371,9 @@ def actor_thread(
     def act(params, policy_step, split, obs):
         action, q_taken, q_max = jax.device_get(
             get_action(
-                params,
-                jax.device_put(obs, device),
-                policy_step,
+                params=params,
+                obs=jax.device_put(obs, device),
+                step=policy_step,
                 epsilons=split_epsilons[split],
                 env_ids=split_env_ids[split],
             )
