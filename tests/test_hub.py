@@ -338,6 +338,7 @@ def test_a_failed_upload_keeps_the_folder_and_names_the_command_that_uploads_it(
         str(run_dir),
         "cleanba/cleanba_ppo.py",
         str(model_path),
+        card=cleanba_ppo.MODEL_CARD,
         eval_returns=None,
         play=lambda episodes: played.append(episodes) or [float(i) for i in range(episodes)],
         eval_seed=EVAL_SEED,
