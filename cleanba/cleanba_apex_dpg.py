@@ -30,7 +30,6 @@ from flax.training.train_state import TrainState
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cleanba_utils import distributed, env_records, handoff, hub, parsing
-from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
 from cleanba_utils.env_records import EnvRecord
 from cleanba_utils.envs import compiled_step, flat_observation, make_env, observation_size
@@ -48,7 +47,7 @@ from cleanba_utils.replay.prioritized_learning import (
     log_priorities,
 )
 from cleanba_utils.replay.store import Mark, ReplayStore, store_bytes
-from cleanba_utils.run import open_run, run_dir_of
+from cleanba_utils.run import open_run, resume_or_start
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put
@@ -681,14 +680,10 @@ def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
         env_record=env_records.empty_record(sizes.num_envs, args.env_id),
         tail=padding_tail(sizes.num_envs, args.n_step, spaces),
     )
-    checkpoint = (
-        resume_from(run_dir_of(args), template, identity, args, __file__) if args.resume else None
-    )
-    if checkpoint is None:
-        return networks, state, dict(update=0, wall_time_s=0.0, **identity), None
-    saved, counters = checkpoint
+    saved, counters = resume_or_start(args, template, identity, __file__)
+    if saved is None:
+        return networks, state, counters, None
     replay.restore(saved.replay)
-    counters = dict(update=counters["update"], wall_time_s=counters["wall_time_s"], **identity)
     return networks, saved.state, counters, saved
 
 

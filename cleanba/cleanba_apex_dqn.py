@@ -21,7 +21,6 @@ import rlax
 from flax.training.train_state import TrainState
 
 from cleanba_utils import accelerators, distributed, hub, parsing
-from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
 from cleanba_utils.envs import make_env
 from cleanba_utils.errors import fail
@@ -45,7 +44,7 @@ from cleanba_utils.replay.prioritized_learning import (
     write_priorities,
 )
 from cleanba_utils.replay.store import ReplayStore, store_bytes
-from cleanba_utils.run import open_run, run_dir_of
+from cleanba_utils.run import open_run, resume_or_start
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.split_envs import SplitEnvs
@@ -644,11 +643,8 @@ def init_state(args: Args, sizes: Sizes):
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), rmsprop)
     state = QState.create(apply_fn=network.apply, params=params, target_params=params, tx=optimizer)
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
-    checkpoint = (
-        resume_from(run_dir_of(args), state, identity, args, __file__) if args.resume else None
-    )
-    state, counters = checkpoint or (state, dict(update=0, wall_time_s=0.0))
-    return network, state, dict(counters, **identity)
+    saved, counters = resume_or_start(args, state, identity, __file__)
+    return network, state if saved is None else saved, counters
 
 
 def learning_rate_of(args: Args, sizes: Sizes):

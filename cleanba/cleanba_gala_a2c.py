@@ -28,7 +28,6 @@ from flax.training.train_state import TrainState
 from jax.sharding import NamedSharding
 
 from cleanba_utils import accelerators, distributed, hub, parsing
-from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica
 from cleanba_utils.envs import envpool_num_threads, is_atari
 from cleanba_utils.errors import fail
@@ -46,7 +45,7 @@ from cleanba_utils.gala.mailboxes import Mailbox, Message, broadcast, receive
 from cleanba_utils.handoff import OnResume, actor_fetches_params, take_rollouts
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
-from cleanba_utils.run import open_run, run_dir_of
+from cleanba_utils.run import open_run, resume_or_start
 from cleanba_utils.run_args import RUN_NEEDS, RunArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.split_envs import SplitEnvs
@@ -644,11 +643,8 @@ def init_state(args: Args, sizes: Sizes):
         topology=args.topology,
         num_peers=args.num_peers,
     )
-    checkpoint = (
-        resume_from(run_dir_of(args), state, identity, args, __file__) if args.resume else None
-    )
-    state, counters = checkpoint or (state, dict(update=0, wall_time_s=0.0))
-    return network, state, dict(counters, **identity)
+    saved, counters = resume_or_start(args, state, identity, __file__)
+    return network, state if saved is None else saved, counters
 
 
 def scaled_learning_rate(args: Args) -> float:

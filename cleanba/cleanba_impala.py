@@ -24,7 +24,6 @@ from flax.training.train_state import TrainState
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cleanba_utils import accelerators, distributed, hub, parsing
-from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.envs import make_env
 from cleanba_utils.errors import fail
@@ -39,7 +38,7 @@ from cleanba_utils.handoff import (
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.microbatches import microbatch_update
-from cleanba_utils.run import open_run, run_dir_of
+from cleanba_utils.run import open_run, resume_or_start
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.split_envs import SplitEnvs
@@ -534,17 +533,8 @@ def init_state(args: Args, sizes: Sizes):
     optimizer = optax.MultiSteps(optimizer, args.gradient_accumulation_steps, use_grad_mean=False)
     state = TrainState.create(apply_fn=network.apply, params=params, tx=optimizer)
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
-    checkpoint = (
-        resume_from(run_dir_of(args), state, identity, args, __file__) if args.resume else None
-    )
-    state, counters = checkpoint or (state, dict(update=0, wall_time_s=0.0))
-    counters = dict(
-        update=counters["update"],
-        wall_time_s=counters["wall_time_s"],
-        sizes=identity["sizes"],
-        seed=identity["seed"],
-    )
-    return network, state, counters
+    saved, counters = resume_or_start(args, state, identity, __file__)
+    return network, state if saved is None else saved, counters
 
 
 def minibatch_ids(key, env_ids, num_minibatches):

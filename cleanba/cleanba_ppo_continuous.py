@@ -46,7 +46,6 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cleanba_utils import distributed, hub, parsing
-from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.env_records import (
     EnvRecord,
@@ -68,7 +67,7 @@ from cleanba_utils.handoff import (
     start_actor_threads,
     take_rollouts,
 )
-from cleanba_utils.run import open_run, run_dir_of
+from cleanba_utils.run import open_run, resume_or_start
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put
@@ -658,13 +657,9 @@ def init_state(args: Args, sizes: Sizes):
         env_record=empty_record(sizes.num_envs, args.env_id),
     )
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
-    checkpoint = (
-        resume_from(run_dir_of(args), template, identity, args, __file__) if args.resume else None
-    )
-    saved, counters = checkpoint or (None, dict(update=0, wall_time_s=0.0))
+    saved, counters = resume_or_start(args, template, identity, __file__)
     if saved is not None:
         state = saved.learner
-    counters = dict(update=counters["update"], wall_time_s=counters["wall_time_s"], **identity)
     return network, state, counters, saved
 
 

@@ -28,7 +28,6 @@ import numpy as np
 import optax
 
 from cleanba_utils import distributed, env_records, handoff, hub, parsing
-from cleanba_utils.checkpoints import resume_from
 from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
 from cleanba_utils.env_records import EnvRecord
 from cleanba_utils.envs import compiled_step, flat_observation, make_env, observation_size
@@ -37,7 +36,7 @@ from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import Need, in_range, non_negative, positive
 from cleanba_utils.handoff import OnResume
 from cleanba_utils.replay.store import Mark, ReplayStore, store_bytes
-from cleanba_utils.run import open_run, run_dir_of
+from cleanba_utils.run import open_run, resume_or_start
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put
@@ -618,14 +617,11 @@ def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
         replay=replay.snapshot(),
     )
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
-    checkpoint = (
-        resume_from(run_dir_of(args), template, identity, args, __file__) if args.resume else None
-    )
-    saved, counters = checkpoint or (None, dict(update=0, wall_time_s=0.0))
+    saved, counters = resume_or_start(args, template, identity, __file__)
     if saved is not None:
         state = saved.learner
         replay.restore(saved.replay)
-    return networks, state, dict(counters, **identity), saved
+    return networks, state, counters, saved
 
 
 def make_update(args: Args, learner_devices: list, networks: Networks):

@@ -19,7 +19,7 @@ import numpy as np
 from tensorboardX import SummaryWriter
 
 from cleanba_utils import accelerators, devices, distributed, hub, run_files, signals
-from cleanba_utils.checkpoints import OPTIONS_RECORD, options_record, save_checkpoint
+from cleanba_utils.checkpoints import OPTIONS_RECORD, options_record, resume_from, save_checkpoint
 from cleanba_utils.errors import fail
 from cleanba_utils.threads import Stopped
 
@@ -748,6 +748,20 @@ def wait_until_computed(tree):
 def run_dir_of(args) -> str | None:
     """The folder of a named run (where --resume looks for checkpoints)."""
     return os.path.join("runs", args.run_name) if args.run_name else None
+
+
+def resume_or_start(args, template, identity: dict, script_path: str) -> tuple:
+    """What a run starts from: `(saved, counters)`. With --resume, `saved` is the newest checkpoint
+    whose checksum holds, restored into the structure of `template` (`checkpoints.resume_from`,
+    which refuses another experiment's with one line); otherwise, or where the run has written no
+    checkpoint yet, None. `counters`: the update done (0 for a fresh start), the wall time before
+    the resume, and `identity` (the global sizes and the seed, and what else the script adds),
+    which a resume must match: what a script hands to `open_run`."""
+    checkpoint = None
+    if args.resume:
+        checkpoint = resume_from(run_dir_of(args), template, identity, args, script_path)
+    saved, counters = checkpoint or (None, dict(update=0, wall_time_s=0.0))
+    return saved, dict(update=counters["update"], wall_time_s=counters["wall_time_s"], **identity)
 
 
 @dataclasses.dataclass
