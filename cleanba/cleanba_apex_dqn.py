@@ -343,13 +343,8 @@ def actor_thread(
 ):
     """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs
     - 1."""
-    envs = SplitEnvs(
-        functools.partial(make_env, args),
-        seed=args.seed + env_offset,
-        num_envs=args.local_num_envs,
-        num_splits=args.env_splits,
-    )
-    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
+    envs = SplitEnvs.of_actor_thread(make_env, args, env_offset)
+    env_ids = envs.env_ids
     epsilons = epsilons_of(env_ids, sizes.num_envs, args.epsilon_base, args.epsilon_alpha)
     split_epsilons = [jax.device_put(epsilons[s], device) for s in envs.env_slices]
     split_env_ids = [jax.device_put(env_ids[s], device) for s in envs.env_slices]

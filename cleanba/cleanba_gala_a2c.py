@@ -396,13 +396,8 @@ def actor_thread(
     """Agent `agent`'s actor thread: environments with global indices agent x local_num_envs + 0, 1,
     ..."""
     env_offset = agent * args.local_num_envs
-    envs = SplitEnvs(
-        functools.partial(make_env, args),
-        seed=args.seed + env_offset,
-        num_envs=args.local_num_envs,
-        num_splits=args.env_splits,
-    )
-    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
+    envs = SplitEnvs.of_actor_thread(make_env, args, env_offset)
+    env_ids = envs.env_ids
     split_env_ids = [jax.device_put(env_ids[s], device) for s in envs.env_slices]
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
 

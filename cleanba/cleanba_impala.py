@@ -294,13 +294,8 @@ def actor_thread(
     """One actor thread (`start_actor_threads`) on `device`: environments with global indices
     env_offset .. env_offset + local_num_envs - 1, their rollouts split among the local
     `learner_devices`."""
-    envs = SplitEnvs(
-        functools.partial(make_env, args),
-        seed=args.seed + env_offset,
-        num_envs=args.local_num_envs,
-        num_splits=args.env_splits,
-    )
-    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
+    envs = SplitEnvs.of_actor_thread(make_env, args, env_offset)
+    env_ids = envs.env_ids
     split_env_ids = [jax.device_put(env_ids[s], device) for s in envs.env_slices]
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     learner_sharding = NamedSharding(

@@ -70,15 +70,31 @@ def _with_thread_env_ids(info: dict, first: int) -> dict:
 
 class SplitEnvs:
     """`num_envs` environments as `num_splits` envpool instances made by `make(seed, num_envs)`,
-    reset at once. `env_slices[s]`: the environments of split s. `next_obs`: every environment's
-    observation to act on next (host, environment order)."""
+    reset at once. `env_slices[s]`: the environments of split s; `env_ids`: their indices (int32,
+    the thread's first is 0 unless `of_actor_thread` counts them among the run's). `next_obs`: every
+    environment's observation to act on next (host, environment order)."""
 
     def __init__(self, make: Callable, seed: int, num_envs: int, num_splits: int):
+        self.env_ids = np.arange(num_envs, dtype=np.int32)
         blocks = np.array_split(np.arange(num_envs), num_splits)
         self.env_slices = [slice(int(block[0]), int(block[-1]) + 1) for block in blocks]
         self.instances = [make(seed + s.start, s.stop - s.start) for s in self.env_slices]
         self.split_obs = [instance.reset()[0] for instance in self.instances]
         self.is_reset = np.zeros(num_envs, dtype=bool)
+
+    @classmethod
+    def of_actor_thread(cls, make_env: Callable, args, env_offset: int) -> "SplitEnvs":
+        """An actor thread's environments: global indices env_offset .. env_offset +
+        --local-num-envs - 1 (`env_ids`), in --env-splits splits, made by the script's
+        `make_env(args, seed, num_envs)` from the run's seed."""
+        envs = cls(
+            lambda seed, num_envs: make_env(args, seed, num_envs),
+            seed=args.seed + env_offset,
+            num_envs=args.local_num_envs,
+            num_splits=args.env_splits,
+        )
+        envs.env_ids = envs.env_ids + np.int32(env_offset)
+        return envs
 
     @property
     def next_obs(self):

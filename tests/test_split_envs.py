@@ -2,6 +2,8 @@
 (`cleanba_utils.split_envs`): the same data as one instance, and each split stepping while the
 others take their turn."""
 
+import types
+
 import envpool
 import numpy as np
 import pytest
@@ -112,3 +114,20 @@ def test_each_split_steps_while_the_next_one_acts():
         *["recv a", "act a 1", "send a", "recv b", "act b 1", "send b", "record 0"],
         *["recv a", "recv b", "record 1"],
     ]
+
+
+def test_an_actor_threads_environments_are_counted_among_the_runs():
+    """`of_actor_thread`: the thread whose first environment is the run's 3rd plays environments
+    3 .. 9, seeded as one instance of the run's seed would seed them, in --env-splits splits."""
+    args = types.SimpleNamespace(seed=7, local_num_envs=7, env_splits=2)
+    made = []
+
+    def make_env(args, seed, num_envs):
+        made.append((seed, num_envs))
+        return make_breakout(seed, num_envs)
+
+    envs = SplitEnvs.of_actor_thread(make_env, args, env_offset=3)
+    np.testing.assert_array_equal(envs.env_ids, np.arange(3, 10))
+    assert envs.env_ids.dtype == np.int32
+    assert made == [(10, 4), (14, 3)]
+    np.testing.assert_array_equal(envs.next_obs, make_breakout(10, 7).reset()[0])
