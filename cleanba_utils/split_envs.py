@@ -120,7 +120,7 @@ class SplitEnvs:
                     obs, rewards, terminations, truncations, info = instance.recv()
                     env_step_time += time.time() - tic
                     info = _with_thread_env_ids(info, self.env_slices[split].start)
-                    results.append((obs, rewards, terminations, truncations, info))
+                    results.append((rewards, terminations, truncations, info))
                     self.split_obs[split] = obs
                 if step < first_step + num_steps:
                     tic = time.time()
@@ -129,7 +129,7 @@ class SplitEnvs:
                     instance.send(actions)
                     chosen.append((actions, outputs))
             if playing:
-                _, rewards, terminations, truncations, info = (_join(r) for r in zip(*results))
+                rewards, terminations, truncations, info = (_join(r) for r in zip(*results))
                 actions, outputs = playing
                 steps.append(
                     EnvStep(
