@@ -37,6 +37,9 @@ def pytest_without_a_cluster(tmp_path, required: bool) -> subprocess.CompletedPr
         if key != REQUIRE_ALL_TESTS and not key.startswith(("PYTEST_", "PYTEST_XDIST"))
     }
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    # pytest cuts a summary line's message to the terminal's width, which differs from machine to
+    # machine (CI's is wider): one wide width makes the summary the same everywhere.
+    env["COLUMNS"] = "1000"
     if required:
         env[REQUIRE_ALL_TESTS] = "1"
     return subprocess.run(
@@ -61,10 +64,12 @@ def test_with_the_variable_a_missing_cluster_fails_the_run_with_a_line_that_name
     result = pytest_without_a_cluster(tmp_path, required=True)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     # The test's fixture fails: an error at its setup, reported by the line alone (no traceback).
-    assert summary_lines(result) == [f"ERROR {SLURM_TEST}"]
+    assert summary_lines(result) == [
+        f"ERROR {SLURM_TEST} - Failed: {REQUIRE_ALL_TESTS}=1 and {MISSING_CLUSTER}"
+    ]
     lines = result.stdout.splitlines()
     at = lines.index(f"{REQUIRE_ALL_TESTS}=1 and {MISSING_CLUSTER}")
-    assert lines[at - 1].startswith("_ ERROR at setup of "), lines[at - 1]
+    assert lines[at - 1].strip("_ ").startswith("ERROR at setup of "), lines[at - 1]
 
 
 def test_without_it_the_test_skips_and_the_summary_says_why(tmp_path):
