@@ -27,18 +27,24 @@ import numpy as np
 import optax
 from flax import struct
 from flax.training.train_state import TrainState
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from cleanba_utils import distributed, env_records, handoff, hub, parsing
-from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
+from cleanba_utils import compiled_rollout, distributed, handoff, hub, kept_lag, parsing
+from cleanba_utils.compiled_rollout import Steps
+from cleanba_utils.devices import (
+    first_replica,
+    gathered_rollouts,
+    learner_sharding,
+    local_shares,
+    replicate,
+)
 from cleanba_utils.env_records import EnvRecord
-from cleanba_utils.envs import compiled_step, flat_observation, make_env, observation_size
+from cleanba_utils.envs import flat_observation, make_env, observation_size
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import Need, at_most, in_range, non_negative, positive
+from cleanba_utils.kept_lag import KeptLag
 from cleanba_utils.replay.n_step import n_step_transitions
 from cleanba_utils.replay.prioritized_learning import (
-    NO_PENDING,
     PRIORITY_EPSILON,
     Learned,
     PendingPriorities,
@@ -46,8 +52,8 @@ from cleanba_utils.replay.prioritized_learning import (
     learn,
     log_priorities,
 )
-from cleanba_utils.replay.store import Mark, ReplayStore, store_bytes
-from cleanba_utils.run import open_run, resume_or_start
+from cleanba_utils.replay.store import ReplayStore, store_bytes
+from cleanba_utils.run import open_run
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put
@@ -253,20 +259,6 @@ def networks_of(args: Args, spaces: Spaces) -> Networks:
 ON_RESUME: handoff.OnResume = "keep_lag"
 
 
-class Played(NamedTuple):
-    """Steps as an actor played them (envs, steps); `is_reset`: envpool's reset steps, whose action
-    is ignored. A rollout's last n steps, its tail, wait for the next rollout's rewards."""
-
-    obs: np.ndarray
-    actions: np.ndarray
-    q_taken: np.ndarray
-    q_policy: np.ndarray
-    rewards: np.ndarray
-    terminations: np.ndarray
-    truncations: np.ndarray
-    is_reset: np.ndarray
-
-
 class Transitions(NamedTuple):
     """The n-step transitions of the previous tail and all but the rollout's last n steps (envs,
     steps); `valid` is False where a step starts none (a reset step, padding)."""
@@ -287,18 +279,26 @@ class Rollout(NamedTuple):
     policy_version: int
     data: Transitions
     record: EnvRecord
-    tail: Played
+    tail: Steps
     timing: dict
 
 
-def padding_tail(num_envs: int, n: int, spaces: Spaces) -> Played:
-    """The tail before the first rollout: n reset steps, which start no transition."""
+class CriticValues(NamedTuple):
+    """What a step of the compiled rollout keeps besides the actions: the critic's values of the
+    action taken and of the policy's action (the initial priority's)."""
+
+    q_taken: jax.Array
+    q_policy: jax.Array
+
+
+def padding_tail(num_envs: int, n: int, spaces: Spaces) -> Steps:
+    """The tail before the first rollout: n reset steps, which start no transition. A rollout's
+    last n steps, its tail, wait for the next rollout's rewards."""
     per_step = lambda dtype, *shape: np.zeros((num_envs, n, *shape), dtype)
-    return Played(
+    return Steps(
         obs=per_step(np.float32, spaces.obs_dim),
-        actions=per_step(np.float32, len(spaces.action_low)),
-        q_taken=per_step(np.float32),
-        q_policy=per_step(np.float32),
+        env_actions=per_step(np.float32, len(spaces.action_low)),
+        outputs=CriticValues(q_taken=per_step(np.float32), q_policy=per_step(np.float32)),
         rewards=per_step(np.float32),
         terminations=per_step(bool),
         truncations=per_step(bool),
@@ -328,72 +328,32 @@ def explore(policy_actions, stds, bounds: tuple, key, step, env_ids, random_acti
     return jnp.where(random_actions, uniform, jnp.clip(noisy, low, high))
 
 
-class PlayedStep(NamedTuple):
-    """One step of a compiled rollout, for every environment (stacked over steps by the scan): the
-    observation acted on, the action, the critic's values of that action and of the policy's
-    action, and the raw reward, termination and truncation after it."""
-
-    obs: jax.Array
-    actions: jax.Array
-    q_taken: jax.Array
-    q_policy: jax.Array
-    rewards: jax.Array
-    terminations: jax.Array
-    truncations: jax.Array
-
-
-def compiled_rollout(networks: Networks, envs, key, env_ids: np.ndarray, stds, num_steps: int):
-    """The rollout as one compiled program: `num_steps` steps of the policy and of the environments
-    (`compiled_step`) in a `lax.scan`, with no Python call per step. Returns envpool's handle and
-    `rollout(handle, params, obs, first_step, random_actions) -> (handle, PlayedStep stacked
-    (steps, envs, ...), the observation after the last step)`, `random_actions` (steps,) saying
-    which steps act uniformly at random; both made and called with 64-bit types on
-    (`jax.enable_x64`, this thread only), every array of the networks float32. The computation is
-    that of a call of the networks per step; XLA fuses the loop otherwise, which can round the
-    actions and values differently in the last place."""
-    handle, step_envs = compiled_step(envs)
-    bounds = (networks.actor.action_low, networks.actor.action_high)
-    stds = np.asarray(stds, np.float32)
-
-    def step(carry, step_input):
-        handle, obs, params = carry
-        policy_step, random_actions = step_input
-        policy_action = networks.actor.apply(params["actor"], obs)
-        action = explore(
-            policy_action,
-            stds=stds,
-            bounds=bounds,
-            key=key,
-            step=policy_step,
-            env_ids=env_ids,
-            random_actions=random_actions,
-        )
-        handle, next_obs, reward, terminated, truncated = step_envs(handle, action)
-        played = PlayedStep(
-            obs=obs,
-            actions=action,
-            q_taken=networks.critic.apply(params["critic"], obs, action),
-            q_policy=networks.critic.apply(params["critic"], obs, policy_action),
-            rewards=reward,
-            terminations=terminated,
-            truncations=truncated,
-        )
-        return (handle, next_obs, params), played
-
-    @jax.jit
-    def rollout(handle, params, obs, first_step, random_actions):
-        steps = first_step + jnp.arange(num_steps, dtype=jnp.int32)
-        carry = (handle, obs, params)
-        (handle, obs, _), played = jax.lax.scan(step, carry, (steps, random_actions))
-        return handle, played, obs
-
-    return handle, rollout
+def act(networks: Networks, key, noise_stds, params, obs, env_ids, step, random_actions):
+    """One step of the compiled rollout (`compiled_rollout`): the actions of `explore`, each
+    environment's noise std `noise_stds(env_ids)`, and the critic's values."""
+    policy_action = networks.actor.apply(params["actor"], obs)
+    action = explore(
+        policy_action,
+        stds=np.asarray(noise_stds(env_ids), np.float32),
+        bounds=(networks.actor.action_low, networks.actor.action_high),
+        key=key,
+        step=step,
+        env_ids=env_ids,
+        random_actions=random_actions,
+    )
+    values = CriticValues(
+        q_taken=networks.critic.apply(params["critic"], obs, action),
+        q_policy=networks.critic.apply(params["critic"], obs, policy_action),
+    )
+    return action, values
 
 
-def rollout_data(played: Played, tail: Played, gamma: float, n: int):
-    """The rollout's `Transitions` after `tail` (first `padding_tail`) and the new tail."""
-    length = played.rewards.shape[1]
-    window = Played(*[np.concatenate([old, new], axis=1) for old, new in zip(tail, played)])
+def rollout_data(steps: Steps, tail: Steps, gamma: float, n: int):
+    """The rollout's `Transitions` after `tail` (first `padding_tail`) and the new tail; the
+    rewards as float32."""
+    length = steps.rewards.shape[1]
+    steps = steps._replace(rewards=steps.rewards.astype(np.float32))
+    window = jax.tree.map(lambda old, new: np.concatenate([old, new], axis=1), tail, steps)
     returns, discounts, offsets, valid = n_step_transitions(
         rewards=window.rewards,
         terminations=window.terminations,
@@ -406,52 +366,54 @@ def rollout_data(played: Played, tail: Played, gamma: float, n: int):
     bootstrap = np.arange(length) + offsets.astype(np.int64)
     next_obs = np.take_along_axis(window.obs, bootstrap[:, :, None], axis=1)
     # Initial priority: |n-step TD error| under the actor's parameters, online and target alike.
-    q_bootstrap = np.take_along_axis(window.q_policy, bootstrap, axis=1)
-    td = returns + discounts * q_bootstrap - window.q_taken[:, :length]
+    q_bootstrap = np.take_along_axis(window.outputs.q_policy, bootstrap, axis=1)
+    td = returns + discounts * q_bootstrap - window.outputs.q_taken[:, :length]
     data = Transitions(
         obs=window.obs[:, :length],
-        actions=window.actions[:, :length],
+        actions=window.env_actions[:, :length],
         returns=returns,
         discounts=discounts,
         next_obs=next_obs,
         valid=valid,
         priorities=np.abs(td).astype(np.float32),
     )
-    return data, Played(*[field[:, -n:] for field in window])
+    return data, jax.tree.map(lambda field: field[:, -n:], window)
 
 
 def actor_thread(
-    args, sizes, run, networks, first_update, env_offset, device, param_queue, rollout_queue, saved
+    args,
+    sizes,
+    run,
+    networks,
+    first_update,
+    env_offset,
+    device,
+    param_queue,
+    rollout_queue,
+    env_record,
+    tails,
 ):
-    """One actor thread, global envs from env_offset, resumed from their records and tails in
-    `saved` (a checkpoint; None: a fresh run). Update u is played by version u - 1, or u - 2 with
-    --concurrency (`cleanba_utils.handoff`)."""
-    envs = make_env(args, args.seed + env_offset, args.local_num_envs)
-    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
-    stds = noise_stds_of(env_ids, sizes.num_envs, args.noise_std, args.noise_alpha)
+    """One actor thread, global envs from env_offset in a compiled rollout, resumed from their
+    part of a checkpoint's `env_record` and `tails` (None: a fresh run). Update u is played by
+    version u - 1, or u - 2 with --concurrency (`cleanba_utils.handoff`)."""
     noise_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
-    with jax.enable_x64(True):
-        handle, play = compiled_rollout(
-            networks,
-            envs,
-            key=noise_key,
-            env_ids=env_ids,
-            stds=stds,
-            num_steps=args.num_steps,
-        )
-    episodes = run.episodes(args.local_num_envs)
-    if saved is None:
-        record = env_records.empty_record(args.local_num_envs, args.env_id)
+    noise_stds = functools.partial(
+        noise_stds_of, num_envs=sizes.num_envs, std=args.noise_std, alpha=args.noise_alpha
+    )
+    envs = compiled_rollout.start(
+        make_env,
+        args,
+        run=run,
+        num_envs=sizes.num_envs,
+        env_offset=env_offset,
+        env_record=env_record,
+        act=functools.partial(act, networks, noise_key, noise_stds),
+    )
+    if tails is None:
         tail = padding_tail(args.local_num_envs, args.n_step, spaces_of(args.env_id))
-        next_obs = flat_observation(envs.reset()[0])
-        next_is_reset = np.zeros(args.local_num_envs, bool)
     else:
         own_envs = slice(env_offset, env_offset + args.local_num_envs)
-        record = env_records.part(saved.env_record, own_envs)
-        tail = Played(*[np.array(field[own_envs]) for field in saved.tail])
-        next_obs, next_is_reset = env_records.fast_forward(
-            envs, record, on_step=episodes.replayed_step
-        )
+        tail = jax.tree.map(lambda field: np.array(field[own_envs]), tails)
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
         if handoff.actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
@@ -459,49 +421,19 @@ def actor_thread(
         param_queue_get_time = time.time() - param_wait_start
         rollout_start = time.time()
         policy_steps = (update - 1) * args.num_steps + np.arange(args.num_steps)
-        with jax.enable_x64(True):
-            handle, steps, last_obs = play(
-                handle,
-                params=params,
-                obs=next_obs,
-                first_step=np.int32(policy_steps[0]),
-                random_actions=policy_steps * sizes.num_envs < args.random_steps,
-            )
-            steps = jax.device_get(steps)
-        compiled_time = time.time() - rollout_start
-        # What the rollout's steps mean for the environments' records and episodes, step by step
-        # (the same as at every step of a rollout played in Python).
-        is_reset = np.zeros(steps.terminations.shape, bool)
-        for step in range(args.num_steps):
-            env_records.record_step(record, steps.actions[step], next_is_reset)
-            is_reset[step] = next_is_reset
-            done = steps.terminations[step] | steps.truncations[step]
-            global_step = int(policy_steps[step]) * sizes.num_envs
-            episodes.step(steps.rewards[step], done, next_is_reset, global_step)
-            next_is_reset = done
-        next_obs = np.asarray(last_obs)
-        env_major = lambda x: np.swapaxes(x, 0, 1)
-        played = Played(
-            obs=env_major(steps.obs),
-            actions=env_major(steps.actions),
-            q_taken=env_major(steps.q_taken),
-            q_policy=env_major(steps.q_policy),
-            rewards=env_major(steps.rewards).astype(np.float32),
-            terminations=env_major(steps.terminations),
-            truncations=env_major(steps.truncations),
-            is_reset=env_major(is_reset),
-        )
-        data, tail = rollout_data(played=played, tail=tail, gamma=args.gamma, n=args.n_step)
+        random_actions = policy_steps * sizes.num_envs < args.random_steps
+        played = envs.play(params, update, step_inputs=random_actions)
+        data, tail = rollout_data(played.steps, tail=tail, gamma=args.gamma, n=args.n_step)
         rollout = Rollout(
             update=update,
             policy_version=policy_version,
             data=data,
-            record=env_records.copy_of(record),
+            record=played.record,
             tail=tail,
             timing=dict(
                 param_queue_get_time=param_queue_get_time,
                 rollout_time=time.time() - rollout_start,
-                env_step_time=compiled_time,
+                env_step_time=played.env_step_time,
             ),
         )
         queue_put(rollout_queue, rollout, run.stop)
@@ -512,9 +444,7 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     envs = make_env(args, seed, num_episodes)
     act = jax.jit(networks_of(args, spaces_of(args.env_id)).actor.apply)
     policy = lambda obs, _: act(params["actor"], flat_observation(obs))
-    returns = play_episodes(envs, num_episodes, policy)
-    envs.close()
-    return returns
+    return play_episodes(envs, num_episodes, policy)
 
 
 # The model card of --upload-model: the algorithm, its papers and how `evaluate` acts.
@@ -640,20 +570,9 @@ class LearnerState(struct.PyTreeNode):
         return {"actor": self.actor.params, "critic": self.critic.params}
 
 
-class Saved(NamedTuple):
-    """A checkpoint: the learner state, the replay, the pending priorities (`NO_PENDING`: none),
-    the parameters of the actors' next rollout under --concurrency, every env's record and tail."""
-
-    state: LearnerState
-    replay: dict
-    pending: PendingPriorities
-    acting_params: Any
-    env_record: EnvRecord
-    tail: Played
-
-
 def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
-    """Networks, state, counters, and the --resume checkpoint (else None), its replay restored."""
+    """The networks and where the run starts (`kept_lag.Resumed`), with --resume the replay
+    restored where the checkpoint holds it."""
     spaces = spaces_of(args.env_id)
     networks = networks_of(args, spaces)
     init_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 0)
@@ -671,20 +590,17 @@ def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
         ),
         target_params={"actor": actor_params, "critic": critic_params},
     )
-    identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
-    template = Saved(
-        state=state,
-        replay=replay.snapshot(),
-        pending=NO_PENDING,
+    resumed = kept_lag.resume_or_start(
+        args,
+        sizes,
+        __file__,
+        learner=state,
         acting_params=state.params(),
-        env_record=env_records.empty_record(sizes.num_envs, args.env_id),
-        tail=padding_tail(sizes.num_envs, args.n_step, spaces),
+        own=padding_tail(sizes.num_envs, args.n_step, spaces),
+        replay=replay,
+        save_replay=args.checkpoint_replay,
     )
-    saved, counters = resume_or_start(args, template, identity, __file__)
-    if saved is None:
-        return networks, state, counters, None
-    replay.restore(saved.replay)
-    return networks, saved.state, counters, saved
+    return networks, resumed
 
 
 def make_update(args: Args, learner_devices):
@@ -750,55 +666,32 @@ def sample_batches(args, replay: ReplayStore, learner_devices, first_step: int) 
     sample = replay.sample_many(args.batch_size, rngs, beta=args.importance_sampling_exponent)
     batches = Batch(*sample.items, weights=sample.weights)
     shares = local_shares(batches, len(args.learner_device_ids), batch_axis=1)
-    mesh = Mesh(np.array(learner_devices), ("devices",))
-    shards = jax.device_put(shares, NamedSharding(mesh, PartitionSpec("devices")))
+    shards = jax.device_put(shares, learner_sharding(learner_devices))
     return Sampled(shards, sample.slots, sample.inserted, seconds=time.time() - tic)
 
 
 class Learner(NamedTuple):
     """What the learner loop carries from update to update: the state and its optimizer steps, the
-    last call's TD errors not yet written as priorities (`pending`, see `learn`), the parameters
-    last sent (they play the actors' next rollout under --concurrency), the last learning update's
-    `Learned`, and every env's record and tail after the last rollouts. With `replay_mark`, what
-    `Run.after_update` gets: a `Saved` before its host copy (`saved_of`)."""
+    last call's TD errors not yet written as priorities (`pending`, see `learn`), the last learning
+    update's `Learned`, and every env's record and tail after the last rollouts."""
 
     state: LearnerState
     optimizer_steps: int
     pending: PendingPriorities | None
-    last_sent: Any
     learned: Learned | None = None
     env_record: EnvRecord | None = None
-    tail: Played | None = None
-    replay_mark: Mark | None = None
+    tail: Steps | None = None
 
 
-def first_learner(state: LearnerState, saved: Saved | None, learner_devices: list) -> Learner:
+def first_learner(resumed: kept_lag.Resumed, learner_devices: list) -> Learner:
     """The learner before the session's first update (with a resumed run's pending priorities)."""
     pending = None
-    if saved is not None and len(saved.pending.slots):
-        td = replicate(saved.pending.td, learner_devices)
-        pending = saved.pending._replace(inserted=int(saved.pending.inserted), td=td)
-    replicated = replicate(state, learner_devices)
-    params = first_replica(replicated.params())
-    steps = int(state.critic.step)
-    return Learner(state=replicated, optimizer_steps=steps, pending=pending, last_sent=params)
-
-
-def saved_of(args, replay: ReplayStore, empty_replay: dict, learner: Learner) -> Saved:
-    """With --checkpoint-replay, the replay at the learner's mark and its pending TD errors;
-    without, `empty_replay`."""
-    pending = NO_PENDING
-    if args.checkpoint_replay and learner.pending is not None:
-        td = np.asarray(jax.device_get(first_replica(learner.pending.td)))
-        pending = learner.pending._replace(td=td)
-    return Saved(
-        state=first_replica(learner.state),
-        replay=replay.snapshot_at(learner.replay_mark) if args.checkpoint_replay else empty_replay,
-        pending=pending,
-        acting_params=learner.last_sent,
-        env_record=learner.env_record,
-        tail=learner.tail,
-    )
+    if resumed.pending is not None and len(resumed.pending.slots):
+        td = replicate(resumed.pending.td, learner_devices)
+        pending = resumed.pending._replace(inserted=int(resumed.pending.inserted), td=td)
+    replicated = replicate(resumed.learner, learner_devices)
+    steps = int(resumed.learner.critic.step)
+    return Learner(state=replicated, optimizer_steps=steps, pending=pending)
 
 
 def model_params(state: LearnerState) -> dict:
@@ -806,14 +699,25 @@ def model_params(state: LearnerState) -> dict:
     return jax.device_get(first_replica(state.params()))
 
 
-def update_learner(args, jobs, replay, update_fn, sample, learner, rollouts, update):
-    """Inserts the rollouts into the replay; once it holds --learning-starts transitions, makes
-    --updates-per-rollout optimizer steps (`learn`). Returns the learner and the update's stats."""
+def update_learner(
+    args, run, actors, first_update, jobs, replay, update_fn, sample, learner, update
+):
+    """Takes the rollouts of `update` (`take_rollouts` checks which policy played them) and inserts
+    them into the replay; once it holds --learning-starts transitions, makes --updates-per-rollout
+    optimizer steps (`learn`). Logs the update (`Run.log_update`) with Ape-X DPG's statistics, the
+    priorities (an O(N) pass) every --log-frequency. Returns the learner."""
+    rollouts, rollout_queue_get_time = handoff.take_rollouts(
+        actors.rollout_queues,
+        update=update,
+        first_update=first_update,
+        concurrency=args.concurrency,
+        on_resume=ON_RESUME,
+        stop=run.stop,
+    )
     learn_start = time.time()
     # Every process's rollouts in global env order: each process holds the whole replay.
     parts = [(r.data, r.record, r.tail) for r in rollouts]
-    concatenated = jax.tree.map(lambda *fields: np.concatenate(fields), *parts)
-    data, env_record, tail = gathered(concatenated, args.distributed)
+    data, env_record, tail = gathered_rollouts(parts, args.distributed)
 
     def insert():  # a full replay evicts with a generator seeded by (seed, update)
         replay_insert(replay, data, rng=np.random.default_rng([args.seed, 4, update]))
@@ -837,22 +741,15 @@ def update_learner(args, jobs, replay, update_fn, sample, learner, rollouts, upd
         steps = learner.optimizer_steps + args.updates_per_rollout
         learner = learner._replace(optimizer_steps=steps)
     learn_time = time.time() - learn_start
-    return learner, dict(replay_size=replay_size, insert_time=insert_time, learn_time=learn_time)
-
-
-def log_update(args, sizes, run, update, rollouts, learner, learner_stats, read_priorities):
-    """`Run.log_update` with Ape-X DPG's statistics; the priorities (O(N)) every --log-frequency."""
-    stds = noise_stds_of(
-        np.arange(sizes.num_envs), sizes.num_envs, args.noise_std, args.noise_alpha
-    )
-    rollout_time = np.mean([r.timing["rollout_time"] for r in rollouts])
+    num_envs = run.sizes.num_envs
+    stds = noise_stds_of(np.arange(num_envs), num_envs, args.noise_std, args.noise_alpha)
     learned = learner.learned
     stats = dict(
-        learner_stats,
-        param_lag=update - 1 - rollouts[0].policy_version,
+        insert_time=insert_time,
+        learn_time=learn_time,
+        rollout_queue_get_time=rollout_queue_get_time,
         noise_std_min=stds.min(),
         noise_std_max=stds.max(),
-        actor_sps=args.local_num_envs * args.num_steps / rollout_time,
         **({} if learned is None else learned.stats),
     )
     run.log_update(
@@ -861,9 +758,11 @@ def log_update(args, sizes, run, update, rollouts, learner, learner_stats, read_
         metrics=None if learned is None else learned.metrics,
         learner_stats=stats,
         optimizer_steps=learner.optimizer_steps,
-        details=f"replay={stats['replay_size']} policy lag={stats['param_lag']}",
+        replay_size=replay_size,
     )
+    read_priorities = lambda: jobs.wait(jobs.submit(replay.priorities))
     log_priorities(run, update, read_priorities, args.priority_exponent)
+    return learner
 
 
 def train(args: Args):
@@ -871,22 +770,21 @@ def train(args: Args):
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
     replay = make_replay(args, spaces_of(args.env_id))
-    networks, state, counters, saved = init_state(args, sizes, replay)
+    networks, resumed = init_state(args, sizes, replay)
     run = open_run(
         args=args,
         sizes=sizes,
         script_path=__file__,
-        counters=counters,
+        counters=resumed.counters,
         global_learner_devices=global_learner_devices,
         evaluate=evaluate,
         model_card=MODEL_CARD,
-        host_copy=functools.partial(saved_of, args, replay, replay.snapshot()),
-        frozen_by=(replay.lock,),
+        checkpointing=resumed.checkpointing,
     )
-    learner = first_learner(state, saved, learner_devices)
+    learner = first_learner(resumed, learner_devices)
     run.evaluate_untrained(lambda: model_params(learner.state))
     update_fn = make_update(args, global_learner_devices)
-    first_update = counters["update"] + 1
+    first_update = resumed.counters["update"] + 1
     actors = handoff.start_actor_threads(
         actor_thread,
         [jax.local_devices()[i] for i in args.actor_device_ids],
@@ -895,57 +793,48 @@ def train(args: Args):
         sizes=sizes,
         networks=networks,
         first_update=first_update,
-        saved=saved,
+        env_record=resumed.env_record,
+        tails=resumed.own,
     )
     jobs = BackgroundJobs("replay", run.stop, run.failures)
-    sample = functools.partial(sample_batches, args, replay, learner_devices)
+    learn_update = functools.partial(
+        update_learner,
+        args,
+        run=run,
+        actors=actors,
+        first_update=first_update,
+        jobs=jobs,
+        replay=replay,
+        update_fn=update_fn,
+        sample=functools.partial(sample_batches, args, replay, learner_devices),
+    )
     with run.learner_loop([*actors.threads, jobs.thread]) as end:
         handoff.send_first_params(
-            actors.send,
-            params=learner.last_sent,
-            acting_params=None if saved is None else saved.acting_params,
+            actors,
+            params=first_replica(learner.state.params()),
+            acting_params=resumed.acting_params,
             first_update=first_update,
             num_updates=sizes.num_updates,
             concurrency=args.concurrency,
         )
         update = first_update - 1  # the updates done, where the loop makes none (a finished run)
         for update in range(first_update, sizes.num_updates + 1):
-            rollouts, rollout_queue_get_time = handoff.take_rollouts(
-                actors.rollout_queues,
-                update=update,
-                first_update=first_update,
-                concurrency=args.concurrency,
-                on_resume=ON_RESUME,
-                stop=run.stop,
-            )
-            learner, learner_stats = update_learner(
-                args,
-                jobs=jobs,
-                replay=replay,
-                update_fn=update_fn,
-                sample=sample,
-                learner=learner,
-                rollouts=rollouts,
-                update=update,
-            )
-            log_update(
-                args,
-                sizes=sizes,
-                run=run,
-                update=update,
-                rollouts=rollouts,
-                learner=learner,
-                learner_stats=dict(learner_stats, rollout_queue_get_time=rollout_queue_get_time),
-                read_priorities=lambda: jobs.wait(jobs.submit(replay.priorities)),
-            )
+            learner = learn_update(learner=learner, update=update)
             if run.evaluation_due(update):
                 run.evaluate_and_log(update, model_params(learner.state), learner.optimizer_steps)
-            end.exit_code = run.after_update(learner._replace(replay_mark=replay.mark()), update)
+            kept = KeptLag(
+                learner.state,
+                acting_params=actors.last_sent,
+                env_record=learner.env_record,
+                replay=replay.mark(),
+                pending=learner.pending,
+                own=learner.tail,
+            )
+            end.exit_code = run.after_update(kept, update)
             if end.exit_code:
                 break
             if update < sizes.num_updates:
-                learner = learner._replace(last_sent=first_replica(learner.state.params()))
-                actors.send(learner.last_sent, policy_version=update)
+                actors.send(first_replica(learner.state.params()), policy_version=update)
     run.finish(model_params(learner.state), update, learner.optimizer_steps)
 
 

@@ -21,7 +21,7 @@ import rlax
 from flax.training.train_state import TrainState
 
 from cleanba_utils import accelerators, distributed, hub, parsing
-from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
+from cleanba_utils.devices import first_replica, gathered_rollouts, local_shares, replicate
 from cleanba_utils.envs import make_env
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
@@ -684,8 +684,7 @@ def make_update(args: Args, learner_devices):
 def gather_rollouts(args, rollouts: list) -> Transitions:
     """Every process's rollouts, env-major in global env order (each process holds the whole
     replay): a collective."""
-    local = Transitions(*[np.concatenate(fields) for fields in zip(*[r.data for r in rollouts])])
-    return gathered(local, args.distributed)
+    return gathered_rollouts([r.data for r in rollouts], args.distributed)
 
 
 def insert_rollouts(args, jobs: BackgroundJobs, replay: Replay, rollouts: list) -> int:
@@ -754,7 +753,16 @@ def learn(args, replay: Replay, jobs: BackgroundJobs, state, update_fn, first_st
 
 
 def log_update(
-    args, sizes, run, update, rollouts, learner_stats, learned, optimizer_steps, read_priorities
+    args,
+    sizes,
+    run,
+    update,
+    rollouts,
+    replay_size,
+    learner_stats,
+    learned,
+    optimizer_steps,
+    read_priorities,
 ):
     """`Run.log_update` with Ape-X's own statistics: the exploration rates and the last batch's
     importance weights every update, the priorities (an O(N) pass) every --log-frequency. `learned`
@@ -762,12 +770,10 @@ def log_update(
     epsilons = epsilons_of(
         np.arange(sizes.num_envs), sizes.num_envs, args.epsilon_base, args.epsilon_alpha
     )
-    rollout_time = np.mean([r.timing["rollout_time"] for r in rollouts])
     stats = dict(
         learner_stats,
         epsilon_min=epsilons.min(),
         epsilon_max=epsilons.max(),
-        actor_sps=args.local_num_envs * args.num_steps / rollout_time,
         **({} if learned is None else learned.stats),
     )
     schedule = learning_rate_of(args, sizes)
@@ -778,7 +784,7 @@ def log_update(
         learner_stats=stats,
         optimizer_steps=optimizer_steps,
         learning_rate=schedule(optimizer_steps) if callable(schedule) else schedule,
-        details=f"replay={learner_stats['replay_size']} policy lag={learner_stats['param_lag']}",
+        replay_size=replay_size,
     )
     log_priorities(run, update, read_priorities, args.priority_exponent)
 
@@ -847,8 +853,6 @@ def train(args: Args):
                 rollout_queue_get_time=rollout_queue_get_time,
                 insert_time=insert_time,
                 learn_time=time.time() - learn_start,
-                replay_size=replay_size,
-                param_lag=update - 1 - rollouts[0].policy_version,
             )
             log_update(
                 args,
@@ -856,6 +860,7 @@ def train(args: Args):
                 run=run,
                 update=update,
                 rollouts=rollouts,
+                replay_size=replay_size,
                 learner_stats=learner_stats,
                 learned=learned,
                 optimizer_steps=optimizer_steps,

@@ -28,6 +28,7 @@ from flax.training.train_state import TrainState
 from jax.sharding import NamedSharding
 
 from cleanba_utils import accelerators, distributed, hub, parsing
+from cleanba_utils.checkpoints import Checkpointing
 from cleanba_utils.devices import first_replica
 from cleanba_utils.envs import envpool_num_threads, is_atari
 from cleanba_utils.errors import fail
@@ -1005,8 +1006,7 @@ def train(args: Args):
         global_learner_devices=agent_devices_of(args).every,
         evaluate=evaluate,
         model_card=MODEL_CARD,
-        host_copy=gathered_agents,
-        host_copy_is_collective=True,
+        checkpointing=Checkpointing(host_copy=gathered_agents, collective=True),
     )
     run.evaluate_untrained(lambda: jax.tree.map(lambda x: x.mean(0), state.params))
     train_agents = train_async if args.gossip == "async" else train_sync

@@ -19,10 +19,9 @@ import numpy as np
 import optax
 import rlax
 from flax.training.train_state import TrainState
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cleanba_utils import accelerators, distributed, hub, parsing
-from cleanba_utils.devices import first_replica, replicate
+from cleanba_utils.devices import first_replica, learner_sharding, replicate
 from cleanba_utils.envs import make_env
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
@@ -302,9 +301,7 @@ def actor_thread(
     env_ids = envs.env_ids
     split_env_ids = [jax.device_put(env_ids[s], device) for s in envs.env_slices]
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
-    learner_sharding = NamedSharding(
-        Mesh(np.array(learner_devices), ("devices",)), PartitionSpec("devices")
-    )
+    on_learner_devices = learner_sharding(learner_devices)
 
     @jax.jit
     def get_action(params, obs, step, env_ids):
@@ -383,7 +380,7 @@ def actor_thread(
         rollout = Rollout(
             update=update,
             policy_version=policy_version,
-            data=jax.device_put(data, learner_sharding),
+            data=jax.device_put(data, on_learner_devices),
             timing=timing,
         )
         queue_put(rollout_queue, rollout, run.stop)

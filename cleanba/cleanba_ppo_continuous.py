@@ -34,6 +34,7 @@ import os
 import time
 from typing import NamedTuple
 
+import envpool
 import flax.linen as nn
 import flax.serialization
 import jax
@@ -42,21 +43,11 @@ import numpy as np
 import optax
 import rlax
 from flax.training.train_state import TrainState
-from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from cleanba_utils import distributed, hub, parsing
-from cleanba_utils.devices import first_replica, replicate
-from cleanba_utils.env_records import (
-    EnvRecord,
-    concatenated,
-    copy_of,
-    empty_record,
-    fast_forward,
-    part,
-    record_step,
-)
-from cleanba_utils.envs import compiled_step, flat_observation, make_env
+from cleanba_utils import compiled_rollout, distributed, hub, kept_lag, parsing
+from cleanba_utils.devices import first_replica, gathered_rollouts, learner_sharding, replicate
+from cleanba_utils.env_records import EnvRecord
+from cleanba_utils.envs import flat_observation, make_env
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import in_range, non_negative, positive
@@ -67,7 +58,8 @@ from cleanba_utils.handoff import (
     start_actor_threads,
     take_rollouts,
 )
-from cleanba_utils.run import open_run, resume_or_start
+from cleanba_utils.kept_lag import KeptLag
+from cleanba_utils.run import open_run
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put
@@ -353,61 +345,23 @@ class Rollout(NamedTuple):
     timing: dict
 
 
-class PlayedStep(NamedTuple):
-    """One step of a compiled rollout, for every environment (stacked over steps by the scan): the
-    observation acted on, the unclipped action, what the environment received (clipped, in the
-    task's action type), its log-probability, the value, and the raw reward, termination and
-    truncation that followed."""
+class PolicyOutputs(NamedTuple):
+    """What the rollout keeps of each step's policy, besides the clipped actions the environments
+    receive: the unclipped action, its log-probability and the value."""
 
-    obs: jax.Array
     actions: jax.Array
-    env_actions: jax.Array
     logprobs: jax.Array
     values: jax.Array
-    rewards: jax.Array
-    terminations: jax.Array
-    truncations: jax.Array
 
 
-def compiled_rollout(network: Network, envs, key, env_ids: np.ndarray, num_steps: int):
-    """The rollout as one compiled program: `num_steps` steps of the policy and of the environments
-    (`compiled_step`) in a `lax.scan`, with no Python call per step. Returns envpool's handle and
-    `rollout(handle, policy, obs, first_step) -> (handle, PlayedStep stacked (steps, envs, ...), the
-    value of the observation after the last step, that observation)`, both made and called with
-    64-bit types on (`jax.enable_x64`, this thread only); every array of the policy stays float32.
-    The computation is that of a call of the policy per step; XLA fuses the loop otherwise, which
-    can round the sampled actions and their log-probabilities differently in the last place."""
-    handle, step_envs = compiled_step(envs)
-    low = envs.action_space.low
-    high = envs.action_space.high
-
-    def step(carry, policy_step):
-        handle, obs, policy = carry
-        mean, log_std, value = policy_outputs(network, policy, obs)
-        action = sample_actions(
-            mean=mean, log_std=log_std, key=key, step=policy_step, env_ids=env_ids
-        )
-        env_action = jnp.clip(action.astype(low.dtype), low, high)
-        handle, next_obs, reward, terminated, truncated = step_envs(handle, env_action)
-        played = PlayedStep(
-            obs=obs,
-            actions=action,
-            env_actions=env_action,
-            logprobs=gaussian_log_prob(mean, log_std, action),
-            values=value,
-            rewards=reward,
-            terminations=terminated,
-            truncations=truncated,
-        )
-        return (handle, next_obs, policy), played
-
-    @jax.jit
-    def rollout(handle, policy, obs, first_step):
-        steps = first_step + jnp.arange(num_steps, dtype=jnp.int32)
-        (handle, obs, _), played = jax.lax.scan(step, (handle, obs, policy), steps)
-        return handle, played, policy_outputs(network, policy, obs)[2], obs
-
-    return handle, rollout
+def act(network: Network, key, low, high, policy: Policy, obs, env_ids, step, _):
+    """One step of the compiled rollout (`compiled_rollout`): the sampled actions, clipped to the
+    action bounds (in the task's action type) for the environments."""
+    mean, log_std, value = policy_outputs(network, policy, obs)
+    action = sample_actions(mean=mean, log_std=log_std, key=key, step=step, env_ids=env_ids)
+    env_action = jnp.clip(action.astype(low.dtype), low, high)
+    logprob = gaussian_log_prob(mean, log_std, action)
+    return env_action, PolicyOutputs(actions=action, logprobs=logprob, values=value)
 
 
 def actor_thread(
@@ -424,40 +378,33 @@ def actor_thread(
     env_record,
 ):
     """One actor thread (`start_actor_threads`) on `device`: environments with global indices
-    env_offset .. env_offset + local_num_envs - 1, their rollouts split among the local
-    `learner_devices`; a resumed run continues them from their part of `env_record`, every
-    environment's `EnvRecord` at the checkpoint (None: a fresh run). The policy's actions are stored
-    unclipped (their log-probabilities are the Gaussian's); the environments receive them clipped to
-    the action bounds. Which policy plays which rollout: `cleanba_utils.handoff`, with
-    `ON_RESUME`."""
-    envs = make_env(args, args.seed + env_offset, args.local_num_envs)
-    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
+    env_offset .. env_offset + local_num_envs - 1 in a compiled rollout, their rollouts split
+    among the local `learner_devices`; a resumed run continues them from their part of
+    `env_record`, every environment's `EnvRecord` at the checkpoint (None: a fresh run). The
+    policy's actions are stored unclipped (their log-probabilities are the Gaussian's); the
+    environments receive them clipped to the action bounds. Which policy plays which rollout:
+    `cleanba_utils.handoff`, with `ON_RESUME`."""
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
-    learner_sharding = NamedSharding(
-        Mesh(np.array(learner_devices), ("devices",)), PartitionSpec("devices")
-    )
-    with jax.enable_x64(True):
-        handle, play = compiled_rollout(
-            network, envs, key=action_key, env_ids=env_ids, num_steps=args.num_steps
-        )
-    episodes = run.episodes(args.local_num_envs)
+    on_learner_devices = learner_sharding(learner_devices)
     # Each environment's discounted return, restarted with each episode.
     discounted_return = np.zeros(args.local_num_envs)
 
     def replayed_step(env_ids, reward, terminated, truncated):
-        episodes.replayed_step(env_ids, reward, terminated, truncated)
         discounted_return[env_ids] = discounted_return[env_ids] * args.gamma + reward
         discounted_return[env_ids[terminated | truncated]] = 0.0
 
-    # envpool resets an environment on the step after its episode ended: that step ignores the
-    # action, returns the first observation of the next episode, and is masked out of learning.
-    if env_record is None:
-        record = empty_record(args.local_num_envs, args.env_id)
-        next_obs = flat_observation(envs.reset()[0])
-        next_is_reset = np.zeros(args.local_num_envs, dtype=bool)
-    else:
-        record = part(env_record, slice(env_offset, env_offset + args.local_num_envs))
-        next_obs, next_is_reset = fast_forward(envs, record, on_step=replayed_step)
+    action_space = envpool.make_spec(args.env_id).action_space
+    envs = compiled_rollout.start(
+        make_env,
+        args,
+        run=run,
+        num_envs=sizes.num_envs,
+        env_offset=env_offset,
+        env_record=env_record,
+        act=functools.partial(act, network, action_key, action_space.low, action_space.high),
+        after_last=lambda policy, obs: policy_outputs(network, policy, obs)[2],
+        on_replayed_step=replayed_step,
+    )
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
         if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
@@ -465,39 +412,26 @@ def actor_thread(
         param_queue_get_time = time.time() - param_wait_start
 
         rollout_start = time.time()
-        with jax.enable_x64(True):
-            first_step = np.int32((update - 1) * args.num_steps)
-            handle, played, bootstrap_value, last_obs = play(handle, policy, next_obs, first_step)
-            played = jax.device_get(played)
-        compiled_time = time.time() - rollout_start
-        # What the rollout's steps mean for the environments' records, discounted returns and
-        # episodes, step by step (the same as at every step of a rollout played in Python).
-        discounted_returns = np.zeros(played.rewards.shape)
-        is_reset = np.zeros(played.terminations.shape, bool)
+        played = envs.play(policy, update)
+        steps = played.steps
+        # The discounted returns that scale the rewards, step by step.
+        discounted_returns = np.zeros(steps.rewards.shape)
         for step in range(args.num_steps):
-            record_step(record, played.env_actions[step], next_is_reset)
-            discounted_return = discounted_return * args.gamma + played.rewards[step]
-            discounted_returns[step] = discounted_return
-            is_reset[step] = next_is_reset
-            done = played.terminations[step] | played.truncations[step]
-            discounted_return[done] = 0.0
-            global_step = ((update - 1) * args.num_steps + step) * sizes.num_envs
-            episodes.step(played.rewards[step], done, next_is_reset, global_step)
-            next_is_reset = done
-        next_obs = np.asarray(last_obs)
-        env_major = lambda x: np.swapaxes(x, 0, 1)
-        values = np.concatenate([played.values, np.asarray(bootstrap_value)[None]])
+            discounted_return = discounted_return * args.gamma + steps.rewards[:, step]
+            discounted_returns[:, step] = discounted_return
+            discounted_return[steps.terminations[:, step] | steps.truncations[:, step]] = 0.0
+        bootstrap_value = np.asarray(played.after_last)[:, None]
         data = Trajectories(
-            obs=env_major(played.obs),
-            actions=env_major(played.actions),
-            logprobs=env_major(played.logprobs),
-            values=env_major(values),
-            rewards=env_major(played.rewards).astype(np.float32),
-            discounted_returns=env_major(discounted_returns).astype(np.float32),
-            terminations=env_major(played.terminations),
-            truncations=env_major(played.truncations),
-            is_reset=env_major(is_reset),
-            env_ids=env_ids,
+            obs=steps.obs,
+            actions=steps.outputs.actions,
+            logprobs=steps.outputs.logprobs,
+            values=np.concatenate([steps.outputs.values, bootstrap_value], axis=1),
+            rewards=steps.rewards.astype(np.float32),
+            discounted_returns=discounted_returns.astype(np.float32),
+            terminations=steps.terminations,
+            truncations=steps.truncations,
+            is_reset=steps.is_reset,
+            env_ids=np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32),
         )
         # One slice of environments per learner device: a single host-to-device copy of the whole
         # rollout, overlapped with the learner's work.
@@ -506,12 +440,12 @@ def actor_thread(
             update=update,
             policy_version=policy_version,
             normalizer=jax.device_get(policy.normalizer),
-            data=jax.device_put(by_device, learner_sharding),
-            record=copy_of(record),
+            data=jax.device_put(by_device, on_learner_devices),
+            record=played.record,
             timing=dict(
                 param_queue_get_time=param_queue_get_time,
                 rollout_time=time.time() - rollout_start,
-                env_step_time=compiled_time,
+                env_step_time=played.env_step_time,
             ),
         )
         queue_put(rollout_queue, rollout, run.stop)
@@ -527,9 +461,7 @@ def evaluate(saved_policy: dict, args: Args, num_episodes: int, seed: int) -> li
     low = envs.action_space.low
     high = envs.action_space.high
     act = lambda obs, _: np.clip(np.asarray(mean_action(policy, flat_observation(obs))), low, high)
-    returns = play_episodes(envs, num_episodes, act)
-    envs.close()
-    return returns
+    return play_episodes(envs, num_episodes, act)
 
 
 # The model card of --upload-model: the algorithm, its papers and how `evaluate` acts.
@@ -619,19 +551,9 @@ class LearnerState(TrainState):
     normalizer: Normalizer
 
 
-class Saved(NamedTuple):
-    """A checkpoint: the learner's state (its first replica), the policy the actors play their next
-    rollout with under --concurrency (the version before the learner's), and every environment's
-    `EnvRecord` in global env order."""
-
-    learner: LearnerState
-    acting_policy: Policy
-    env_record: EnvRecord
-
-
 def init_state(args: Args, sizes: Sizes):
-    """The network, the learner state with its counters, and with --resume the newest checkpoint's
-    `Saved` (else None; counters["update"] > 0 when resumed)."""
+    """The network and where the run starts (`kept_lag.Resumed`): the learner state and counters,
+    and with --resume the newest checkpoint's policy and environments."""
     probe_env = make_env(args, args.seed, 1)
     obs_dim = flat_observation(probe_env.reset()[0]).shape[1]
     network = Network(args.hiddens, probe_env.action_space.shape[0])
@@ -651,16 +573,8 @@ def init_state(args: Args, sizes: Sizes):
         tx=optimizer,
         normalizer=initial_normalizer(obs_dim),
     )
-    template = Saved(
-        learner=state,
-        acting_policy=Policy(params=params, normalizer=state.normalizer),
-        env_record=empty_record(sizes.num_envs, args.env_id),
-    )
-    identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
-    saved, counters = resume_or_start(args, template, identity, __file__)
-    if saved is not None:
-        state = saved.learner
-    return network, state, counters, saved
+    acting_policy = Policy(params=params, normalizer=state.normalizer)
+    return network, kept_lag.resume_or_start(args, sizes, __file__, state, acting_policy)
 
 
 def take_steps(x, steps):
@@ -780,51 +694,25 @@ def model_policy(state: LearnerState) -> dict:
     return flax.serialization.to_state_dict(jax.device_get(host_policy(state)))
 
 
-def gathered_record(args, rollouts) -> EnvRecord:
-    """Every process's environment records after the rollouts, in global env order."""
-    record = concatenated([r.record for r in rollouts])
-    if args.distributed:
-        gathered = multihost_utils.process_allgather(record)
-        record = jax.tree.map(lambda v: np.asarray(v).reshape(-1, *v.shape[2:]), gathered)
-    return record
-
-
-class Checkpointable(NamedTuple):
-    """What `Run.after_update` gets: the replicated learner state and the rest of a checkpoint,
-    copied to the host (`saved_of`) only when a checkpoint is written."""
-
-    state: LearnerState
-    acting_policy: Policy
-    env_record: EnvRecord
-
-
-def saved_of(checkpointable: Checkpointable) -> Saved:
-    return Saved(
-        learner=first_replica(checkpointable.state),
-        acting_policy=checkpointable.acting_policy,
-        env_record=checkpointable.env_record,
-    )
-
-
 def train(args: Args):
     sizes = sizes_of(args, jax.process_count())
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
-    network, state, counters, saved = init_state(args, sizes)
+    network, resumed = init_state(args, sizes)
     run = open_run(
         args=args,
         sizes=sizes,
         script_path=__file__,
-        counters=counters,
+        counters=resumed.counters,
         global_learner_devices=global_learner_devices,
         evaluate=evaluate,
         model_card=MODEL_CARD,
-        host_copy=saved_of,
+        checkpointing=resumed.checkpointing,
     )
-    state = replicate(state, learner_devices)
+    state = replicate(resumed.learner, learner_devices)
     run.evaluate_untrained(lambda: model_policy(state))
     update_fn = make_update(args, global_learner_devices)
-    first_update = counters["update"] + 1
+    first_update = resumed.counters["update"] + 1
     actors = start_actor_threads(
         actor_thread,
         [jax.local_devices()[i] for i in args.actor_device_ids],
@@ -834,15 +722,13 @@ def train(args: Args):
         network=network,
         first_update=first_update,
         learner_devices=learner_devices,
-        env_record=None if saved is None else saved.env_record,
+        env_record=resumed.env_record,
     )
     with run.learner_loop(actors.threads) as end:
-        # Checkpoints hold the policy last sent: it plays the next rollout under --concurrency.
-        last_sent = host_policy(state)
         send_first_params(
-            actors.send,
-            last_sent,
-            acting_params=None if saved is None else saved.acting_policy,
+            actors,
+            host_policy(state),
+            acting_params=resumed.acting_params,
             first_update=first_update,
             num_updates=sizes.num_updates,
             concurrency=args.concurrency,
@@ -863,7 +749,9 @@ def train(args: Args):
             state, metrics = update_fn(
                 state, tuple(r.data for r in rollouts), played_normalizer, np.int32(update)
             )
-            checkpointable = Checkpointable(state, last_sent, gathered_record(args, rollouts))
+            # Every process's environment records after the rollouts, in global env order.
+            record = gathered_rollouts([r.record for r in rollouts], args.distributed)
+            kept = KeptLag(state, actors.last_sent, record)
             jax.block_until_ready(state)
             learner_stats = dict(
                 rollout_queue_get_time=rollout_queue_get_time,
@@ -880,12 +768,11 @@ def train(args: Args):
             )
             if run.evaluation_due(update):
                 run.evaluate_and_log(update, model_policy(state), optimizer_steps)
-            end.exit_code = run.after_update(checkpointable, update)
+            end.exit_code = run.after_update(kept, update)
             if end.exit_code:
                 break
             if update < sizes.num_updates:
-                last_sent = host_policy(state)
-                actors.send(last_sent, update)
+                actors.send(host_policy(state), update)
     run.finish(model_policy(state), update, optimizer_steps_after(args, update))
 
 

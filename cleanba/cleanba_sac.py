@@ -27,16 +27,24 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from cleanba_utils import distributed, env_records, handoff, hub, parsing
-from cleanba_utils.devices import first_replica, gathered, local_shares, replicate
+from cleanba_utils import (
+    compiled_rollout,
+    distributed,
+    handoff,
+    hub,
+    kept_lag,
+    parsing,
+)
+from cleanba_utils.devices import first_replica, gathered_rollouts, local_shares, replicate
 from cleanba_utils.env_records import EnvRecord
-from cleanba_utils.envs import compiled_step, flat_observation, make_env, observation_size
+from cleanba_utils.envs import flat_observation, make_env, observation_size
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import Need, in_range, non_negative, positive
 from cleanba_utils.handoff import OnResume
-from cleanba_utils.replay.store import Mark, ReplayStore, store_bytes
-from cleanba_utils.run import open_run, resume_or_start
+from cleanba_utils.kept_lag import KeptLag
+from cleanba_utils.replay.store import ReplayStore, store_bytes
+from cleanba_utils.run import open_run
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put
@@ -305,52 +313,11 @@ def explore(networks: Networks, params, obs, draws: Draws, random_actions):
     return jnp.where(random_actions, random, action)
 
 
-class PlayedStep(NamedTuple):
-    """One step of a compiled rollout, for every environment (stacked over steps by the scan): the
-    observation acted on, the action, and the raw reward, termination and truncation after it."""
-
-    obs: jax.Array
-    actions: jax.Array
-    rewards: jax.Array
-    terminations: jax.Array
-    truncations: jax.Array
-
-
-def compiled_rollout(networks: Networks, envs, key, env_ids: np.ndarray, num_steps: int):
-    """The rollout as one compiled program: `num_steps` steps of the policy and of the environments
-    (`compiled_step`) in a `lax.scan`, with no Python call per step. Returns envpool's handle and
-    `rollout(handle, params, obs, first_step, random_actions) -> (handle, PlayedStep stacked
-    (steps, envs, ...), the observation after the last step)`, `random_actions` (steps,) saying
-    which steps act uniformly at random; both made and called with 64-bit types on
-    (`jax.enable_x64`, this thread only), every array of the policy float32. The computation is
-    that of a call of the policy per step; XLA fuses the loop otherwise, which can round the actions
-    differently in the last place."""
-    handle, step_envs = compiled_step(envs)
-    action_dim = len(networks.bounds.scale)
-
-    def step(carry, step_input):
-        handle, obs, params = carry
-        policy_step, random_actions = step_input
-        draws = step_draws(key, env_ids, policy_step, action_dim)
-        action = explore(networks, params, obs, draws, random_actions)
-        handle, next_obs, reward, terminated, truncated = step_envs(handle, action)
-        played = PlayedStep(
-            obs=obs,
-            actions=action,
-            rewards=reward,
-            terminations=terminated,
-            truncations=truncated,
-        )
-        return (handle, next_obs, params), played
-
-    @jax.jit
-    def rollout(handle, params, obs, first_step, random_actions):
-        steps = first_step + jnp.arange(num_steps, dtype=jnp.int32)
-        carry = (handle, obs, params)
-        (handle, obs, _), played = jax.lax.scan(step, carry, (steps, random_actions))
-        return handle, played, obs
-
-    return handle, rollout
+def act(networks: Networks, key, params, obs, env_ids, step, random_actions):
+    """One step of the compiled rollout (`compiled_rollout`): the actions of `explore`, which the
+    environments receive as they are; no other output."""
+    draws = step_draws(key, env_ids, step, len(networks.bounds.scale))
+    return explore(networks, params, obs, draws, random_actions), ()
 
 
 def actor_thread(
@@ -366,26 +333,20 @@ def actor_thread(
     env_record,
 ):
     """One actor thread (`start_actor_threads`), playing the environments env_offset ..
-    env_offset + local_num_envs - 1, continued from their part of `env_record`, every environment's
-    `EnvRecord` at a resumed run's checkpoint (None: a fresh run). Update u's rollout is played by
-    parameters version u - 1, or u - 2 with --concurrency (`actor_fetches_params`)."""
-    envs = make_env(args, args.seed + env_offset, args.local_num_envs)
-    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
+    env_offset + local_num_envs - 1 in a compiled rollout, continued from their part of
+    `env_record`, every environment's `EnvRecord` at a resumed run's checkpoint (None: a fresh
+    run). Update u's rollout is played by parameters version u - 1, or u - 2 with --concurrency
+    (`actor_fetches_params`)."""
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
-    with jax.enable_x64(True):
-        handle, play = compiled_rollout(
-            networks, envs, key=action_key, env_ids=env_ids, num_steps=args.num_steps
-        )
-    episodes = run.episodes(args.local_num_envs)
-    if env_record is None:
-        record = env_records.empty_record(args.local_num_envs, args.env_id)
-        next_obs = flat_observation(envs.reset()[0])
-        next_is_reset = np.zeros(args.local_num_envs, bool)
-    else:
-        record = env_records.part(env_record, slice(env_offset, env_offset + args.local_num_envs))
-        next_obs, next_is_reset = env_records.fast_forward(
-            envs, record, on_step=episodes.replayed_step
-        )
+    envs = compiled_rollout.start(
+        make_env,
+        args,
+        run=run,
+        num_envs=sizes.num_envs,
+        env_offset=env_offset,
+        env_record=env_record,
+        act=functools.partial(act, networks, action_key),
+    )
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
         if handoff.actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
@@ -393,47 +354,27 @@ def actor_thread(
         param_queue_get_time = time.time() - param_wait_start
 
         rollout_start = time.time()
-        first_step = (update - 1) * args.num_steps
-        global_steps = (first_step + np.arange(args.num_steps)) * sizes.num_envs
-        with jax.enable_x64(True):
-            handle, played, last_obs = play(
-                handle,
-                params=params,
-                obs=next_obs,
-                first_step=np.int32(first_step),
-                random_actions=global_steps < args.learning_starts,
-            )
-            played = jax.device_get(played)
-        compiled_time = time.time() - rollout_start
-        # What the rollout's steps mean for the environments' records and episodes, step by step
-        # (the same as at every step of a rollout played in Python).
-        valid = np.zeros(played.terminations.shape, bool)
-        for step in range(args.num_steps):
-            env_records.record_step(record, played.actions[step], next_is_reset)
-            valid[step] = ~next_is_reset
-            done = played.terminations[step] | played.truncations[step]
-            episodes.step(played.rewards[step], done, next_is_reset, int(global_steps[step]))
-            next_is_reset = done
-        next_obs = np.asarray(last_obs)
-        env_major = lambda x: np.swapaxes(x, 0, 1)
-        obs = np.concatenate([env_major(played.obs), next_obs[:, None]], axis=1)
+        global_steps = ((update - 1) * args.num_steps + np.arange(args.num_steps)) * sizes.num_envs
+        played = envs.play(params, update, step_inputs=global_steps < args.learning_starts)
+        steps = played.steps
+        obs = np.concatenate([steps.obs, played.next_obs[:, None]], axis=1)
         data = Transitions(
             obs=obs[:, :-1],
-            actions=env_major(played.actions),
-            rewards=env_major(played.rewards).astype(np.float32),
+            actions=steps.env_actions,
+            rewards=steps.rewards.astype(np.float32),
             next_obs=obs[:, 1:],
-            terminations=env_major(played.terminations).astype(np.float32),
-            valid=env_major(valid),
+            terminations=steps.terminations.astype(np.float32),
+            valid=~steps.is_reset,
         )
         rollout = Rollout(
             update=update,
             policy_version=policy_version,
             data=data,
-            record=env_records.copy_of(record),
+            record=played.record,
             timing=dict(
                 param_queue_get_time=param_queue_get_time,
                 rollout_time=time.time() - rollout_start,
-                env_step_time=compiled_time,
+                env_step_time=played.env_step_time,
             ),
         )
         queue_put(rollout_queue, rollout, run.stop)
@@ -446,11 +387,8 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     actor_network = Actor(args.hiddens, envs.action_space.shape[0])
     bounds = bounds_of(envs.action_space)
     act = jax.jit(lambda p, o: jnp.tanh(actor_network.apply(p, o)[0]) * bounds.scale + bounds.bias)
-    returns = play_episodes(
-        envs, num_episodes, lambda obs, _: act(params["actor"], flat_observation(obs))
-    )
-    envs.close()
-    return returns
+    policy = lambda obs, _: act(params["actor"], flat_observation(obs))
+    return play_episodes(envs, num_episodes, policy)
 
 
 # The model card of --upload-model: the algorithm, its papers and how `evaluate` acts.
@@ -571,19 +509,10 @@ def optimizers_of(args: Args) -> Optimizers:
     return Optimizers(optax.adam(args.policy_lr), optax.adam(args.q_lr), optax.adam(args.alpha_lr))
 
 
-class Saved(NamedTuple):
-    """A checkpoint: the learner, the actor parameters last sent (the actors' next rollout plays
-    them under --concurrency), every environment's `EnvRecord` in global order, the replay."""
-
-    learner: SACState
-    acting_params: Any
-    env_record: EnvRecord
-    replay: dict
-
-
 def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
-    """The networks, the learner state and counters, and with --resume the newest checkpoint's
-    `Saved` (else None), whose replay snapshot `replay` is set to."""
+    """The networks and where the run starts (`kept_lag.Resumed`): the learner state, counters
+    and with --resume the newest checkpoint's parameters, environments and replay (`replay`
+    restored)."""
     spec = envpool.make_spec(args.env_id)
     obs_size = observation_size(args.env_id)
     action_size = spec.action_space.shape[0]
@@ -610,18 +539,10 @@ def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
         alpha_opt_state=optimizers.alpha.init(log_alpha),
         step=np.int32(0),
     )
-    template = Saved(
-        learner=state,
-        acting_params=actor_params,
-        env_record=env_records.empty_record(sizes.num_envs, args.env_id),
-        replay=replay.snapshot(),
+    resumed = kept_lag.resume_or_start(
+        args, sizes, __file__, learner=state, acting_params=actor_params, replay=replay
     )
-    identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
-    saved, counters = resume_or_start(args, template, identity, __file__)
-    if saved is not None:
-        state = saved.learner
-        replay.restore(saved.replay)
-    return networks, state, counters, saved
+    return networks, resumed
 
 
 def make_update(args: Args, learner_devices: list, networks: Networks):
@@ -758,20 +679,14 @@ def optimizer_steps_after(args: Args, sizes: Sizes, update: int) -> int:
 
 class Incoming(NamedTuple):
     """The rollouts of one update, inserted, the batches of its gradient updates (None before
-    learning starts) and stats: replay size, seconds waiting, inserting and sampling, actor SPS."""
+    learning starts), the replay's size after them and stats: seconds waiting, inserting and
+    sampling."""
 
     rollouts: list
     env_record: EnvRecord
     batches: Batch | None
+    replay_size: int
     stats: dict
-
-
-def gather(args, rollouts):
-    """Every process's transitions and environment records, env-major in global env order (each
-    process holds the whole replay)."""
-    data = Transitions(*[np.concatenate(fields) for fields in zip(*[r.data for r in rollouts])])
-    record = env_records.concatenated([r.record for r in rollouts])
-    return gathered((data, record), args.distributed)
 
 
 def receive(update: int, run, replay: ReplayStore, actors, first_update: int) -> Incoming:
@@ -788,7 +703,8 @@ def receive(update: int, run, replay: ReplayStore, actors, first_update: int) ->
         stop=run.stop,
     )
     tic = time.time()
-    data, env_record = gather(args, rollouts)
+    # Every process's transitions and records in global env order (each holds the whole replay).
+    data, env_record = gathered_rollouts([(r.data, r.record) for r in rollouts], args.distributed)
     replay_insert(replay, data)
     insert_time = time.time() - tic
     tic = time.time()
@@ -798,29 +714,31 @@ def receive(update: int, run, replay: ReplayStore, actors, first_update: int) ->
     if count:
         stacked = sample_batches(args, replay, done_before + 1, count)
         batches = local_shares(stacked, len(args.learner_device_ids), batch_axis=1)
-    rollout_time = np.mean([r.timing["rollout_time"] for r in rollouts])
     stats = dict(
-        replay_size=replay.size,
         rollout_queue_get_time=rollout_queue_get_time,
         insert_time=insert_time,
         sample_time=time.time() - tic,
-        actor_sps=args.local_num_envs * args.num_steps / rollout_time,
     )
-    return Incoming(rollouts=rollouts, env_record=env_record, batches=batches, stats=stats)
+    return Incoming(
+        rollouts=rollouts,
+        env_record=env_record,
+        batches=batches,
+        replay_size=replay.size,
+        stats=stats,
+    )
 
 
 def log_update(run, update: int, current: Incoming, metrics, learn_time: float):
-    """`Run.log_update` with the replay's size, the policy lag and the seconds of insertion,
-    sampling and learning (until the parameters are ready, a checkpoint included; with --concurrency
-    the next update's receive overlaps it). `metrics`: the last learning update's (None before)."""
-    param_lag = update - 1 - current.rollouts[0].policy_version
+    """`Run.log_update` with the replay's size and the seconds of insertion, sampling and learning
+    (until the parameters are ready, a checkpoint included; with --concurrency the next update's
+    receive overlaps it). `metrics`: the last learning update's (None before)."""
     run.log_update(
         update,
         rollouts=current.rollouts,
         metrics=metrics,
-        learner_stats=dict(current.stats, learn_time=learn_time, param_lag=param_lag),
+        learner_stats=dict(current.stats, learn_time=learn_time),
         optimizer_steps=optimizer_steps_after(run.args, run.sizes, update),
-        details=f"replay={current.stats['replay_size']} policy lag={param_lag}",
+        replay_size=current.replay_size,
     )
 
 
@@ -835,57 +753,36 @@ def model_params(state: SACState) -> dict:
     return jax.device_get(first_replica(params))
 
 
-class Checkpointable(NamedTuple):
-    """What `Run.after_update` gets, copied to the host (`saved_of`) only for a checkpoint; its
-    replay is as at `replay_mark`, the update's end (the next rollouts may be in it by then)."""
-
-    state: SACState
-    acting_params: Any
-    env_record: EnvRecord
-    replay_mark: Mark
-
-
-def saved_of(replay: ReplayStore, checkpointable: Checkpointable) -> Saved:
-    return Saved(
-        learner=first_replica(checkpointable.state),
-        acting_params=checkpointable.acting_params,
-        env_record=checkpointable.env_record,
-        replay=replay.snapshot_at(checkpointable.replay_mark),
-    )
-
-
 def train(args: Args):
     sizes = sizes_of(args, jax.process_count())
-    actor_devices = [jax.local_devices()[i] for i in args.actor_device_ids]
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
     spec = envpool.make_spec(args.env_id)
     replay = make_replay(args, observation_size(args.env_id), spec.action_space.shape[0])
-    networks, state, counters, saved = init_state(args, sizes, replay)
+    networks, resumed = init_state(args, sizes, replay)
     run = open_run(
         args=args,
         sizes=sizes,
         script_path=__file__,
-        counters=counters,
+        counters=resumed.counters,
         global_learner_devices=global_learner_devices,
         evaluate=evaluate,
         model_card=MODEL_CARD,
-        host_copy=functools.partial(saved_of, replay),
-        frozen_by=(replay.lock,),
+        checkpointing=resumed.checkpointing,
     )
-    state = replicate(state, learner_devices)
+    state = replicate(resumed.learner, learner_devices)
     run.evaluate_untrained(lambda: model_params(state))
     update_fn = make_update(args, global_learner_devices, networks)
-    first_update = counters["update"] + 1
+    first_update = resumed.counters["update"] + 1
     actors = handoff.start_actor_threads(
         actor_thread,
-        actor_devices,
+        [jax.local_devices()[i] for i in args.actor_device_ids],
         args=args,
         run=run,
         sizes=sizes,
         networks=networks,
         first_update=first_update,
-        env_record=None if saved is None else saved.env_record,
+        env_record=resumed.env_record,
     )
     receive_update = functools.partial(
         receive, run=run, replay=replay, actors=actors, first_update=first_update
@@ -893,13 +790,10 @@ def train(args: Args):
     metrics = None
     incoming = None
     with run.learner_loop(actors.threads) as end:
-        # The actor parameters last sent: under --concurrency the actors' next rollout is played
-        # with them, so a checkpoint holds them.
-        last_sent = first_replica(state.actor_params)
         handoff.send_first_params(
-            actors.send,
-            last_sent,
-            acting_params=None if saved is None else saved.acting_params,
+            actors,
+            first_replica(state.actor_params),
+            acting_params=resumed.acting_params,
             first_update=first_update,
             num_updates=sizes.num_updates,
             concurrency=args.concurrency,
@@ -910,8 +804,9 @@ def train(args: Args):
             learn_start = time.time()
             if current.batches is not None:
                 state, metrics = update_fn(state, current.batches)
-            checkpointable = Checkpointable(state, last_sent, current.env_record, replay.mark())
-            end.exit_code = run.after_update(checkpointable, update)
+            # The checkpoint holds the replay as this update left it.
+            kept = KeptLag(state, actors.last_sent, current.env_record, replay=replay.mark())
+            end.exit_code = run.after_update(kept, update)
             incoming = None
             # With --concurrency take, insert and sample the next rollouts while the device trains
             # on these (after the checkpoint, which holds the replay as this update left it).
@@ -926,8 +821,7 @@ def train(args: Args):
             if end.exit_code:
                 break
             if update < sizes.num_updates:
-                last_sent = first_replica(state.actor_params)
-                actors.send(last_sent, update)
+                actors.send(first_replica(state.actor_params), update)
     run.finish(model_params(state), update, optimizer_steps_after(args, sizes, update))
 
 

@@ -8,11 +8,14 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Callable
+from typing import NamedTuple
 
 import flax.serialization
 import jax
 import numpy as np
 
+from cleanba_utils.devices import first_replica
 from cleanba_utils.errors import fail
 from cleanba_utils.run_args import RESUMABLE_CHANGES
 from cleanba_utils.run_files import atomic_file
@@ -20,9 +23,29 @@ from cleanba_utils.run_files import atomic_file
 CHECKSUM_BYTES = 64  # a hex sha256
 
 
+class Checkpointing(NamedTuple):
+    """How a run's checkpoint is made of what `Run.after_update` gets (`open_run`'s
+    `checkpointing`)."""
+
+    host_copy: Callable = first_replica
+    """what the checkpoint saves of it: by default the first replica, where the learner devices hold
+    copies of one state; GALA, whose devices hold different agents, gathers them (on every process:
+    a collective); a "keep_lag" script's (`kept_lag.checkpointing`) assembles the replay too"""
+    collective: bool = False
+    """True where `host_copy` is a collective of the processes, which a stop in the middle of an
+    update cannot make: a distributed run then keeps its newest checkpoint"""
+    frozen_by: tuple = ()
+    """locks of what the learner changes on the host (the replay): a stop in the middle of an
+    update holds them, so the state stands still while it is saved"""
+
+
+FIRST_REPLICA = Checkpointing()
+"""The checkpoints of a script whose learner devices hold copies of one state: its first replica."""
+
+
 def save_checkpoint(run_dir: str, state, counters: dict, keep: int = 2):
-    """Saves `state` (the host copy of the learner's, `Run.host_copy`) with `counters` (which hold
-    "update"); keeps the newest `keep` files. A file that cannot be written raises an
+    """Saves `state` (the host copy of the learner's, `Checkpointing.host_copy`) with `counters`
+    (which hold "update"); keeps the newest `keep` files. A file that cannot be written raises an
     OSError that names it, the older files intact and no temporary file left."""
     saved_state = flax.serialization.to_state_dict(jax.device_get(state))
     payload = flax.serialization.msgpack_serialize({"state": saved_state, "counters": counters})

@@ -1,6 +1,7 @@
 """Arrays on the learner devices: a copy per device (`replicate`), the first copy back
-(`first_replica`), each device's share of a batch (`local_shares`), and every process's rollouts in
-one array (`gathered`). A pmap'd learner takes its inputs with the devices on the leading axis."""
+(`first_replica`), each device's share of a batch (`local_shares`, put there with
+`learner_sharding`), and every process's rollouts in one array (`gathered`,
+`gathered_rollouts`). A pmap'd learner takes its inputs with the devices on the leading axis."""
 
 import jax
 import numpy as np
@@ -8,12 +9,17 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 
+def learner_sharding(devices: list) -> NamedSharding:
+    """Arrays split over `devices` along their leading axis, one slice each, as a pmap over them
+    takes its inputs: `jax.device_put(tree, learner_sharding(devices))` copies each slice to its
+    device in one call."""
+    return NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec("devices"))
+
+
 def replicate(tree, devices: list):
     """One copy of `tree` per device, as a pmap over `devices` takes it (the leading axis)."""
-    sharding = NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec("devices"))
-    return jax.device_put(
-        jax.tree.map(lambda x: np.stack([np.asarray(x)] * len(devices)), tree), sharding
-    )
+    copies = jax.tree.map(lambda x: np.stack([np.asarray(x)] * len(devices)), tree)
+    return jax.device_put(copies, learner_sharding(devices))
 
 
 def first_replica(tree):
@@ -43,3 +49,11 @@ def gathered(tree, distributed: bool):
         return tree
     everyone = multihost_utils.process_allgather(tree)
     return jax.tree.map(lambda v: np.asarray(v).reshape(-1, *v.shape[2:]), everyone)
+
+
+def gathered_rollouts(parts: list, distributed: bool):
+    """This process's rollouts `parts` (pytrees of one structure, environments on the leading axis,
+    in global env order) concatenated, then every process's (`gathered`): the whole run's
+    environments in global order. A collective where `distributed`."""
+    local = jax.tree.map(lambda *fields: np.concatenate(fields), *parts)
+    return gathered(local, distributed)

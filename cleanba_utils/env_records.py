@@ -53,11 +53,6 @@ def copy_of(record: EnvRecord) -> EnvRecord:
     return EnvRecord(*[np.array(field) for field in record])
 
 
-def concatenated(records: list) -> EnvRecord:
-    """Records of consecutive environments as one, in the given order."""
-    return EnvRecord(*[np.concatenate(fields) for fields in zip(*records)])
-
-
 def part(record: EnvRecord, envs: slice) -> EnvRecord:
     """The record of some of the environments (a copy)."""
     return EnvRecord(*[np.array(field[envs]) for field in record])

@@ -15,11 +15,11 @@ A resumed run (its first update `first_update` > 1) goes on in one of two ways, 
   fetches before each rollout from then on. The scripts that resume bit for bit (SAC, continuous
   PPO, Ape-X DPG)."""
 
-import functools
+import dataclasses
 import queue
+import threading
 import time
-from collections.abc import Callable
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import jax
 
@@ -40,13 +40,23 @@ def send_params(params, policy_version: int, actor_devices: list, param_queues: 
             queue_put(param_queue, (policy_version, on_device), stop)
 
 
-class ActorThreads(NamedTuple):
+@dataclasses.dataclass
+class ActorThreads:
     """This process's actor threads, in global environment order, with their queues."""
 
     rollout_queues: list
     threads: list
-    send: Callable
-    """`send(params, policy_version)`: puts the parameters on every param queue (`send_params`)"""
+    param_queues: list
+    actor_devices: list
+    stop: threading.Event
+    last_sent: object = None
+    """the host copy of the parameters sent last: with --concurrency they play the actors' next
+    rollout, which a "keep_lag" script's checkpoint holds (`kept_lag`)"""
+
+    def send(self, params, policy_version: int):
+        """Puts the parameters on every param queue (`send_params`) and remembers them."""
+        send_params(params, policy_version, self.actor_devices, self.param_queues, self.stop)
+        self.last_sent = params
 
 
 def start_actor_threads(actor_thread, actor_devices: list, *, args, run, **shared) -> ActorThreads:
@@ -76,10 +86,13 @@ def start_actor_threads(actor_thread, actor_devices: list, *, args, run, **share
         )
         for index in range(num_threads)
     ]
-    send = functools.partial(
-        send_params, actor_devices=actor_devices, param_queues=param_queues, stop=run.stop
+    return ActorThreads(
+        rollout_queues=rollout_queues,
+        threads=threads,
+        param_queues=param_queues,
+        actor_devices=actor_devices,
+        stop=run.stop,
     )
-    return ActorThreads(rollout_queues=rollout_queues, threads=threads, send=send)
 
 
 def lag_start(first_update: int, on_resume: OnResume) -> int:
@@ -146,13 +159,18 @@ def take_rollouts(
 
 
 def send_first_params(
-    send, params, acting_params, first_update: int, num_updates: int, concurrency: bool
+    actors: ActorThreads,
+    params,
+    acting_params,
+    first_update: int,
+    num_updates: int,
+    concurrency: bool,
 ):
     """What the learner of a "keep_lag" script sends before its first update: with --concurrency a
     resumed run first sends `acting_params`, the checkpoint's parameters that play the actors' next
-    rollout (version first_update - 2), then the learner's own `params` (version first_update - 1).
-    `send(params, policy_version)` puts them on the param queues (`send_params`)."""
+    rollout (version first_update - 2), then the learner's own `params` (version
+    first_update - 1)."""
     resumed = first_update > 1
     if resumed and concurrency and first_update <= num_updates:
-        send(acting_params, first_update - 2)
-    send(params, first_update - 1)
+        actors.send(acting_params, first_update - 2)
+    actors.send(params, first_update - 1)

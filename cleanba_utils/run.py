@@ -19,7 +19,14 @@ import numpy as np
 from tensorboardX import SummaryWriter
 
 from cleanba_utils import accelerators, devices, distributed, hub, run_files, signals
-from cleanba_utils.checkpoints import OPTIONS_RECORD, options_record, resume_from, save_checkpoint
+from cleanba_utils.checkpoints import (
+    FIRST_REPLICA,
+    OPTIONS_RECORD,
+    Checkpointing,
+    options_record,
+    resume_from,
+    save_checkpoint,
+)
 from cleanba_utils.errors import fail
 from cleanba_utils.threads import Stopped
 
@@ -91,16 +98,8 @@ class Run:
     untrained_evaluation_s: float = 0.0
     """seconds of the evaluation at step 0 (`evaluate_untrained`), which the estimate of the run's
     duration after its first update leaves out"""
-    host_copy: object = devices.first_replica
-    """what a checkpoint saves of what `after_update` gets: by default the first replica, where the
-    learner devices hold copies of one state; a script whose devices hold different states gathers
-    them (on every process: a collective), one that saves more (the replay) assembles it"""
-    host_copy_is_collective: bool = False
-    """True where `host_copy` is a collective of the processes, which a stop in the middle of an
-    update cannot make: a distributed run then keeps its newest checkpoint"""
-    frozen_by: tuple = ()
-    """locks of what the learner changes on the host (the replay): a stop in the middle of an
-    update holds them, so the state stands still while it is saved"""
+    checkpointing: Checkpointing = FIRST_REPLICA
+    """how a checkpoint is made of what `after_update` gets"""
     completed: deque = dataclasses.field(default_factory=lambda: deque(maxlen=2))
     """(update, what `after_update` got) of the last two updates: a stop in the middle of an update
     saves the newest whose arrays are computed"""
@@ -198,7 +197,7 @@ class Run:
 
     def checkpoint(self, state, update: int):
         """Call with `checkpoint_lock` held."""
-        state = self.host_copy(state)
+        state = self.checkpointing.host_copy(state)
         if self.is_main:
             counters = {**self.counters, "update": update, "wall_time_s": self.wall_time()}
             try:
@@ -235,7 +234,7 @@ class Run:
             self.write_failed("TensorBoard events", *self.events_failure)
 
     def after_update(self, state, update: int) -> int:
-        """Called with what a checkpoint of `update` saves (through `host_copy`) as soon as the
+        """Called with what a checkpoint of `update` saves (through `checkpointing`) as soon as the
         update is dispatched (its arrays may still be computing). Checkpoints as --checkpoint-every
         asks; on a stop signal received by any process, checkpoints and returns the exit code (128
         + the signal), else 0. A signal during the last update lets the run end."""
@@ -293,10 +292,10 @@ class Run:
         if self.training_done:
             self.checkpoint_lock.release()
             return
-        for lock in self.frozen_by:
+        for lock in self.checkpointing.frozen_by:
             lock.acquire()
         computed = [(u, state) for u, state in self.completed if is_computed(state)]
-        if not computed or (self.host_copy_is_collective and self.args.distributed):
+        if not computed or (self.checkpointing.collective and self.args.distributed):
             self.quit(exit_code, f"stopped by a signal; {self.kept_checkpoint()}")
         update, state = computed[-1]
         if update > self.newest_checkpoint:
@@ -420,18 +419,28 @@ class Run:
         optimizer_steps: int,
         learning_rate: float | None = None,
         details: str = "",
+        replay_size: int | None = None,
     ):
         """What every script logs after a learner update. Every update: the actors' mean timings
         (each rollout's `timing`), the policy version they played, the learner's policy version
         (`update`: the policy of version v is the learner's after v updates), the learner's
         `learner_stats` (its waits and times, and what else the script measures), each under stats/;
-        the optimizer steps so far, SPS and the learning rate. Every --log-frequency updates and at
-        the last: the losses (`metrics`, per learner device; None before the first update that
-        learned), the optimizer steps per second since the last such line, and a console line with
-        the script's `details`."""
+        the optimizer steps so far, SPS and the learning rate. An off-policy script gives its
+        `replay_size`, logged with the policy lag of the update's data (param_lag) and an actor
+        thread's environment steps per second while it plays (actor_sps). Every --log-frequency
+        updates and at the last: the losses (`metrics`, per learner device; None before the first
+        update that learned), the optimizer steps per second since the last such line, and a
+        console line with the script's `details`."""
         global_step = update * self.sizes.steps_per_update
         timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
         actor_policy_version = rollouts[0].policy_version
+        if replay_size is not None:
+            param_lag = update - 1 - actor_policy_version
+            actor_sps = self.args.local_num_envs * self.args.num_steps / timing["rollout_time"]
+            learner_stats = dict(
+                learner_stats, replay_size=replay_size, param_lag=param_lag, actor_sps=actor_sps
+            )
+            details = f"replay={replay_size} policy lag={param_lag} {details}"
         stats = {
             **timing,
             **learner_stats,
@@ -580,14 +589,12 @@ def open_run(
     *,
     evaluate,
     model_card=None,
-    host_copy=devices.first_replica,
-    host_copy_is_collective: bool = False,
-    frozen_by: tuple = (),
+    checkpointing: Checkpointing = FIRST_REPLICA,
 ) -> Run:
     """The run folder, its spec and its TensorBoard writer (and W&B with --track); process 0 alone
     writes. What the run needs of the script is given here, once: its `evaluate`, the
-    `hub.ModelCard` of its --upload-model, and for its checkpoints `host_copy`,
-    `host_copy_is_collective` and `frozen_by` (see `Run`).
+    `hub.ModelCard` of its --upload-model, and how its checkpoints are made
+    (`checkpoints.Checkpointing`).
     `counters["update"] > 0` means a resumed run: it writes `spec_resume_<update>.json`, and
     TensorBoard drops what the preempted run logged after its checkpoint (purge_step), so the curves
     read as one stream."""
@@ -666,9 +673,7 @@ def open_run(
         counters=counters | {OPTIONS_RECORD: options_record(args, script_path)},
         stop_agreed=stop_agreed,
         evaluations=evaluations,
-        host_copy=host_copy,
-        host_copy_is_collective=host_copy_is_collective,
-        frozen_by=tuple(frozen_by),
+        checkpointing=checkpointing,
     )
     guard_events(writer, run.note_events_failure)
     if is_main:

@@ -30,6 +30,7 @@ from scipy import stats
 
 from cleanba import cleanba_apex_dpg as dpg
 from cleanba_utils import checkpoints
+from cleanba_utils.compiled_rollout import Steps
 from cleanba_utils.devices import replicate
 from cleanba_utils.replay.prioritized_learning import PendingPriorities, write_priorities
 
@@ -255,7 +256,9 @@ def test_the_update_clips_the_actors_gradient_and_copies_the_targets():
             target_update_period=2,
             actor_grad_clip=clip,
         )
-        _, state, _, _ = dpg.init_state(args, dpg.sizes_of(args, 1), dpg.make_replay(args, spaces))
+        state = dpg.init_state(args, dpg.sizes_of(args, 1), dpg.make_replay(args, spaces))[
+            1
+        ].learner
         critic = random_params(
             dpg.networks_of(args, spaces).critic,
             jax.random.PRNGKey(1),
@@ -335,22 +338,22 @@ def test_rollout_transitions_match_a_step_by_step_reference_across_rollouts():
     )
     checked = 0
     for start in range(0, 60, length):
-        played = dpg.Played(
-            *[
-                np.stack([s[key][start : start + length] for s in streams]).astype(dtype)
-                for key, dtype in [
-                    ("obs", np.float32),
-                    ("obs", np.float32),
-                    ("q_taken", np.float32),
-                    ("q_policy", np.float32),
-                    ("rewards", np.float32),
-                    ("terminations", bool),
-                    ("truncations", bool),
-                    ("is_reset", bool),
-                ]
-            ]
+        field = lambda key, dtype, start=start: np.stack(
+            [s[key][start : start + length] for s in streams]
+        ).astype(dtype)
+        played = Steps(
+            obs=field("obs", np.float32),
+            env_actions=field("obs", np.float32),
+            outputs=dpg.CriticValues(
+                q_taken=field("q_taken", np.float32), q_policy=field("q_policy", np.float32)
+            ),
+            # Rewards as envpool gives them: float64.
+            rewards=field("rewards", np.float64),
+            terminations=field("terminations", bool),
+            truncations=field("truncations", bool),
+            is_reset=field("is_reset", bool),
         )
-        data, tail = dpg.rollout_data(played=played, tail=tail, gamma=gamma, n=n)
+        data, tail = dpg.rollout_data(played, tail=tail, gamma=gamma, n=n)
         assert data.obs.shape == (num_envs, length, 3)
         for env, stream in enumerate(streams):
             for position in range(length):

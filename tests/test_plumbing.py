@@ -734,16 +734,33 @@ def test_the_handoff_rule_and_its_check_agree_in_fresh_and_resumed_runs(concurre
 def test_a_keep_lag_learner_first_sends_what_the_rule_has_the_actors_play(
     concurrency, first_update
 ):
-    # 6 updates; first_update 7 is a resumed run that has none left.
-    sent = []
+    # 6 updates; first_update 7 is a resumed run that has none left. Two actor threads on one
+    # device; the parameters are named by a number: 1.0 the learner's, 2.0 the checkpoint's.
+    param_queues = [queue.Queue(), queue.Queue()]
+    actors = handoff.ActorThreads(
+        rollout_queues=[],
+        threads=[],
+        param_queues=param_queues,
+        actor_devices=jax.local_devices()[:1],
+        stop=threading.Event(),
+    )
+    names = {1.0: "learner", 2.0: "checkpoint's acting"}
     handoff.send_first_params(
-        lambda params, policy_version: sent.append((params, policy_version)),
-        params="learner",
-        acting_params="checkpoint's acting",
+        actors,
+        params=np.float32(1.0),
+        acting_params=np.float32(2.0),
         first_update=first_update,
         num_updates=6,
         concurrency=concurrency,
     )
+    received = [
+        [(names[float(params)], version) for version, params in list(param_queue.queue)]
+        for param_queue in param_queues
+    ]
+    assert received[0] == received[1]
+    sent = received[0]
+    # The hand-off remembers the parameters sent last: those of the next rollout but one.
+    assert names[float(actors.last_sent)] == "learner"
     expected = [("learner", first_update - 1)]
     if concurrency and 1 < first_update <= 6:
         expected.insert(0, ("checkpoint's acting", first_update - 2))

@@ -36,7 +36,7 @@ from preempt import assert_resumed_as_uninterrupted
 
 from cleanba import cleanba_sac as sac
 from cleanba_utils import env_records
-from cleanba_utils.devices import local_shares, replicate
+from cleanba_utils.devices import gathered_rollouts, local_shares, replicate
 
 
 def test_squashed_gaussian_log_prob_hand_computed():
@@ -200,7 +200,8 @@ def test_replay_batches_depend_on_the_seed_the_index_and_the_data_only():
             record=env_records.empty_record(2, "Hopper-v4"),
             timing={},
         )
-        gathered, record = sac.gather(args, [rollout(halves[0]), rollout(halves[1])])
+        parts = [(r.data, r.record) for r in (rollout(halves[0]), rollout(halves[1]))]
+        gathered, record = gathered_rollouts(parts, distributed=False)
         assert record.resets.shape == (4,)
         sac.replay_insert(split, gathered)
     # Reset steps are left out; FIFO keeps the newest 100 of the 3 rollouts' valid transitions.
@@ -232,9 +233,8 @@ def test_replay_batches_depend_on_the_seed_the_index_and_the_data_only():
 
 def test_gradient_updates_do_not_depend_on_their_grouping_into_calls():
     args = sac.Args(env_id="Hopper-v4", hiddens=(8,), batch_size=8, buffer_size=64)
-    networks, state, _, _ = sac.init_state(
-        args, sac.sizes_of(args, 1), sac.make_replay(args, 11, 3)
-    )
+    networks, resumed = sac.init_state(args, sac.sizes_of(args, 1), sac.make_replay(args, 11, 3))
+    state = resumed.learner
     devices = jax.local_devices()[:1]
     update_fn = sac.make_update(args, devices, networks)
     rng = np.random.default_rng(0)
@@ -275,9 +275,8 @@ def test_gradient_updates_do_not_depend_on_their_grouping_into_calls():
     assert set(metrics) >= {"qf_loss", "qf1_values", "actor_loss", "alpha", "alpha_loss"}
     # --no-autotune: the temperature stays at --alpha.
     fixed = dataclasses.replace(args, autotune=False, alpha=0.2)
-    networks, state, _, _ = sac.init_state(
-        fixed, sac.sizes_of(fixed, 1), sac.make_replay(fixed, 11, 3)
-    )
+    networks, resumed = sac.init_state(fixed, sac.sizes_of(fixed, 1), sac.make_replay(fixed, 11, 3))
+    state = resumed.learner
     after, metrics = sac.make_update(fixed, devices, networks)(replicate(state, devices), batches)
     np.testing.assert_allclose(np.exp(after.log_alpha[0]), 0.2, rtol=1e-6)
     assert int(after.alpha_opt_state[0].count[0]) == 0 and float(metrics["alpha_loss"][0]) == 0.0

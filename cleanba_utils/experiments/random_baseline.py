@@ -246,7 +246,6 @@ def play_under_script(script: TrainingScript, env_id: str, num_episodes: int) ->
         lambda obs, step: random_actions(space, num_episodes, rng),
         episode_over=getattr(module, "episode_over", ended),
     )
-    envs.close()
     return np.array(returns)
 
 

@@ -1,0 +1,185 @@
+"""An actor thread's rollout compiled as one program, as the continuous-control scripts (SAC,
+continuous PPO, Ape-X DPG) play theirs: the steps of the script's policy and of envpool's
+environments (their XLA interface, `envs.compiled_step`) in one `lax.scan`, with no Python call
+per step; then, step by step in Python, what the steps mean for the environments' records
+(`env_records`, which a checkpoint holds to bring them back) and for the episodes logged.
+
+The script gives its policy's step, `act(params, obs, env_ids, step, step_input) -> (env_actions,
+outputs)`: the actions the environments receive and its own per-step outputs (a NamedTuple: the
+sampled actions, log-probabilities, values…), `env_ids` the environments' global indices (NumPy,
+a constant of the program) and `step` the policy step of the run (0, 1, …). It gets back the
+rollout as `Played`, its `Steps` env-major (envs, steps, ...).
+
+Made and called with 64-bit types on (`jax.enable_x64`, for the calling thread only): envpool's
+MuJoCo and dm_control tasks take float64 actions and give float64 observations and rewards; every
+array of the policy stays float32. The computation is that of a call of the policy per step; XLA
+fuses the loop otherwise, which can round the actions differently in the last place."""
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cleanba_utils import env_records
+from cleanba_utils.env_records import EnvRecord
+from cleanba_utils.envs import compiled_step, flat_observation
+
+
+class Steps(NamedTuple):
+    """Steps of an actor thread's environments, env-major (envs, steps, ...): rollouts' steps join
+    along axis 1."""
+
+    obs: np.ndarray
+    """the observations acted on"""
+    env_actions: np.ndarray
+    """the actions the environments received"""
+    outputs: Any
+    """the policy step's own outputs (`act`'s second result)"""
+    rewards: np.ndarray
+    """raw, as envpool gives them"""
+    terminations: np.ndarray
+    truncations: np.ndarray
+    is_reset: np.ndarray
+    """envpool's reset steps: the step after an episode's end ignores the action and returns the
+    next episode's first observation"""
+
+
+class Played(NamedTuple):
+    """One rollout of an actor thread's environments."""
+
+    steps: Steps
+    next_obs: np.ndarray
+    """(envs, ...) the observation after the rollout's last step"""
+    after_last: Any
+    """`after_last(params, next_obs)` where the script gives one (continuous PPO: the bootstrap
+    value), else None"""
+    record: EnvRecord
+    """the environments' record after the rollout (a copy, which later rollouts leave alone)"""
+    env_step_time: float
+    """seconds of the compiled program: the policy's and the environments' steps"""
+
+
+@dataclasses.dataclass
+class CompiledRollout:
+    """An actor thread's environments and their compiled rollout (`start`); `play` plays the next
+    rollout."""
+
+    envs: Any
+    handle: Any
+    """envpool's handle of the environments, which each compiled rollout takes and gives back"""
+    program: Callable
+    record: EnvRecord
+    episodes: Any
+    next_obs: np.ndarray
+    next_is_reset: np.ndarray
+    num_steps: int
+    num_envs: int
+    """the run's environments (global steps count them)"""
+
+    def play(self, params, update: int, step_inputs=None) -> Played:
+        """The rollout of `update` with `params`, its steps' policy steps (update - 1) x
+        --num-steps onwards; `step_inputs` (steps, ...) are what `act` takes at each step (SAC:
+        whether it acts at random), or None."""
+        first_step = (update - 1) * self.num_steps
+        start = time.time()
+        with jax.enable_x64(True):
+            self.handle, steps, last_obs, after_last = self.program(
+                self.handle, params, self.next_obs, np.int32(first_step), step_inputs
+            )
+            steps = jax.device_get(steps)
+        env_step_time = time.time() - start
+        obs, env_actions, outputs, rewards, terminations, truncations = steps
+        is_reset = np.zeros(terminations.shape, bool)
+        for step in range(self.num_steps):
+            env_records.record_step(self.record, env_actions[step], self.next_is_reset)
+            is_reset[step] = self.next_is_reset
+            done = terminations[step] | truncations[step]
+            global_step = (first_step + step) * self.num_envs
+            self.episodes.step(rewards[step], done, self.next_is_reset, global_step)
+            self.next_is_reset = done
+        self.next_obs = np.asarray(last_obs)
+        env_major = lambda x: np.swapaxes(x, 0, 1)
+        steps = Steps(
+            obs=env_major(obs),
+            env_actions=env_major(env_actions),
+            outputs=jax.tree.map(env_major, outputs),
+            rewards=env_major(rewards),
+            terminations=env_major(terminations),
+            truncations=env_major(truncations),
+            is_reset=env_major(is_reset),
+        )
+        return Played(
+            steps=steps,
+            next_obs=self.next_obs,
+            after_last=after_last,
+            record=env_records.copy_of(self.record),
+            env_step_time=env_step_time,
+        )
+
+
+def start(
+    make_env: Callable,
+    args,
+    run,
+    num_envs: int,
+    env_offset: int,
+    env_record: EnvRecord | None,
+    act: Callable,
+    after_last: Callable | None = None,
+    on_replayed_step: Callable | None = None,
+) -> CompiledRollout:
+    """The environments env_offset .. env_offset + --local-num-envs - 1 of the run's `num_envs`
+    (the script's `make_env(args, seed, num_envs)`, seeded --seed + env_offset onwards) and the
+    compiled rollout of --num-steps steps of `act` on them. A fresh run (`env_record` None) resets
+    them; a resumed one brings them to their part of `env_record`, every environment's at the
+    checkpoint (`env_records.fast_forward`; `on_replayed_step(env_ids, reward, terminated,
+    truncated)` sees each replayed step beside the episodes' running sums)."""
+    envs = make_env(args, args.seed + env_offset, args.local_num_envs)
+    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
+    with jax.enable_x64(True):
+        handle, step_envs = compiled_step(envs)
+
+    def step(carry, step_input):
+        handle, obs, params = carry
+        policy_step, inputs = step_input
+        env_actions, outputs = act(params, obs, env_ids, policy_step, inputs)
+        handle, next_obs, rewards, terminations, truncations = step_envs(handle, env_actions)
+        played = (obs, env_actions, outputs, rewards, terminations, truncations)
+        return (handle, next_obs, params), played
+
+    @jax.jit
+    def program(handle, params, obs, first_step, step_inputs):
+        steps = first_step + jnp.arange(args.num_steps, dtype=jnp.int32)
+        carry = (handle, obs, params)
+        (handle, obs, _), played = jax.lax.scan(step, carry, (steps, step_inputs))
+        return handle, played, obs, None if after_last is None else after_last(params, obs)
+
+    episodes = run.episodes(args.local_num_envs)
+    if env_record is None:
+        record = env_records.empty_record(args.local_num_envs, args.env_id)
+        next_obs = flat_observation(envs.reset()[0])
+        next_is_reset = np.zeros(args.local_num_envs, bool)
+    else:
+        record = env_records.part(env_record, slice(env_offset, env_offset + args.local_num_envs))
+
+        def replayed_step(*step):
+            episodes.replayed_step(*step)
+            if on_replayed_step is not None:
+                on_replayed_step(*step)
+
+        next_obs, next_is_reset = env_records.fast_forward(envs, record, on_step=replayed_step)
+    return CompiledRollout(
+        envs=envs,
+        handle=handle,
+        program=program,
+        record=record,
+        episodes=episodes,
+        next_obs=next_obs,
+        next_is_reset=next_is_reset,
+        num_steps=args.num_steps,
+        num_envs=num_envs,
+    )

@@ -1,0 +1,125 @@
+"""The bitwise resume of the scripts whose policy lag goes on across a resume (`handoff`'s
+"keep_lag": SAC, continuous PPO and Ape-X DPG). Their checkpoint holds, beside the learner, what
+the uninterrupted run plays next: the parameters sent last (with --concurrency they play the
+actors' next rollout), every environment's record (its resets and its current episode,
+`env_records`, from which `compiled_rollout.start` brings the environments back), the replay with
+its priorities not yet written, and what else is the script's own (Ape-X DPG's n-step tails).
+
+A script gives `resume_or_start` the templates of its learner state, its acting parameters and its
+own part, and gets back where the run starts (`Resumed`); at the end of each update it hands
+`Run.after_update` a `KeptLag`, whose host copy (`Resumed.checkpointing`) is the checkpoint."""
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from cleanba_utils import env_records, run
+from cleanba_utils.checkpoints import Checkpointing
+from cleanba_utils.devices import first_replica
+from cleanba_utils.env_records import EnvRecord
+from cleanba_utils.replay.prioritized_learning import NO_PENDING, PendingPriorities
+from cleanba_utils.replay.store import ReplayStore
+
+
+class KeptLag(NamedTuple):
+    """What a "keep_lag" script hands `Run.after_update` at the end of an update; its host copy
+    (`on_host`) is what the checkpoint holds."""
+
+    learner: Any
+    """the learner's state: replicated on the learner devices (the checkpoint: its first replica)"""
+    acting_params: Any
+    """the parameters sent last (`handoff.ActorThreads.last_sent`), on the host"""
+    env_record: EnvRecord
+    """every environment's record after the update's rollouts, in global env order"""
+    replay: Any = None
+    """the replay's `Mark` at the update's end (the checkpoint: the replay as it was there, or an
+    empty replay's where the script has none or does not save it)"""
+    pending: PendingPriorities | None = None
+    """a prioritized replay's call whose priorities are not written yet (the checkpoint: its TD
+    errors on the host, or `NO_PENDING`)"""
+    own: Any = ()
+    """the script's own part, on the host"""
+
+
+def on_host(kept: KeptLag, replay: ReplayStore | None, empty_replay: dict) -> KeptLag:
+    """The checkpoint of `kept`: the learner's first replica, the replay at its mark (`replay`
+    None: `empty_replay`) and the pending TD errors on the host."""
+    pending = NO_PENDING
+    if replay is not None and kept.pending is not None:
+        pending = kept.pending._replace(
+            td=np.asarray(jax.device_get(first_replica(kept.pending.td)))
+        )
+    return kept._replace(
+        learner=first_replica(kept.learner),
+        replay=empty_replay if replay is None else replay.snapshot_at(kept.replay),
+        pending=pending,
+    )
+
+
+class Resumed(NamedTuple):
+    """Where a "keep_lag" run starts: from scratch (the None fields) or from its newest
+    checkpoint."""
+
+    learner: Any
+    """the learner's state on the host: the checkpoint's, or the template"""
+    counters: dict
+    """what `open_run` takes (`run.resume_or_start`)"""
+    acting_params: Any
+    """the parameters of the actors' next rollout (`handoff.send_first_params`), or None"""
+    env_record: EnvRecord | None
+    """every environment's record, which the actor threads continue from, or None"""
+    pending: PendingPriorities | None
+    """the checkpoint's pending priorities (`NO_PENDING`: none), or None"""
+    own: Any
+    """the script's own part, or None"""
+    checkpointing: Checkpointing
+    """how `Run` makes a checkpoint of a `KeptLag` (`open_run`'s `checkpointing`)"""
+
+
+def resume_or_start(
+    args,
+    sizes,
+    script_path: str,
+    learner,
+    acting_params,
+    own=(),
+    replay: ReplayStore | None = None,
+    save_replay: bool = True,
+) -> Resumed:
+    """With --resume and a checkpoint, the run's state at it, the replay restored; else a fresh
+    start. `learner`, `acting_params` and `own` are templates of the saved structure (the fresh
+    run's values); the checkpoint holds the replay where `save_replay`. A resume must match the
+    global sizes and the seed."""
+    empty_replay = {} if replay is None else replay.snapshot()
+    template = KeptLag(
+        learner=learner,
+        acting_params=acting_params,
+        env_record=env_records.empty_record(sizes.num_envs, args.env_id),
+        replay=empty_replay,
+        pending=NO_PENDING,
+        own=own,
+    )
+    identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
+    saved, counters = run.resume_or_start(args, template, identity, script_path)
+    host_copy = functools.partial(
+        on_host, replay=replay if save_replay else None, empty_replay=empty_replay
+    )
+    checkpointing = Checkpointing(
+        host_copy=host_copy, frozen_by=() if replay is None else (replay.lock,)
+    )
+    if saved is None:
+        return Resumed(learner, counters, None, None, None, None, checkpointing)
+    if replay is not None:
+        replay.restore(saved.replay)
+    return Resumed(
+        learner=saved.learner,
+        counters=counters,
+        acting_params=saved.acting_params,
+        env_record=saved.env_record,
+        pending=saved.pending,
+        own=saved.own,
+        checkpointing=checkpointing,
+    )

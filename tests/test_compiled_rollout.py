@@ -1,0 +1,159 @@
+"""cleanba_utils.compiled_rollout: a rollout compiled as one program plays what a plain Python loop
+over envpool's step plays with the same policy called once per step, keeps the same records and
+episodes, and an actor thread resumed from its record continues as the uninterrupted one."""
+
+import types
+from collections import deque
+from typing import NamedTuple
+
+import envpool
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cleanba_utils import compiled_rollout, env_records
+from cleanba_utils.envs import flat_observation
+from cleanba_utils.run import Episodes
+
+ENV_ID = "Hopper-v4"  # episodes of about 20 steps under these actions: resets within a rollout
+NUM_STEPS = 16
+ENV_OFFSET = 2  # the thread's environments are the run's 2 and 3 (of 4)
+NUM_ENVS = 4
+
+
+class Doubled(NamedTuple):
+    twice: jax.Array
+
+
+def act(params, obs, env_ids, step, scale):
+    """A deterministic policy of the observation, the step, the environment and a step input, in
+    float32 as a script's (the rollout runs with 64-bit types on)."""
+    shift = jnp.float32(0.01) * step.astype(jnp.float32)
+    env_shift = jnp.float32(0.1) * jnp.asarray(env_ids, jnp.float32)[:, None]
+    actions = jnp.tanh(obs[:, :3] * params + shift + env_shift) * scale
+    return actions, Doubled(twice=2 * actions)
+
+
+def make_env(args, seed: int, num_envs: int):
+    return envpool.make(args.env_id, env_type="gymnasium", num_envs=num_envs, seed=seed)
+
+
+class Writer:
+    def __init__(self):
+        self.scalars = []
+
+    def add_scalar(self, key, value, step):
+        self.scalars.append((key, float(value), step))
+
+
+def fake_run(writer: Writer):
+    episodes = lambda n: Episodes(writer, deque(maxlen=100), np.zeros(n), np.zeros(n, np.int64))
+    return types.SimpleNamespace(episodes=episodes)
+
+
+ARGS = types.SimpleNamespace(env_id=ENV_ID, seed=3, local_num_envs=2, num_steps=NUM_STEPS)
+PARAMS = np.float32(0.7)
+
+
+def scales(update: int) -> np.ndarray:
+    return np.linspace(0.5, 1.0, NUM_STEPS, dtype=np.float32) * (1 + update % 2)
+
+
+def started(writer: Writer, env_record=None):
+    return compiled_rollout.start(
+        make_env,
+        ARGS,
+        run=fake_run(writer),
+        num_envs=NUM_ENVS,
+        env_offset=ENV_OFFSET,
+        env_record=env_record,
+        act=act,
+    )
+
+
+def python_loop(num_updates: int, writer: Writer):
+    """The reference: envpool stepped from Python, the policy jitted and called once per step, the
+    records and episodes kept by hand. Per update: the steps' fields (steps, envs, ...)."""
+    envs = make_env(ARGS, ARGS.seed + ENV_OFFSET, 2)
+    env_ids = np.arange(ENV_OFFSET, ENV_OFFSET + 2, dtype=np.int32)
+    policy = jax.jit(act)
+    obs = flat_observation(envs.reset()[0])
+    next_is_reset = np.zeros(2, bool)
+    record = env_records.empty_record(2, ENV_ID)
+    episodes = fake_run(writer).episodes(2)
+    rollouts = []
+    for update in range(1, num_updates + 1):
+        steps = []
+        for step in range(NUM_STEPS):
+            policy_step = (update - 1) * NUM_STEPS + step
+            with jax.enable_x64(True):
+                actions, outputs = policy(
+                    PARAMS, obs, env_ids, np.int32(policy_step), scales(update)[step]
+                )
+            actions = np.asarray(actions)
+            next_obs, reward, terminated, truncated, _ = envs.step(actions.astype(np.float64))
+            env_records.record_step(record, actions, next_is_reset)
+            done = terminated | truncated
+            episodes.step(reward, done, next_is_reset, policy_step * NUM_ENVS)
+            steps.append(
+                dict(
+                    obs=obs,
+                    env_actions=actions,
+                    twice=np.asarray(outputs.twice),
+                    rewards=reward,
+                    terminations=terminated,
+                    truncations=truncated,
+                    is_reset=next_is_reset,
+                )
+            )
+            obs = flat_observation(next_obs)
+            next_is_reset = done
+        stacked = {key: np.stack([s[key] for s in steps]) for key in steps[0]}
+        rollouts.append((stacked, obs, env_records.copy_of(record)))
+    return rollouts
+
+
+def assert_same_rollout(played, reference):
+    stacked, next_obs, record = reference
+    steps = played.steps
+    env_major = lambda x: np.swapaxes(x, 0, 1)
+    for name in ("obs", "env_actions", "rewards", "terminations", "truncations", "is_reset"):
+        np.testing.assert_array_equal(getattr(steps, name), env_major(stacked[name]), err_msg=name)
+    np.testing.assert_array_equal(steps.outputs.twice, env_major(stacked["twice"]))
+    np.testing.assert_array_equal(played.next_obs, next_obs)
+    for name, field, expected in zip(record._fields, played.record, record):
+        np.testing.assert_array_equal(field, expected, err_msg=name)
+
+
+def test_the_compiled_rollout_plays_what_a_python_loop_plays():
+    reference_writer = Writer()
+    reference = python_loop(3, reference_writer)
+    assert any(stacked["is_reset"].any() for stacked, _, _ in reference)  # episodes end in it
+    writer = Writer()
+    envs = started(writer)
+    for update in range(1, 4):
+        played = envs.play(PARAMS, update, step_inputs=scales(update))
+        assert played.steps.obs.shape == (2, NUM_STEPS, 11)
+        assert_same_rollout(played, reference[update - 1])
+    # The same episodes, logged at the same global steps.
+    assert writer.scalars == reference_writer.scalars and writer.scalars
+
+
+def test_a_resumed_actor_continues_from_the_record_as_the_uninterrupted_one():
+    uninterrupted = started(Writer())
+    for update in range(1, 3):
+        played = uninterrupted.play(PARAMS, update, step_inputs=scales(update))
+    # The run's record: every environment's, this thread's at its global indices 2 and 3.
+    run_record = env_records.empty_record(NUM_ENVS, ENV_ID)
+    for field, part in zip(run_record, played.record):
+        field[ENV_OFFSET:] = part
+    resumed = started(Writer(), env_record=run_record)
+    np.testing.assert_array_equal(resumed.next_obs, uninterrupted.next_obs)
+    np.testing.assert_array_equal(resumed.next_is_reset, uninterrupted.next_is_reset)
+    for update in range(3, 5):
+        expected = uninterrupted.play(PARAMS, update, step_inputs=scales(update))
+        got = resumed.play(PARAMS, update, step_inputs=scales(update))
+        for name, field, other in zip(expected.steps._fields, got.steps, expected.steps):
+            np.testing.assert_array_equal(
+                jax.tree.leaves(field), jax.tree.leaves(other), err_msg=name
+            )
