@@ -4,8 +4,8 @@ the algorithm and hyperparameters of CleanRL's `sac_continuous_action.py`, in Cl
 Actor threads play rollouts of --local-num-envs x --num-steps steps with a tanh-squashed Gaussian
 policy (uniform random actions for the first --learning-starts steps) and hand them to the learner
 through queues of size 1. The learner inserts each rollout into a uniform replay, then makes
---replay-ratio gradient updates per environment step (CleanRL: one per step), all of a rollout's in
-one compiled scan, each on a batch drawn with a generator seeded by (seed, gradient update). With
+--replay-ratio optimizer steps per environment step (CleanRL: one per step), all of a rollout's in
+one compiled scan, each on a batch drawn with a generator seeded by (seed, optimizer step). With
 --concurrency (the default) the actors play with parameters one version behind, as in Cleanba's
 IMPALA: the next rollout is played, inserted and sampled while the learner trains on the last.
 
@@ -70,12 +70,12 @@ class Args(DeviceArgs):
     gamma: float = in_range(0.99, 0, 1, low_open=True)
     """the discount factor"""
     tau: float = in_range(0.005, 0, 1, low_open=True)
-    """the target critics' Polyak step: the fraction they move to the critics per gradient update"""
+    """the target critics' Polyak step: the fraction they move to the critics per optimizer step"""
     batch_size: int = positive(256)
-    """the transitions of one gradient update, split equally over the learner devices"""
+    """the transitions of one optimizer step, split equally over the learner devices"""
     learning_starts: int = non_negative(5000)
-    """environment steps of uniformly random actions before the policy acts; the first gradient
-    update follows the first rollout that completes this many steps (CleanRL's follows step 5001)"""
+    """environment steps of uniformly random actions before the policy acts; the first optimizer
+    step follows the first rollout that completes this many steps (CleanRL's follows step 5001)"""
     policy_lr: float = positive(3e-4)
     """the learning rate of the actor's Adam"""
     q_lr: float = positive(1e-3)
@@ -83,14 +83,14 @@ class Args(DeviceArgs):
     alpha_lr: float = positive(1e-3)
     """the learning rate of the temperature's Adam (CleanRL's script: q_lr, 1e-3; its docs: 3e-4)"""
     policy_frequency: int = positive(2)
-    """update the actor and the temperature every this many gradient updates, this many times
+    """update the actor and the temperature every this many optimizer steps, this many times
     each (making up for the skipped ones), as CleanRL's delayed policy update"""
     autotune: bool = True
     """tune the temperature alpha towards the target entropy -|A| (else keep it at --alpha)"""
     alpha: float = positive(0.2)
     """the temperature with --no-autotune"""
     replay_ratio: float = positive(1.0)
-    """gradient updates per environment step (CleanRL's: 1)"""
+    """optimizer steps per environment step (CleanRL's: 1)"""
     hiddens: tuple[int, ...] = (256, 256)
     """the ReLU hidden layers of the actor and of each critic"""
     local_num_envs: int = positive(1)
@@ -99,7 +99,7 @@ class Args(DeviceArgs):
     """the number of actor threads per actor device"""
     num_steps: int = positive(64)
     """the steps of each environment per rollout, one learner update, which makes the rollout's
-    gradient updates in one compiled call; with --concurrency the actors are one update behind"""
+    optimizer steps in one compiled call; with --concurrency the actors are one update behind"""
 
 
 # Options that act only in some configurations: `validate` refuses one set where its need fails.
@@ -115,8 +115,8 @@ def sizes_of(args: Args, num_processes: int) -> Sizes:
     return rollout_sizes(num_envs * num_processes, args.num_steps, args.total_timesteps)
 
 
-def gradient_steps_per_update(args: Args, sizes: Sizes) -> int:
-    """Gradient updates per learner update once learning starts: replay_ratio x steps_per_update."""
+def optimizer_steps_per_update(args: Args, sizes: Sizes) -> int:
+    """Optimizer steps per learner update once learning starts: replay_ratio x steps_per_update."""
     return round(args.replay_ratio * sizes.steps_per_update)
 
 
@@ -146,11 +146,11 @@ def validate_layout(args: Args):
     parsing.check_devices(
         args, sizes.num_updates, sizes.steps_per_update, split_rollouts=False, split_batches=True
     )
-    gradient_steps = args.replay_ratio * sizes.steps_per_update
-    if round(gradient_steps) < 1 or abs(gradient_steps - round(gradient_steps)) > 1e-6:
+    optimizer_steps = args.replay_ratio * sizes.steps_per_update
+    if round(optimizer_steps) < 1 or abs(optimizer_steps - round(optimizer_steps)) > 1e-6:
         fail(
             f"--replay-ratio {args.replay_ratio} x {sizes.steps_per_update} steps per update "
-            f"(num envs x --num-steps) = {gradient_steps:g} gradient updates: it must be a "
+            f"(num envs x --num-steps) = {optimizer_steps:g} optimizer steps: it must be a "
             "whole number, at least 1"
         )
     if args.buffer_size < sizes.steps_per_update:
@@ -444,7 +444,7 @@ def replay_insert(replay: ReplayStore, data: Transitions):
 
 
 def sample_batches(args: Args, replay: ReplayStore, first: int, count: int) -> Batch:
-    """The batches of gradient updates first .. first + count - 1 (1-based, over the run), stacked
+    """The batches of optimizer steps first .. first + count - 1 (1-based, over the run), stacked
     (count, batch, ...), each drawn uniformly with a generator seeded by (seed, its index)."""
     rngs = [np.random.default_rng([args.seed, 3, index]) for index in range(first, first + count)]
     return replay.sample_many(args.batch_size, rngs, beta=0.0).items
@@ -486,7 +486,7 @@ def temperature_loss(log_alpha, log_prob, target_entropy: float):
 
 class SACState(NamedTuple):
     """Everything the learner updates, one pytree: the parameters, the target critics, the
-    temperature, the three Adam states and the gradient updates made so far."""
+    temperature, the three Adam states and the optimizer steps made so far."""
 
     actor_params: Any
     critic_params: Any
@@ -547,11 +547,11 @@ def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
 
 def make_update(args: Args, learner_devices: list, networks: Networks):
     """`update_fn(state, batches) -> (state, metrics)`, pmap'd over the learner devices: a
-    `lax.scan` of gradient updates, one per batch of `batches` (count, device's share, ...). Each:
+    `lax.scan` of optimizer steps, one per batch of `batches` (count, device's share, ...). Each:
     the critics on the soft target; every --policy-frequency updates (by index over the run), that
     many actor steps, each followed by a temperature step; last the target critics' Polyak step.
     Gradients are pmean'd (the global batch's mean); action noise is drawn for the global batch
-    from a (seed, gradient update) key and sliced, so it does not depend on the layout either."""
+    from a (seed, optimizer step) key and sliced, so it does not depend on the layout either."""
     learner_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 2)
     optimizers = optimizers_of(args)
     share = args.batch_size // len(learner_devices)
@@ -595,7 +595,7 @@ def make_update(args: Args, learner_devices: list, networks: Networks):
             state = state._replace(log_alpha=log_alpha, alpha_opt_state=alpha_opt_state)
         return state, jax.lax.pmean(dict(actor_loss=loss, alpha_loss=alpha_loss), "devices")
 
-    def gradient_step(state: SACState, batch: Batch):
+    def optimizer_step(state: SACState, batch: Batch):
         step = state.step + 1
         key = jax.random.fold_in(learner_key, step)
         mean, log_std = networks.actor.apply(state.actor_params, batch.next_obs)
@@ -620,7 +620,7 @@ def make_update(args: Args, learner_devices: list, networks: Networks):
         )
         state = state._replace(critic_params=critic_params, critic_opt_state=critic_opt_state)
 
-        def policy_steps(state):
+        def policy_updates(state):
             state, metrics = jax.lax.scan(
                 lambda s, i: actor_and_temperature_step(s, batch, key, i),
                 state,
@@ -629,10 +629,12 @@ def make_update(args: Args, learner_devices: list, networks: Networks):
             return state, jax.tree.map(lambda m: m[-1], metrics)
 
         zero = jnp.float32(0.0)
-        no_policy_step = lambda state: (state, dict(actor_loss=zero, alpha_loss=zero))
+        no_policy_update = lambda state: (state, dict(actor_loss=zero, alpha_loss=zero))
 
-        is_policy_step = step % args.policy_frequency == 0
-        state, policy_metrics = jax.lax.cond(is_policy_step, policy_steps, no_policy_step, state)
+        is_policy_update = step % args.policy_frequency == 0
+        state, policy_metrics = jax.lax.cond(
+            is_policy_update, policy_updates, no_policy_update, state
+        )
         target_critic_params = jax.tree.map(
             lambda target, online: args.tau * online + (1.0 - args.tau) * target,
             state.target_critic_params,
@@ -647,7 +649,7 @@ def make_update(args: Args, learner_devices: list, networks: Networks):
             qf1_values=qf_values[0],
             qf2_values=qf_values[1],
             alpha=jnp.exp(state.log_alpha),
-            policy_updated=is_policy_step.astype(jnp.float32),
+            policy_updated=is_policy_update.astype(jnp.float32),
             **policy_metrics,
         )
         return state, metrics
@@ -655,12 +657,12 @@ def make_update(args: Args, learner_devices: list, networks: Networks):
     def update_on_device(state: SACState, batches: Batch):
         """Means over the scan's updates (the policy losses: over those that update the policy;
         alpha: the last)."""
-        state, metrics = jax.lax.scan(gradient_step, state, batches)
+        state, metrics = jax.lax.scan(optimizer_step, state, batches)
         policy_updated = metrics.pop("policy_updated")
-        policy_steps = jnp.maximum(policy_updated.sum(), 1.0)
+        policy_updates = jnp.maximum(policy_updated.sum(), 1.0)
         summary = {name: values.mean() for name, values in metrics.items()}
         for name in ("actor_loss", "alpha_loss"):
-            summary[name] = (metrics[name] * policy_updated).sum() / policy_steps
+            summary[name] = (metrics[name] * policy_updated).sum() / policy_updates
         summary["alpha"] = metrics["alpha"][-1]
         return state, summary
 
@@ -671,14 +673,14 @@ def make_update(args: Args, learner_devices: list, networks: Networks):
 
 
 def optimizer_steps_after(args: Args, sizes: Sizes, update: int) -> int:
-    """The gradient updates of the run's first `update` updates: `gradient_steps_per_update` in
+    """The optimizer steps of the run's first `update` updates: `optimizer_steps_per_update` in
     each from the first whose environment steps complete --learning-starts."""
     first_learning = max(1, -(-args.learning_starts // sizes.steps_per_update))
-    return gradient_steps_per_update(args, sizes) * max(0, update + 1 - first_learning)
+    return optimizer_steps_per_update(args, sizes) * max(0, update + 1 - first_learning)
 
 
 class Incoming(NamedTuple):
-    """The rollouts of one update, inserted, the batches of its gradient updates (None before
+    """The rollouts of one update, inserted, the batches of its optimizer steps (None before
     learning starts), the replay's size after them and stats: seconds waiting, inserting and
     sampling."""
 
@@ -691,7 +693,7 @@ class Incoming(NamedTuple):
 
 def receive(update: int, run, replay: ReplayStore, actors, first_update: int) -> Incoming:
     """Takes `update`'s rollouts (`take_rollouts` checks which policy played them), inserts them
-    and samples the batches of its gradient updates."""
+    and samples the batches of its optimizer steps."""
     args = run.args
     sizes = run.sizes
     rollouts, rollout_queue_get_time = handoff.take_rollouts(

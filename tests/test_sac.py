@@ -208,7 +208,7 @@ def test_replay_batches_depend_on_the_seed_the_index_and_the_data_only():
     assert whole.size == 100 and whole.inserted == sum(d.valid.sum() for d in rollouts)
     for name, field, other_field in zip(sac.Batch._fields, whole.items, split.items):
         np.testing.assert_array_equal(field, other_field, err_msg=name)
-    # The batch of gradient update u is the same however the updates are grouped.
+    # The batch of optimizer step u is the same however the updates are grouped.
     together = sac.sample_batches(args, whole, first=5, count=6)
     apart = [
         sac.sample_batches(args, split, first=5, count=2),
@@ -249,7 +249,7 @@ def test_gradient_updates_do_not_depend_on_their_grouping_into_calls():
     second = jax.tree.map(lambda x: x[:, 1:], batches)
     start = replicate(state, devices)
     after_one, _ = update_fn(start, first)
-    # Gradient update 1: the critics and their targets move; the actor and the temperature wait
+    # Optimizer step 1: the critics and their targets move; the actor and the temperature wait
     # for update 2 (--policy-frequency 2), which steps each of them twice.
     unchanged = lambda a, b: all(
         np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
@@ -285,7 +285,7 @@ def test_gradient_updates_do_not_depend_on_their_grouping_into_calls():
 
 MODEL = "cleanba_sac.cleanba_model"
 # Hopper: random actions end episodes (terminations) within a few dozen steps. 4 envs x 16 steps per
-# update, 6 updates; learning starts at the second (128 steps), 32 gradient updates each.
+# update, 6 updates; learning starts at the second (128 steps), 32 optimizer steps each.
 TINY = [
     "--env-id",
     "Hopper-v4",
@@ -583,7 +583,7 @@ def test_evaluation_is_logged_and_summarized(runs):
 
 
 # The same run under two layouts differs by float rounding only. Measured after 6 updates (160
-# gradient updates): 1 vs 2 learner devices, parameters at most 5.6e-7 apart (asserted with ~20x
+# optimizer steps): 1 vs 2 learner devices, parameters at most 5.6e-7 apart (asserted with ~20x
 # margin); 1 actor thread of 4 environments vs 2 of 2, identical. (An actor thread of one
 # environment infers with a matrix-vector product, which rounds otherwise: 1.2e-6 apart.)
 LAYOUT_ATOL = 1e-5
@@ -671,7 +671,7 @@ def test_a_crashing_actor_ends_the_process(tmp_path):
     assert seconds_after_failure(result, time.time()) < PROMPT_EXIT_SECONDS
 
 
-# The second update makes 2,048 gradient updates of 1024-1024 networks (replay ratio 32): about 2
+# The second update makes 2,048 optimizer steps of 1024-1024 networks (replay ratio 32): about 2
 # minutes on 2 CPU cores (16 per second); the first only inserts (learning starts after it).
 LONG_UPDATE = [
     *["--env-id", "Hopper-v4", "--hiddens", 1024, 1024, "--local-num-envs", 1, "--num-steps", 64],
