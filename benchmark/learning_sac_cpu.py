@@ -53,7 +53,6 @@ import os
 import sys
 import time
 
-import envpool
 import jax
 import numpy as np
 
@@ -63,11 +62,11 @@ from cleanba_utils.envs import observation_size
 
 args = sac.parse_args(["--env-id", sys.argv[1]])
 sizes = sac.sizes_of(args, 1)
-spec = envpool.make_spec(args.env_id)
+networks = sac.networks_of(args)
 obs_size = observation_size(args.env_id)
-action_size = spec.action_space.shape[0]
+action_size = len(networks.bounds.scale)
 replay = sac.make_replay(sac.Args(buffer_size=1), obs_size, action_size)
-networks, state, _, _ = sac.init_state(args, sizes, replay)
+state = sac.init_state(args, sizes, networks, replay).learner
 devices = jax.local_devices()[:1]
 update_fn = sac.make_update(args, devices, networks)
 state = replicate(state, devices)

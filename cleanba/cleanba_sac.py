@@ -245,6 +245,15 @@ class Networks(NamedTuple):
     bounds: Bounds
 
 
+def networks_of(args: Args) -> Networks:
+    action_space = envpool.make_spec(args.env_id).action_space
+    return Networks(
+        actor=Actor(args.hiddens, action_space.shape[0]),
+        critic=TwinCritic(args.hiddens),
+        bounds=bounds_of(action_space),
+    )
+
+
 def squashed_gaussian(mean, log_std, noise, bounds: Bounds):
     """a = tanh(u) * scale + bias for u = mean + std * noise, and log pi(a): the Gaussian's of u
     minus log |da/du| = log(scale (1 - tanh(u)^2) + 1e-6, CleanRL's guard), summed over dims."""
@@ -509,18 +518,11 @@ def optimizers_of(args: Args) -> Optimizers:
     return Optimizers(optax.adam(args.policy_lr), optax.adam(args.q_lr), optax.adam(args.alpha_lr))
 
 
-def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
-    """The networks and where the run starts (`kept_lag.Resumed`): the learner state, counters
-    and with --resume the newest checkpoint's parameters, environments and replay (`replay`
-    restored)."""
-    spec = envpool.make_spec(args.env_id)
+def init_state(args: Args, sizes: Sizes, networks: Networks, replay: ReplayStore):
+    """Where the run starts (`kept_lag.Resumed`): the learner state, counters and with --resume the
+    newest checkpoint's parameters, environments and replay (`replay` restored)."""
     obs_size = observation_size(args.env_id)
-    action_size = spec.action_space.shape[0]
-    networks = Networks(
-        actor=Actor(args.hiddens, action_size),
-        critic=TwinCritic(args.hiddens),
-        bounds=bounds_of(spec.action_space),
-    )
+    action_size = len(networks.bounds.scale)
     init_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 0)
     obs = np.zeros((1, obs_size), np.float32)
     actor_params = networks.actor.init(jax.random.fold_in(init_key, 0), obs)
@@ -539,10 +541,9 @@ def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
         alpha_opt_state=optimizers.alpha.init(log_alpha),
         step=np.int32(0),
     )
-    resumed = kept_lag.resume_or_start(
+    return kept_lag.resume_or_start(
         args, sizes, __file__, learner=state, acting_params=actor_params, replay=replay
     )
-    return networks, resumed
 
 
 def make_update(args: Args, learner_devices: list, networks: Networks):
@@ -759,9 +760,9 @@ def train(args: Args):
     sizes = sizes_of(args, jax.process_count())
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
-    spec = envpool.make_spec(args.env_id)
-    replay = make_replay(args, observation_size(args.env_id), spec.action_space.shape[0])
-    networks, resumed = init_state(args, sizes, replay)
+    networks = networks_of(args)
+    replay = make_replay(args, observation_size(args.env_id), len(networks.bounds.scale))
+    resumed = init_state(args, sizes, networks, replay)
     run = open_run(
         args=args,
         sizes=sizes,

@@ -233,8 +233,9 @@ def test_replay_batches_depend_on_the_seed_the_index_and_the_data_only():
 
 def test_gradient_updates_do_not_depend_on_their_grouping_into_calls():
     args = sac.Args(env_id="Hopper-v4", hiddens=(8,), batch_size=8, buffer_size=64)
-    networks, resumed = sac.init_state(args, sac.sizes_of(args, 1), sac.make_replay(args, 11, 3))
-    state = resumed.learner
+    networks = sac.networks_of(args)
+    replay = sac.make_replay(args, 11, 3)
+    state = sac.init_state(args, sac.sizes_of(args, 1), networks, replay).learner
     devices = jax.local_devices()[:1]
     update_fn = sac.make_update(args, devices, networks)
     rng = np.random.default_rng(0)
@@ -275,8 +276,8 @@ def test_gradient_updates_do_not_depend_on_their_grouping_into_calls():
     assert set(metrics) >= {"qf_loss", "qf1_values", "actor_loss", "alpha", "alpha_loss"}
     # --no-autotune: the temperature stays at --alpha.
     fixed = dataclasses.replace(args, autotune=False, alpha=0.2)
-    networks, resumed = sac.init_state(fixed, sac.sizes_of(fixed, 1), sac.make_replay(fixed, 11, 3))
-    state = resumed.learner
+    replay = sac.make_replay(fixed, 11, 3)
+    state = sac.init_state(fixed, sac.sizes_of(fixed, 1), networks, replay).learner
     after, metrics = sac.make_update(fixed, devices, networks)(replicate(state, devices), batches)
     np.testing.assert_allclose(np.exp(after.log_alpha[0]), 0.2, rtol=1e-6)
     assert int(after.alpha_opt_state[0].count[0]) == 0 and float(metrics["alpha_loss"][0]) == 0.0
