@@ -189,18 +189,18 @@ def agree_on_update(run_dir: str, update: int):
         )
 
 
-def resume_from(run_dir: str, state, identity: dict, args, script_path: str):
+def resume_from(run_dir: str, state, identity: dict, record: dict):
     """(state, counters) of the newest checkpoint whose checksum holds, or None when there is none;
     `state` is an unreplicated template of the saved state. Refuses (exit 2) a checkpoint of another
-    experiment: another script, an option outside `run_args.RESUMABLE_CHANGES`, or another
-    `identity` (the global sizes, the seed); resuming it would silently change the experiment.
-    Every process of a multi-process run must find the same update."""
+    experiment: another script or an option outside `run_args.RESUMABLE_CHANGES` than `record`
+    (`options_record`), or another `identity` (the global sizes, the seed); resuming it would
+    silently change the experiment. Every process of a multi-process run must find the same
+    update."""
     newest = newest_checkpoint(run_dir)
     if jax.process_count() > 1:
         agree_on_update(run_dir, newest[1]["counters"]["update"] if newest else 0)
     if newest is None:
         return None
     path, saved = newest
-    record = options_record(args, script_path)
     refuse_another_experiment(run_dir, saved["counters"], identity, record)
     return restored_state(path, state, saved["state"]), saved["counters"]

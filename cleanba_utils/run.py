@@ -670,7 +670,7 @@ def open_run(
         writer=writer,
         evaluate=evaluate,
         model_card=model_card,
-        counters=counters | {OPTIONS_RECORD: options_record(args, script_path)},
+        counters=counters,
         stop_agreed=stop_agreed,
         evaluations=evaluations,
         checkpointing=checkpointing,
@@ -760,13 +760,16 @@ def resume_or_start(args, template, identity: dict, script_path: str) -> tuple:
     whose checksum holds, restored into the structure of `template` (`checkpoints.resume_from`,
     which refuses another experiment's with one line); otherwise, or where the run has written no
     checkpoint yet, None. `counters`: the update done (0 for a fresh start), the wall time before
-    the resume, and `identity` (the global sizes and the seed, and what else the script adds),
-    which a resume must match: what a script hands to `open_run`."""
+    the resume, `identity` (the global sizes and the seed, and what else the script adds) and the
+    record of the script and its options (`checkpoints.options_record`), which a resume must
+    match: what a script hands to `open_run`."""
+    record = options_record(args, script_path)
     checkpoint = None
     if args.resume:
-        checkpoint = resume_from(run_dir_of(args), template, identity, args, script_path)
+        checkpoint = resume_from(run_dir_of(args), template, identity, record)
     saved, counters = checkpoint or (None, dict(update=0, wall_time_s=0.0))
-    return saved, dict(update=counters["update"], wall_time_s=counters["wall_time_s"], **identity)
+    kept = dict(update=counters["update"], wall_time_s=counters["wall_time_s"], **identity)
+    return saved, kept | {OPTIONS_RECORD: record}
 
 
 @dataclasses.dataclass

@@ -246,10 +246,10 @@ def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, capsys):
     counters = dict(update=1, seed=1, options=record)
     checkpoints.save_checkpoint(str(tmp_path), replicated_state(1.0)[1], counters)
     template = replicated_state(0.0)[1]
-    resumed = checkpoints.resume_from(str(tmp_path), template, dict(seed=1), Options(), "script.py")
+    resumed = checkpoints.resume_from(str(tmp_path), template, dict(seed=1), record)
     assert resumed[1]["update"] == 1
     with pytest.raises(SystemExit) as exit_:
-        checkpoints.resume_from(str(tmp_path), template, dict(seed=2), Options(), "script.py")
+        checkpoints.resume_from(str(tmp_path), template, dict(seed=2), record)
     assert exit_.value.code == 2 and "of another experiment" in capsys.readouterr().err
 
 
