@@ -571,7 +571,7 @@ class LearnerState(struct.PyTreeNode):
 
 
 def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
-    """The networks and where the run starts (`kept_lag.Resumed`), with --resume the replay
+    """The networks and where the run starts (`kept_lag.Origin`), with --resume the replay
     restored where the checkpoint holds it."""
     spaces = spaces_of(args.env_id)
     networks = networks_of(args, spaces)
@@ -590,7 +590,7 @@ def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
         ),
         target_params={"actor": actor_params, "critic": critic_params},
     )
-    resumed = kept_lag.resume_or_start(
+    origin = kept_lag.run_origin(
         args,
         sizes,
         __file__,
@@ -600,7 +600,7 @@ def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
         replay=replay,
         save_replay=args.checkpoint_replay,
     )
-    return networks, resumed
+    return networks, origin
 
 
 def make_update(args: Args, learner_devices):
@@ -683,14 +683,13 @@ class Learner(NamedTuple):
     tail: Steps | None = None
 
 
-def first_learner(resumed: kept_lag.Resumed, learner_devices: list) -> Learner:
+def first_learner(origin: kept_lag.Origin, learner_devices: list) -> Learner:
     """The learner before the session's first update (with a resumed run's pending priorities)."""
-    pending = None
-    if resumed.pending is not None and len(resumed.pending.slots):
-        td = replicate(resumed.pending.td, learner_devices)
-        pending = resumed.pending._replace(inserted=int(resumed.pending.inserted), td=td)
-    replicated = replicate(resumed.learner, learner_devices)
-    steps = int(resumed.learner.critic.step)
+    pending = origin.pending
+    if pending is not None:
+        pending = pending._replace(td=replicate(pending.td, learner_devices))
+    replicated = replicate(origin.learner, learner_devices)
+    steps = int(origin.learner.critic.step)
     return Learner(state=replicated, optimizer_steps=steps, pending=pending)
 
 
@@ -700,7 +699,7 @@ def model_params(state: LearnerState) -> dict:
 
 
 def update_learner(
-    args, run, actors, first_update, jobs, replay, update_fn, sample, learner, update
+    args, sizes, run, actors, first_update, jobs, replay, update_fn, sample, learner, update
 ):
     """Takes the rollouts of `update` (`take_rollouts` checks which policy played them) and inserts
     them into the replay; once it holds --learning-starts transitions, makes --updates-per-rollout
@@ -741,8 +740,8 @@ def update_learner(
         steps = learner.optimizer_steps + args.updates_per_rollout
         learner = learner._replace(optimizer_steps=steps)
     learn_time = time.time() - learn_start
-    num_envs = run.sizes.num_envs
-    stds = noise_stds_of(np.arange(num_envs), num_envs, args.noise_std, args.noise_alpha)
+    every_env = np.arange(sizes.num_envs)
+    stds = noise_stds_of(every_env, sizes.num_envs, args.noise_std, args.noise_alpha)
     learned = learner.learned
     stats = dict(
         insert_time=insert_time,
@@ -770,21 +769,21 @@ def train(args: Args):
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
     replay = make_replay(args, spaces_of(args.env_id))
-    networks, resumed = init_state(args, sizes, replay)
+    networks, origin = init_state(args, sizes, replay)
     run = open_run(
         args=args,
         sizes=sizes,
         script_path=__file__,
-        counters=resumed.counters,
+        counters=origin.counters,
         global_learner_devices=global_learner_devices,
         evaluate=evaluate,
         model_card=MODEL_CARD,
-        checkpointing=resumed.checkpointing,
+        checkpointing=origin.checkpointing,
     )
-    learner = first_learner(resumed, learner_devices)
+    learner = first_learner(origin, learner_devices)
     run.evaluate_untrained(lambda: model_params(learner.state))
     update_fn = make_update(args, global_learner_devices)
-    first_update = resumed.counters["update"] + 1
+    first_update = origin.counters["update"] + 1
     actors = handoff.start_actor_threads(
         actor_thread,
         [jax.local_devices()[i] for i in args.actor_device_ids],
@@ -793,13 +792,14 @@ def train(args: Args):
         sizes=sizes,
         networks=networks,
         first_update=first_update,
-        env_record=resumed.env_record,
-        tails=resumed.own,
+        env_record=origin.env_record,
+        tails=origin.own,
     )
     jobs = BackgroundJobs("replay", run.stop, run.failures)
     learn_update = functools.partial(
         update_learner,
         args,
+        sizes,
         run=run,
         actors=actors,
         first_update=first_update,
@@ -812,7 +812,7 @@ def train(args: Args):
         handoff.send_first_params(
             actors,
             params=first_replica(learner.state.params()),
-            acting_params=resumed.acting_params,
+            acting_params=origin.acting_params,
             first_update=first_update,
             num_updates=sizes.num_updates,
             concurrency=args.concurrency,

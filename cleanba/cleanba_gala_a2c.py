@@ -796,10 +796,9 @@ def log_distances(run, global_step: int, consensus, agent_steps: list):
         log_agents(run, global_step, {agent: dict(consensus_distance=distance, steps=steps)})
 
 
-def train_sync(args: Args, run, network, state):
+def train_sync(args: Args, sizes: Sizes, run, network, state):
     """All agents in lock step, one update over their devices. Returns the consensus average and the
     updates done."""
-    sizes = run.sizes
     agent_devices, global_devices = agent_devices_of(args)
     sharding = agents_sharding(global_devices)
     state = sharded(state, sharding)
@@ -931,10 +930,9 @@ def agent_learner(
         mailboxes[peer].close(agent)
 
 
-def train_async(args: Args, run, network, state):
+def train_async(args: Args, sizes: Sizes, run, network, state):
     """A learner thread per agent; the main thread measures the consensus after every n updates of
     all agents."""
-    sizes = run.sizes
     agent_devices = agent_devices_of(args).local
     board = Board(params=[None] * args.num_agents, updates=[0] * args.num_agents, started=[])
     mailboxes = [Mailbox() for _ in range(args.num_agents)]
@@ -1010,7 +1008,7 @@ def train(args: Args):
     )
     run.evaluate_untrained(lambda: jax.tree.map(lambda x: x.mean(0), state.params))
     train_agents = train_async if args.gossip == "async" else train_sync
-    consensus_params, update = train_agents(args, run, network, state)
+    consensus_params, update = train_agents(args, sizes, run, network, state)
     # Each agent has made one optimizer step per update.
     run.finish(consensus_params, update, optimizer_steps=update)
 

@@ -552,7 +552,7 @@ class LearnerState(TrainState):
 
 
 def init_state(args: Args, sizes: Sizes):
-    """The network and where the run starts (`kept_lag.Resumed`): the learner state and counters,
+    """The network and where the run starts (`kept_lag.Origin`): the learner state and counters,
     and with --resume the newest checkpoint's policy and environments."""
     probe_env = make_env(args, args.seed, 1)
     obs_dim = flat_observation(probe_env.reset()[0]).shape[1]
@@ -574,7 +574,7 @@ def init_state(args: Args, sizes: Sizes):
         normalizer=initial_normalizer(obs_dim),
     )
     acting_policy = Policy(params=params, normalizer=state.normalizer)
-    return network, kept_lag.resume_or_start(args, sizes, __file__, state, acting_policy)
+    return network, kept_lag.run_origin(args, sizes, __file__, state, acting_policy)
 
 
 def take_steps(x, steps):
@@ -698,21 +698,21 @@ def train(args: Args):
     sizes = sizes_of(args, jax.process_count())
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
-    network, resumed = init_state(args, sizes)
+    network, origin = init_state(args, sizes)
     run = open_run(
         args=args,
         sizes=sizes,
         script_path=__file__,
-        counters=resumed.counters,
+        counters=origin.counters,
         global_learner_devices=global_learner_devices,
         evaluate=evaluate,
         model_card=MODEL_CARD,
-        checkpointing=resumed.checkpointing,
+        checkpointing=origin.checkpointing,
     )
-    state = replicate(resumed.learner, learner_devices)
+    state = replicate(origin.learner, learner_devices)
     run.evaluate_untrained(lambda: model_policy(state))
     update_fn = make_update(args, global_learner_devices)
-    first_update = resumed.counters["update"] + 1
+    first_update = origin.counters["update"] + 1
     actors = start_actor_threads(
         actor_thread,
         [jax.local_devices()[i] for i in args.actor_device_ids],
@@ -722,13 +722,13 @@ def train(args: Args):
         network=network,
         first_update=first_update,
         learner_devices=learner_devices,
-        env_record=resumed.env_record,
+        env_record=origin.env_record,
     )
     with run.learner_loop(actors.threads) as end:
         send_first_params(
             actors,
             host_policy(state),
-            acting_params=resumed.acting_params,
+            acting_params=origin.acting_params,
             first_update=first_update,
             num_updates=sizes.num_updates,
             concurrency=args.concurrency,

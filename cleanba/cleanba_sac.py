@@ -519,7 +519,7 @@ def optimizers_of(args: Args) -> Optimizers:
 
 
 def init_state(args: Args, sizes: Sizes, networks: Networks, replay: ReplayStore):
-    """Where the run starts (`kept_lag.Resumed`): the learner state, counters and with --resume the
+    """Where the run starts (`kept_lag.Origin`): the learner state, counters and with --resume the
     newest checkpoint's parameters, environments and replay (`replay` restored)."""
     obs_size = observation_size(args.env_id)
     action_size = len(networks.bounds.scale)
@@ -541,7 +541,7 @@ def init_state(args: Args, sizes: Sizes, networks: Networks, replay: ReplayStore
         alpha_opt_state=optimizers.alpha.init(log_alpha),
         step=np.int32(0),
     )
-    return kept_lag.resume_or_start(
+    return kept_lag.run_origin(
         args, sizes, __file__, learner=state, acting_params=actor_params, replay=replay
     )
 
@@ -692,11 +692,9 @@ class Incoming(NamedTuple):
     stats: dict
 
 
-def receive(update: int, run, replay: ReplayStore, actors, first_update: int) -> Incoming:
+def receive(args, sizes, update: int, run, replay: ReplayStore, actors, first_update) -> Incoming:
     """Takes `update`'s rollouts (`take_rollouts` checks which policy played them), inserts them
     and samples the batches of its optimizer steps."""
-    args = run.args
-    sizes = run.sizes
     rollouts, rollout_queue_get_time = handoff.take_rollouts(
         actors.rollout_queues,
         update=update,
@@ -731,7 +729,7 @@ def receive(update: int, run, replay: ReplayStore, actors, first_update: int) ->
     )
 
 
-def log_update(run, update: int, current: Incoming, metrics, learn_time: float):
+def log_update(args, sizes, run, update: int, current: Incoming, metrics, learn_time: float):
     """`Run.log_update` with the replay's size and the seconds of insertion, sampling and learning
     (until the parameters are ready, a checkpoint included; with --concurrency the next update's
     receive overlaps it). `metrics`: the last learning update's (None before)."""
@@ -740,7 +738,7 @@ def log_update(run, update: int, current: Incoming, metrics, learn_time: float):
         rollouts=current.rollouts,
         metrics=metrics,
         learner_stats=dict(current.stats, learn_time=learn_time),
-        optimizer_steps=optimizer_steps_after(run.args, run.sizes, update),
+        optimizer_steps=optimizer_steps_after(args, sizes, update),
         replay_size=current.replay_size,
     )
 
@@ -762,21 +760,21 @@ def train(args: Args):
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
     networks = networks_of(args)
     replay = make_replay(args, observation_size(args.env_id), len(networks.bounds.scale))
-    resumed = init_state(args, sizes, networks, replay)
+    origin = init_state(args, sizes, networks, replay)
     run = open_run(
         args=args,
         sizes=sizes,
         script_path=__file__,
-        counters=resumed.counters,
+        counters=origin.counters,
         global_learner_devices=global_learner_devices,
         evaluate=evaluate,
         model_card=MODEL_CARD,
-        checkpointing=resumed.checkpointing,
+        checkpointing=origin.checkpointing,
     )
-    state = replicate(resumed.learner, learner_devices)
+    state = replicate(origin.learner, learner_devices)
     run.evaluate_untrained(lambda: model_params(state))
     update_fn = make_update(args, global_learner_devices, networks)
-    first_update = resumed.counters["update"] + 1
+    first_update = origin.counters["update"] + 1
     actors = handoff.start_actor_threads(
         actor_thread,
         [jax.local_devices()[i] for i in args.actor_device_ids],
@@ -785,10 +783,10 @@ def train(args: Args):
         sizes=sizes,
         networks=networks,
         first_update=first_update,
-        env_record=resumed.env_record,
+        env_record=origin.env_record,
     )
     receive_update = functools.partial(
-        receive, run=run, replay=replay, actors=actors, first_update=first_update
+        receive, args, sizes, run=run, replay=replay, actors=actors, first_update=first_update
     )
     metrics = None
     incoming = None
@@ -796,7 +794,7 @@ def train(args: Args):
         handoff.send_first_params(
             actors,
             first_replica(state.actor_params),
-            acting_params=resumed.acting_params,
+            acting_params=origin.acting_params,
             first_update=first_update,
             num_updates=sizes.num_updates,
             concurrency=args.concurrency,
@@ -817,7 +815,15 @@ def train(args: Args):
                 incoming = receive_update(update + 1)
             jax.block_until_ready(state)
             learn_time = time.time() - learn_start
-            log_update(run, update=update, current=current, metrics=metrics, learn_time=learn_time)
+            log_update(
+                args,
+                sizes,
+                run=run,
+                update=update,
+                current=current,
+                metrics=metrics,
+                learn_time=learn_time,
+            )
             if run.evaluation_due(update):
                 optimizer_steps = optimizer_steps_after(args, sizes, update)
                 run.evaluate_and_log(update, model_params(state), optimizer_steps)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from cleanba_utils.errors import fail
 
 DETERMINISTIC_OPS_FLAG = "--xla_gpu_deterministic_ops"
-OPT_OUT = "--nondeterministic-gpu-ops"
+GPU_OPT_OUT = "--nondeterministic-gpu-ops"
 NVIDIA_SMI = "nvidia-smi"
 """The command that lists the machine's NVIDIA GPUs (`-L`), found on PATH."""
 CUDA_PLUGINS = ("jax-cuda13-plugin", "jax-cuda12-plugin")
@@ -94,13 +94,13 @@ def request_deterministic_ops(nondeterministic: bool, environ=os.environ):
     if given is not None and given != wanted:
         if nondeterministic:
             fail(
-                f"{OPT_OUT} asks for nondeterministic GPU operations, but XLA_FLAGS sets "
+                f"{GPU_OPT_OUT} asks for nondeterministic GPU operations, but XLA_FLAGS sets "
                 f"{DETERMINISTIC_OPS_FLAG}={given}; remove one of the two"
             )
         fail(
             f"XLA_FLAGS sets {DETERMINISTIC_OPS_FLAG}={given}; runs use deterministic GPU "
-            f"operations unless {OPT_OUT} is given: remove the flag from XLA_FLAGS and pass "
-            f"{OPT_OUT} for faster, unrepeatable runs"
+            f"operations unless {GPU_OPT_OUT} is given: remove the flag from XLA_FLAGS and pass "
+            f"{GPU_OPT_OUT} for faster, unrepeatable runs"
         )
     requested = xla_flags
     if given is None and not nondeterministic:
@@ -117,7 +117,7 @@ def check_opt_out(args, backend: str):
     would have no effect)."""
     if args.nondeterministic_gpu_ops and backend != "gpu":
         fail(
-            f"{OPT_OUT} has no effect here: it acts only on a GPU, and JAX runs on the "
+            f"{GPU_OPT_OUT} has no effect here: it acts only on a GPU, and JAX runs on the "
             f"{backend}; leave it out"
         )
 
@@ -151,9 +151,9 @@ def backend_note(args, backend: str) -> str:
     JAX_PLATFORMS chose the CPU), why the GPU is unused and what to do."""
     if backend == "gpu":
         if args.nondeterministic_gpu_ops:
-            return f" with nondeterministic operations ({OPT_OUT}: another result each run)"
+            return f" with nondeterministic operations ({GPU_OPT_OUT}: another result each run)"
         return (
-            f" with deterministic operations (the same result each run; {OPT_OUT} trades that "
+            f" with deterministic operations (the same result each run; {GPU_OPT_OUT} trades that "
             "for speed)"
         )
     if backend != "cpu" or os.environ.get("JAX_PLATFORMS"):

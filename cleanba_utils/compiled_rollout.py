@@ -8,7 +8,7 @@ The script gives its policy's step, `act(params, obs, env_ids, step, step_input)
 outputs)`: the actions the environments receive and its own per-step outputs (a NamedTuple: the
 sampled actions, log-probabilities, values…), `env_ids` the environments' global indices (NumPy,
 a constant of the program) and `step` the policy step of the run (0, 1, …). It gets back the
-rollout as `Played`, its `Steps` env-major (envs, steps, ...).
+rollout as `CompiledPlay`, its `Steps` env-major (envs, steps, ...).
 
 Made and called with 64-bit types on (`jax.enable_x64`, for the calling thread only): envpool's
 MuJoCo and dm_control tasks take float64 actions and give float64 observations and rewards; every
@@ -48,7 +48,7 @@ class Steps(NamedTuple):
     next episode's first observation"""
 
 
-class Played(NamedTuple):
+class CompiledPlay(NamedTuple):
     """One rollout of an actor thread's environments."""
 
     steps: Steps
@@ -80,7 +80,7 @@ class CompiledRollout:
     num_envs: int
     """the run's environments (global steps count them)"""
 
-    def play(self, params, update: int, step_inputs=None) -> Played:
+    def play(self, params, update: int, step_inputs=None) -> CompiledPlay:
         """The rollout of `update` with `params`, its steps' policy steps (update - 1) x
         --num-steps onwards; `step_inputs` (steps, ...) are what `act` takes at each step (SAC:
         whether it acts at random), or None."""
@@ -112,7 +112,7 @@ class CompiledRollout:
             truncations=env_major(truncations),
             is_reset=env_major(is_reset),
         )
-        return Played(
+        return CompiledPlay(
             steps=steps,
             next_obs=self.next_obs,
             after_last=after_last,

@@ -15,7 +15,7 @@ import sys
 
 TUNABLE = "glibc.malloc.hugetlb=1"
 THP_MODE_FILE = "/sys/kernel/mm/transparent_hugepage/enabled"
-OPT_OUT = "CLEANBA_NO_HUGE_PAGES"
+NO_HUGE_PAGES_VARIABLE = "CLEANBA_NO_HUGE_PAGES"
 """Set to 1 to run without the restart (e.g. under a debugger that does not follow exec)."""
 
 
@@ -43,7 +43,7 @@ def restart_with_huge_pages():
     tunable added to GLIBC_TUNABLES, where it helps and is not set yet; otherwise returns."""
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     if (
-        os.environ.get(OPT_OUT) == "1"
+        os.environ.get(NO_HUGE_PAGES_VARIABLE) == "1"
         or "glibc.malloc.hugetlb" in tunables
         or sys.platform != "linux"
         or sys.gettrace() is not None

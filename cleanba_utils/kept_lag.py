@@ -5,9 +5,9 @@ actors' next rollout), every environment's record (its resets and its current ep
 `env_records`, from which `compiled_rollout.start` brings the environments back), the replay with
 its priorities not yet written, and what else is the script's own (Ape-X DPG's n-step tails).
 
-A script gives `resume_or_start` the templates of its learner state, its acting parameters and its
-own part, and gets back where the run starts (`Resumed`); at the end of each update it hands
-`Run.after_update` a `KeptLag`, whose host copy (`Resumed.checkpointing`) is the checkpoint."""
+A script gives `run_origin` the templates of its learner state, its acting parameters and its
+own part, and gets back where the run starts (`Origin`); at the end of each update it hands
+`Run.after_update` a `KeptLag`, whose host copy (`Origin.checkpointing`) is the checkpoint."""
 
 import dataclasses
 import functools
@@ -59,7 +59,7 @@ def on_host(kept: KeptLag, replay: ReplayStore | None, empty_replay: dict) -> Ke
     )
 
 
-class Resumed(NamedTuple):
+class Origin(NamedTuple):
     """Where a "keep_lag" run starts: from scratch (the None fields) or from its newest
     checkpoint."""
 
@@ -72,14 +72,14 @@ class Resumed(NamedTuple):
     env_record: EnvRecord | None
     """every environment's record, which the actor threads continue from, or None"""
     pending: PendingPriorities | None
-    """the checkpoint's pending priorities (`NO_PENDING`: none), or None"""
+    """the checkpoint's pending priorities, their TD errors on the host, or None (none pending)"""
     own: Any
     """the script's own part, or None"""
     checkpointing: Checkpointing
     """how `Run` makes a checkpoint of a `KeptLag` (`open_run`'s `checkpointing`)"""
 
 
-def resume_or_start(
+def run_origin(
     args,
     sizes,
     script_path: str,
@@ -88,7 +88,7 @@ def resume_or_start(
     own=(),
     replay: ReplayStore | None = None,
     save_replay: bool = True,
-) -> Resumed:
+) -> Origin:
     """With --resume and a checkpoint, the run's state at it, the replay restored; else a fresh
     start. `learner`, `acting_params` and `own` are templates of the saved structure (the fresh
     run's values); the checkpoint holds the replay where `save_replay`. A resume must match the
@@ -111,15 +111,18 @@ def resume_or_start(
         host_copy=host_copy, frozen_by=() if replay is None else (replay.lock,)
     )
     if saved is None:
-        return Resumed(learner, counters, None, None, None, None, checkpointing)
+        return Origin(learner, counters, None, None, None, None, checkpointing)
     if replay is not None:
         replay.restore(saved.replay)
-    return Resumed(
+    pending = None
+    if len(saved.pending.slots):
+        pending = saved.pending._replace(inserted=int(saved.pending.inserted))
+    return Origin(
         learner=saved.learner,
         counters=counters,
         acting_params=saved.acting_params,
         env_record=saved.env_record,
-        pending=saved.pending,
+        pending=pending,
         own=saved.own,
         checkpointing=checkpointing,
     )

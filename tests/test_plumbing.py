@@ -649,7 +649,7 @@ def test_a_script_restarts_once_with_huge_pages_unless_told_not_to(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(HUGE_PAGES_PROBE)
     env = dict(os.environ, GLIBC_TUNABLES="glibc.malloc.check=0")
-    env.pop(huge_pages.OPT_OUT, None)
+    env.pop(huge_pages.NO_HUGE_PAGES_VARIABLE, None)
     command = [sys.executable, "-u", str(probe), "a b", "--c"]
     lines = subprocess.run(command, env=env, capture_output=True, text=True).stdout.splitlines()
     pid = lines[0].split()[0]
@@ -657,7 +657,7 @@ def test_a_script_restarts_once_with_huge_pages_unless_told_not_to(tmp_path):
         f"{pid} glibc.malloc.check=0 ['a b', '--c']",
         f"{pid} glibc.malloc.check=0:{huge_pages.TUNABLE} ['a b', '--c']",
     ]
-    env[huge_pages.OPT_OUT] = "1"
+    env[huge_pages.NO_HUGE_PAGES_VARIABLE] = "1"
     lines = subprocess.run(command, env=env, capture_output=True, text=True).stdout.splitlines()
     assert len(lines) == 1
 

@@ -272,7 +272,7 @@ def test_the_baseline_in_a_scripts_environments_is_cached_beside_the_published_s
     assert measured.standard_error == pytest.approx(math.sqrt(7 / 3))
     assert measured.published_score == 1.7
     assert "3 episodes in cleanba_ppo.py's environments" in measured.source
-    line = rb.describe("Breakout-v5", measured)
+    line = rb.baseline_line("Breakout-v5", measured)
     assert line.endswith("; published Atari random score 1.7")
     cached = rb.under_script("Breakout-v5", script("cleanba_ppo.py"), 3, tmp_path, never)
     assert cached.mean == 3.0 and cached.published_score == 1.7 and "read from" in cached.source
@@ -283,7 +283,7 @@ def test_the_baseline_in_a_scripts_environments_is_cached_beside_the_published_s
     assert len(calls) == 3
     other_task = rb.under_script("CartPole-v1", script("cleanba_ppo.py"), 3, None, play)
     assert math.isnan(other_task.published_score)
-    assert "published" not in rb.describe("CartPole-v1", other_task)
+    assert "published" not in rb.baseline_line("CartPole-v1", other_task)
 
 
 def test_training_commands_name_their_script(tmp_path):

@@ -471,7 +471,7 @@ def slm_lines(env_id, baseline, results, trials, graphs):
 
 def slm_section(env_id, by_trial, baseline, trials, title, out_dir):
     """(TrialResults, report lines) of one env; writes the session CSVs and the graphs."""
-    results = slm_report.analyze_env(env_id, by_trial, baseline.mean, out_dir)
+    results = slm_report.trial_results_of_env(env_id, by_trial, baseline.mean, out_dir)
     params = {trial.number: trial.params for trial in trials}
     env_name = slm_report.safe_name(env_id)
     graphs = [(f"experiment_graph_{env_name}.png", f"experiment graph on {env_id}")]

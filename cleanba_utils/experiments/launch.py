@@ -307,7 +307,7 @@ def stop(processes):
     second Ctrl-C."""
     for process in processes:
         search.signal_group(process, signal.SIGTERM)
-    deadline = time.monotonic() + search.STOP_GRACE_SECONDS
+    deadline = time.monotonic() + search.TRIAL_STOP_GRACE_SECONDS
     try:
         for process in processes:
             process.wait(timeout=max(0.0, deadline - time.monotonic()))

@@ -281,7 +281,7 @@ def under_script(
     return measured
 
 
-def describe(env_id: str, baseline: RandomBaseline) -> str:
+def baseline_line(env_id: str, baseline: RandomBaseline) -> str:
     """One line: the baseline, its spread, where it came from, and the published score beside a
     measured one."""
     line = (
@@ -324,7 +324,7 @@ def main(argv=None):
             else:
                 episodes = args.episodes or SCRIPT_EPISODES
                 baseline = under_script(env_id, script, episodes, args.cache_dir)
-            print(describe(env_id, baseline))
+            print(baseline_line(env_id, baseline))
     except ValueError as error:
         parser.error(str(error))
 

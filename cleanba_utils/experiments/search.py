@@ -41,7 +41,8 @@ WORKER_POLL_SECONDS = 1.0
 EVENTS_SECONDS = 5.0  # how often the runs' event files are read
 HEARTBEAT_SECONDS = 30.0
 STALE_SECONDS = 300.0  # a running trial whose worker was silent this long is handed back
-STOP_GRACE_SECONDS = 60.0  # time a stopped run gets to save its checkpoint before it is killed
+# The time a stopped trial's run gets to save its checkpoint before it is killed.
+TRIAL_STOP_GRACE_SECONDS = 60.0
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -314,7 +315,7 @@ class Worker:
                     del active.processes[run_name]
             if (
                 active.stopping_since is not None
-                and now - active.stopping_since > STOP_GRACE_SECONDS
+                and now - active.stopping_since > TRIAL_STOP_GRACE_SECONDS
             ):
                 for process in active.processes.values():
                     signal_group(process, signal.SIGKILL)
@@ -361,7 +362,7 @@ class Worker:
             for active in self.active:
                 for process in active.processes.values():
                     try:
-                        process.wait(timeout=STOP_GRACE_SECONDS)
+                        process.wait(timeout=TRIAL_STOP_GRACE_SECONDS)
                     except subprocess.TimeoutExpired:
                         signal_group(process, signal.SIGKILL)
                 hand_back(

@@ -101,7 +101,7 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", text)
 
 
-def analyze_env(env_id: str, by_trial: dict, random_return: float, out_dir: Path) -> dict:
+def trial_results_of_env(env_id: str, by_trial: dict, random_return: float, out_dir: Path) -> dict:
     """{trial number: TrialResult} of the trials in `by_trial` ({number: [RunSeries]}); writes
     each session's series to out_dir/sessions/<run name>.csv."""
     results = {}

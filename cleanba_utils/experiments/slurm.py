@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-POLL_SECONDS = 2
+SQUEUE_POLL_SECONDS = 2
 
 SLURM_DEFAULTS = {
     "slurm_gpus_per_task": 1,
@@ -190,7 +190,7 @@ def wait_for_array(job_id: str | None, run_names: list, log_dir: str) -> dict:
             print(f"[{len(exit_codes)}/{len(run_names)}] exit {exit_codes[run_name]}: {run_name}")
         if listed is not None and not any(f"{job_id}_" in task for task in listed):
             break
-        time.sleep(POLL_SECONDS)
+        time.sleep(SQUEUE_POLL_SECONDS)
     for run_name in run_names:
         exit_codes.setdefault(run_name, -1)
     return exit_codes
