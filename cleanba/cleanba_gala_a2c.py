@@ -1004,7 +1004,7 @@ def train(args: Args):
         global_learner_devices=agent_devices_of(args).every,
         evaluate=evaluate,
         model_card=MODEL_CARD,
-        checkpointing=Checkpointing(host_copy=gathered_agents, collective=True),
+        checkpointing=Checkpointing(on_host=gathered_agents, collective=True),
     )
     run.evaluate_untrained(lambda: jax.tree.map(lambda x: x.mean(0), state.params))
     train_agents = train_async if args.gossip == "async" else train_sync

@@ -27,12 +27,12 @@ class Checkpointing(NamedTuple):
     """How a run's checkpoint is made of what `Run.after_update` gets (`open_run`'s
     `checkpointing`)."""
 
-    host_copy: Callable = first_replica
+    on_host: Callable = first_replica
     """what the checkpoint saves of it: by default the first replica, where the learner devices hold
     copies of one state; GALA, whose devices hold different agents, gathers them (on every process:
-    a collective); a "keep_lag" script's (`kept_lag.checkpointing`) assembles the replay too"""
+    a collective); a "keep_lag" script's (`kept_lag.run_origin`) adds the replay at its mark"""
     collective: bool = False
-    """True where `host_copy` is a collective of the processes, which a stop in the middle of an
+    """True where `on_host` is a collective of the processes, which a stop in the middle of an
     update cannot make: a distributed run then keeps its newest checkpoint"""
     frozen_by: tuple = ()
     """locks of what the learner changes on the host (the replay): a stop in the middle of an
@@ -44,7 +44,7 @@ FIRST_REPLICA = Checkpointing()
 
 
 def save_checkpoint(run_dir: str, state, counters: dict, keep: int = 2):
-    """Saves `state` (the host copy of the learner's, `Checkpointing.host_copy`) with `counters`
+    """Saves `state` (the host copy of the learner's, `Checkpointing.on_host`) with `counters`
     (which hold "update"); keeps the newest `keep` files. A file that cannot be written raises an
     OSError that names it, the older files intact and no temporary file left."""
     saved_state = flax.serialization.to_state_dict(jax.device_get(state))

@@ -104,11 +104,11 @@ def run_origin(
     )
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
     saved, counters = run.resume_or_start(args, template, identity, script_path)
-    host_copy = functools.partial(
+    saved_on_host = functools.partial(
         on_host, replay=replay if save_replay else None, empty_replay=empty_replay
     )
     checkpointing = Checkpointing(
-        host_copy=host_copy, frozen_by=() if replay is None else (replay.lock,)
+        on_host=saved_on_host, frozen_by=() if replay is None else (replay.lock,)
     )
     if saved is None:
         return Origin(learner, counters, None, None, None, None, checkpointing)

@@ -197,7 +197,7 @@ class Run:
 
     def checkpoint(self, state, update: int):
         """Call with `checkpoint_lock` held."""
-        state = self.checkpointing.host_copy(state)
+        state = self.checkpointing.on_host(state)
         if self.is_main:
             counters = {**self.counters, "update": update, "wall_time_s": self.wall_time()}
             try:

@@ -62,3 +62,20 @@ def test_the_names_the_suite_replaces_are_module_names_named_on_the_page(name):
     assert f"script.{name} = " in tests, f"the suite no longer replaces {name}: drop it"
     for module in modules():
         assert callable(getattr(module, name)), (module.__name__, name)
+
+
+def test_the_keep_lag_scripts_leave_their_resume_to_the_library():
+    """SAC, continuous PPO and Ape-X DPG resume bit for bit through `kept_lag` and
+    `compiled_rollout`: none builds its checkpoint's host copy or records its environments
+    itself."""
+    own_plumbing = ["host_copy", "saved_of", "Checkpointable", "record_step", "fast_forward"]
+    keep_lag = [m for m in modules() if getattr(m, "ON_RESUME", None) == "keep_lag"]
+    assert sorted(m.__name__ for m in keep_lag) == [
+        "cleanba.cleanba_apex_dpg",
+        "cleanba.cleanba_ppo_continuous",
+        "cleanba.cleanba_sac",
+    ]
+    for module in keep_lag:
+        source = (REPO / module.__file__).read_text()
+        assert "kept_lag.run_origin(" in source and "compiled_rollout.start(" in source
+        assert [name for name in own_plumbing if name in source] == [], module.__name__
