@@ -735,6 +735,7 @@ def update_learner(
             sample=sample,
             first_step=learner.optimizer_steps,
             pending=learner.pending,
+            steps_per_call=args.steps_per_call,
         )
         learner = learner._replace(state=state, pending=pending, learned=learned)
         steps = learner.optimizer_steps + args.updates_per_rollout

@@ -37,11 +37,9 @@ from cleanba_utils.replay.frame_ring import FrameRing, frame_ring_bytes, frame_s
 from cleanba_utils.replay.n_step import n_step_transitions
 from cleanba_utils.replay.prioritized_learning import (
     PRIORITY_EPSILON,
-    Learned,
-    PendingPriorities,
     Sampled,
+    learn,
     log_priorities,
-    write_priorities,
 )
 from cleanba_utils.replay.store import ReplayStore, store_bytes
 from cleanba_utils.run import open_run, resume_or_start
@@ -713,45 +711,6 @@ def sample_batch(args, replay: Replay, step: int) -> Sampled:
     )
 
 
-def learn(args, replay: Replay, jobs: BackgroundJobs, state, update_fn, first_step: int, pending):
-    """--updates-per-rollout optimizer steps, one per call, from step `first_step`
-    (`prioritized_learning.learn`'s order with one step per call). The replay's work runs in
-    `jobs`, in one fixed order: before step k + 1's batch is drawn, the priorities of step k - 1 are
-    written and those of step k are not (a fixed lag of one step, across updates too: `pending` is
-    the last step's). With --pipeline, the batch of step k + 1 is sampled and the priorities of step
-    k - 1 are written while step k runs; without, the learner waits for them. The order, and so the
-    run, is the same either way. Returns the state, the `Learned` and the new `pending`."""
-    last = first_step + args.updates_per_rollout
-    next_batch = jobs.submit(functools.partial(sample_batch, args, replay, first_step))
-    writes = []
-    sample_seconds = 0.0
-    for step in range(first_step, last):
-        sampled = jobs.wait(next_batch)
-        sample_seconds += sampled.seconds
-        submitted = []
-        if pending is not None:
-            write = functools.partial(write_priorities, replay.transitions, pending)
-            writes.append(jobs.submit(write))
-            submitted.append(writes[-1])
-        if step + 1 < last:
-            next_batch = jobs.submit(functools.partial(sample_batch, args, replay, step + 1))
-            submitted.append(next_batch)
-        if not args.pipeline:
-            for job in submitted:
-                jobs.wait(job)
-        state, metrics, td = update_fn(state, sampled.shards)
-        if not args.pipeline:
-            jax.block_until_ready(td)
-        pending = PendingPriorities(slots=sampled.slots, inserted=sampled.inserted, td=td)
-    stats = dict(
-        is_weight_min=sampled.shards.weights.min(),
-        is_weight_max=sampled.shards.weights.max(),
-        replay_time=sample_seconds + sum(jobs.wait(write) for write in writes),
-    )
-    learned = Learned(metrics=metrics, stats=stats)
-    return state, learned, pending
-
-
 def log_update(
     args,
     sizes,
@@ -826,7 +785,16 @@ def train(args: Args):
         first_update=first_update,
     )
     jobs = BackgroundJobs("replay", run.stop, run.failures)
-    learn_batches = functools.partial(learn, args, replay=replay, jobs=jobs, update_fn=update_fn)
+    # One optimizer step per call: prioritized_learning.learn's order with a one-step priority lag.
+    learn_batches = functools.partial(
+        learn,
+        args,
+        jobs=jobs,
+        replay=replay.transitions,
+        update_fn=update_fn,
+        sample=functools.partial(sample_batch, args, replay),
+        steps_per_call=1,
+    )
     learned = None
     pending = None
     with run.learner_loop([*actors.threads, jobs.thread]) as end:

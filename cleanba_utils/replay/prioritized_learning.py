@@ -66,29 +66,41 @@ def write_priorities(replay: ReplayStore, pending: PendingPriorities) -> float:
     return time.time() - tic
 
 
-def learn(args, jobs: BackgroundJobs, replay, state, update_fn, sample, first_step: int, pending):
-    """--updates-per-rollout optimizer steps from `first_step`, in calls of K = --steps-per-call:
-    `update_fn(state, shards) -> (state, metrics, td)` on the `Sampled` of `sample(step)`, the
-    batches of steps step .. step + K - 1. The replay's work runs in `jobs`, in one fixed order:
-    the K batches of call c + 1 are drawn after the priorities of call c - 1 are written and before
-    those of call c (across updates too: `pending` is the last call's). So a step's TD errors reach
-    the sampler K to 2K - 1 steps late: K = 1 is a one-step lag. With --pipeline, call c + 1's
-    batches are sampled and call c - 1's priorities written while call c runs; without, the learner
-    waits for them. The order, and so the run, is the same either way. Returns the state, the
-    `Learned` and the new `pending`."""
+def learn(
+    args,
+    jobs: BackgroundJobs,
+    replay: ReplayStore,
+    state,
+    update_fn,
+    sample,
+    first_step: int,
+    pending,
+    steps_per_call: int,
+):
+    """--updates-per-rollout optimizer steps from `first_step`, in calls of K = `steps_per_call`
+    (Ape-X DPG's --steps-per-call; Ape-X DQN's 1): `update_fn(state, shards) -> (state, metrics,
+    td)` on the `Sampled` of `sample(step)`, the batches of steps step .. step + K - 1, with the
+    learner devices first and the K steps next where K > 1. The replay's work runs in `jobs`, in one
+    fixed order: the K batches of call c + 1 are drawn after the priorities of call c - 1 are
+    written into `replay` and before those of call c (across updates too: `pending` is the last
+    call's). So a step's TD errors reach the sampler K to 2K - 1 steps late: K = 1 is a one-step
+    lag. With --pipeline, call c + 1's batches are sampled and call c - 1's priorities written while
+    call c runs; without, the learner waits for them. The order, and so the run, is the same either
+    way. Returns the state, the `Learned` (the importance weights of the last step's batch) and the
+    new `pending`."""
     last = first_step + args.updates_per_rollout
     next_batches = jobs.submit(functools.partial(sample, first_step))
     writes = []
     sample_seconds = 0.0
-    for call_start in range(first_step, last, args.steps_per_call):
+    for call_start in range(first_step, last, steps_per_call):
         sampled = jobs.wait(next_batches)
         sample_seconds += sampled.seconds
         submitted = []
         if pending is not None:
             writes.append(jobs.submit(functools.partial(write_priorities, replay, pending)))
             submitted.append(writes[-1])
-        if call_start + args.steps_per_call < last:
-            next_batches = jobs.submit(functools.partial(sample, call_start + args.steps_per_call))
+        if call_start + steps_per_call < last:
+            next_batches = jobs.submit(functools.partial(sample, call_start + steps_per_call))
             submitted.append(next_batches)
         if not args.pipeline:
             for job in submitted:
@@ -97,9 +109,11 @@ def learn(args, jobs: BackgroundJobs, replay, state, update_fn, sample, first_st
         if not args.pipeline:
             jax.block_until_ready(td)
         pending = PendingPriorities(slots=sampled.slots, inserted=sampled.inserted, td=td)
+    weights = sampled.shards.weights
+    last_weights = weights.reshape(len(weights), steps_per_call, -1)[:, -1]
     stats = dict(
-        is_weight_min=float(sampled.shards.weights[:, -1].min()),
-        is_weight_max=float(sampled.shards.weights[:, -1].max()),
+        is_weight_min=float(last_weights.min()),
+        is_weight_max=float(last_weights.max()),
         replay_time=sample_seconds + sum(jobs.wait(write) for write in writes),
     )
     learned = Learned(metrics=metrics, stats=stats)
