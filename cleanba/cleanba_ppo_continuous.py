@@ -393,6 +393,7 @@ def actor_thread(
         discounted_return[env_ids] = discounted_return[env_ids] * args.gamma + reward
         discounted_return[env_ids[terminated | truncated]] = 0.0
 
+    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
     action_space = envpool.make_spec(args.env_id).action_space
     envs = compiled_rollout.start(
         make_env,
@@ -431,7 +432,7 @@ def actor_thread(
             terminations=steps.terminations,
             truncations=steps.truncations,
             is_reset=steps.is_reset,
-            env_ids=np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32),
+            env_ids=env_ids,
         )
         # One slice of environments per learner device: a single host-to-device copy of the whole
         # rollout, overlapped with the learner's work.

@@ -69,6 +69,7 @@ class CompiledRollout:
     rollout."""
 
     envs: Any
+    """the envpool instance, held while the program steps it through its handle"""
     handle: Any
     """envpool's handle of the environments, which each compiled rollout takes and gives back"""
     program: Callable
@@ -88,7 +89,11 @@ class CompiledRollout:
         start = time.time()
         with jax.enable_x64(True):
             self.handle, steps, last_obs, after_last = self.program(
-                self.handle, params, self.next_obs, np.int32(first_step), step_inputs
+                handle=self.handle,
+                params=params,
+                obs=self.next_obs,
+                first_step=np.int32(first_step),
+                step_inputs=step_inputs,
             )
             steps = jax.device_get(steps)
         env_step_time = time.time() - start

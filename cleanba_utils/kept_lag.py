@@ -111,7 +111,15 @@ def run_origin(
         on_host=saved_on_host, frozen_by=() if replay is None else (replay.lock,)
     )
     if saved is None:
-        return Origin(learner, counters, None, None, None, None, checkpointing)
+        return Origin(
+            learner=learner,
+            counters=counters,
+            acting_params=None,
+            env_record=None,
+            pending=None,
+            own=None,
+            checkpointing=checkpointing,
+        )
     if replay is not None:
         replay.restore(saved.replay)
     pending = None
