@@ -1,19 +1,22 @@
 """An actor thread's rollout compiled as one program, as the continuous-control scripts (SAC,
-continuous PPO, Ape-X DPG) play theirs: the steps of the script's policy and of envpool's
-environments (their XLA interface, `envs.compiled_step`) in one `lax.scan`, with no Python call
-per step; then, step by step in Python, what the steps mean for the environments' records
-(`env_records`, which a checkpoint holds to bring them back) and for the episodes logged.
+continuous PPO, Ape-X DPG) play theirs and every script plays a JAX environment's: the steps of the
+script's policy and of the environments (envpool's XLA interface or a JAX environment's own step,
+`envs.compiled_step`) in one `lax.scan`, with no Python call and no copy to the host per step; then,
+step by step in Python, what the steps mean for the environments' records (`env_records`, which a
+checkpoint holds to bring them back) and for the episodes logged.
 
 The script gives its policy's step, `act(params, obs, env_ids, step, step_input) -> (env_actions,
 outputs)`: the actions the environments receive and its own per-step outputs (a NamedTuple: the
-sampled actions, log-probabilities, values…), `env_ids` the environments' global indices (NumPy,
-a constant of the program) and `step` the policy step of the run (0, 1, …). It gets back the
-rollout as `CompiledPlay`, its `Steps` env-major (envs, steps, ...).
+sampled actions, log-probabilities, values…), `env_ids` the environments' global indices (NumPy, a
+constant of the program) and `step` the policy step of the run (0, 1, …). It gets back the rollout
+as `CompiledPlay`, its `Steps` env-major (envs, steps, ...).
 
-Made and called with 64-bit types on (`jax.enable_x64`, for the calling thread only): envpool's
-MuJoCo and dm_control tasks take float64 actions and give float64 observations and rewards; every
-array of the policy stays float32. The computation is that of a call of the policy per step; XLA
-fuses the loop otherwise, which can round the actions differently in the last place."""
+Made and called with 64-bit types on for envpool (`envs.needs_x64`; `jax.enable_x64`, for the
+calling thread only): envpool's MuJoCo and dm_control tasks take float64 actions and give float64
+observations and rewards; every array of the policy stays float32. A JAX environment computes in its
+own types, its observations and rewards cast to float32 at its boundary (`jax_envs`). The
+computation is that of a call of the policy per step; XLA fuses the loop otherwise, which can round
+the actions differently in the last place."""
 
 import dataclasses
 import time
@@ -24,9 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cleanba_utils import env_records
+from cleanba_utils import env_records, jax_envs
 from cleanba_utils.env_records import EnvRecord
-from cleanba_utils.envs import compiled_step, flat_observation
+from cleanba_utils.envs import compiled_step, flat_observation, needs_x64
 
 
 class Steps(NamedTuple):
@@ -40,12 +43,12 @@ class Steps(NamedTuple):
     outputs: Any
     """the policy step's own outputs (`act`'s second result)"""
     rewards: np.ndarray
-    """raw, as envpool gives them"""
+    """raw, as the environments give them"""
     terminations: np.ndarray
     truncations: np.ndarray
     is_reset: np.ndarray
-    """envpool's reset steps: the step after an episode's end ignores the action and returns the
-    next episode's first observation"""
+    """reset steps: the step after an episode's end ignores the action and returns the next
+    episode's first observation (envpool's; a JAX environment's as `jax_envs` maps them)"""
 
 
 class CompiledPlay(NamedTuple):
@@ -69,9 +72,11 @@ class CompiledRollout:
     rollout."""
 
     envs: Any
-    """the envpool instance, held while the program steps it through its handle"""
+    """the envpool instance (held while the program steps it through its handle) or the
+    `jax_envs.JaxVectorEnv`"""
     handle: Any
-    """envpool's handle of the environments, which each compiled rollout takes and gives back"""
+    """the environments' handle (envpool's, or a JAX environment's state), which each compiled
+    rollout takes and gives back"""
     program: Callable
     record: EnvRecord
     episodes: Any
@@ -87,7 +92,7 @@ class CompiledRollout:
         whether it acts at random), or None."""
         first_step = (update - 1) * self.num_steps
         start = time.time()
-        with jax.enable_x64(True):
+        with jax.enable_x64(needs_x64(self.envs)):
             self.handle, steps, last_obs, after_last = self.program(
                 handle=self.handle,
                 params=params,
@@ -107,6 +112,8 @@ class CompiledRollout:
             self.episodes.step(rewards[step], done, self.next_is_reset, global_step)
             self.next_is_reset = done
         self.next_obs = np.asarray(last_obs)
+        if isinstance(self.record, jax_envs.EnvsState):
+            self.record = jax.device_get(self.handle)
         env_major = lambda x: np.swapaxes(x, 0, 1)
         steps = Steps(
             obs=env_major(obs),
@@ -145,14 +152,14 @@ def start(
     truncated)` sees each replayed step beside the episodes' running sums)."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
-    with jax.enable_x64(True):
-        handle, step_envs = compiled_step(envs)
 
     def step(carry, step_input):
         handle, obs, params = carry
         policy_step, inputs = step_input
         env_actions, outputs = act(params, obs, env_ids, policy_step, inputs)
-        handle, next_obs, rewards, terminations, truncations = step_envs(handle, env_actions)
+        handle, next_obs, rewards, terminations, truncations = step_envs(
+            handle, env_actions, policy_step
+        )
         played = (obs, env_actions, outputs, rewards, terminations, truncations)
         return (handle, next_obs, params), played
 
@@ -165,7 +172,7 @@ def start(
 
     episodes = run.episodes(args.local_num_envs)
     if env_record is None:
-        record = env_records.empty_record(args.local_num_envs, args.env_id)
+        record = env_records.empty_record(args.local_num_envs, args.env_id, args.env_params)
         next_obs = flat_observation(envs.reset()[0])
         next_is_reset = np.zeros(args.local_num_envs, bool)
     else:
@@ -177,6 +184,10 @@ def start(
                 on_replayed_step(*step)
 
         next_obs, next_is_reset = env_records.fast_forward(envs, record, on_step=replayed_step)
+        if isinstance(record, jax_envs.EnvsState):
+            episodes.resume_running(record)
+    with jax.enable_x64(needs_x64(envs)):
+        handle, step_envs = compiled_step(envs)
     return CompiledRollout(
         envs=envs,
         handle=handle,

@@ -6,13 +6,19 @@ seeds, resets each as often, and replays its current episode (`fast_forward`).
 
 Not for Atari: with sticky actions an emulator draws a random number at every step, so only the
 whole history of actions since the environment was made would bring it back (docs/checkpoints.md,
-"What a resumed run is", says what a resumed Atari run is)."""
+"What a resumed run is", says what a resumed Atari run is).
+
+A JAX environment's record is its state itself (`jax_envs.EnvsState`, on the host): an array tree
+that a checkpoint holds whole and a resumed actor takes back as it was."""
 
 from typing import NamedTuple
 
 import envpool
+import jax
 import numpy as np
 
+from cleanba_utils import jax_envs
+from cleanba_utils.env_ids import is_jax_env
 from cleanba_utils.envs import flat_observation
 
 
@@ -26,7 +32,15 @@ class EnvRecord(NamedTuple):
     episode_lengths: np.ndarray
 
 
-def empty_record(num_envs: int, env_id: str) -> EnvRecord:
+def empty_record(
+    num_envs: int, env_id: str, env_params: tuple[str, ...] = ()
+) -> EnvRecord | jax_envs.EnvsState:
+    """The record of `num_envs` environments of `env_id` (with --env-params `env_params`) before
+    any step: the template of a checkpoint's."""
+    if is_jax_env(env_id):
+        reset, _ = jax_envs.compiled(jax_envs.load(env_id, tuple(env_params)))
+        shapes = jax.eval_shape(reset, jax.ShapeDtypeStruct((num_envs,), np.uint32))
+        return jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), shapes)
     spec = envpool.make_spec(env_id)
     return EnvRecord(
         resets=np.zeros(num_envs, np.int64),
@@ -40,7 +54,9 @@ def empty_record(num_envs: int, env_id: str) -> EnvRecord:
 def record_step(record: EnvRecord, actions, is_reset):
     """Adds one step to `record` (in place): a reset step (envpool's step after an episode's end,
     which ignores the action) starts a new episode, any other step adds its action to its
-    episode."""
+    episode. A JAX environment's record is its state, which the rollout gives whole."""
+    if isinstance(record, jax_envs.EnvsState):
+        return
     record.resets[:] += is_reset
     record.episode_lengths[is_reset] = 0
     playing = np.flatnonzero(~is_reset)
@@ -48,14 +64,14 @@ def record_step(record: EnvRecord, actions, is_reset):
     record.episode_lengths[playing] += 1
 
 
-def copy_of(record: EnvRecord) -> EnvRecord:
+def copy_of(record):
     """A copy that later steps leave alone (what a rollout hands the learner)."""
-    return EnvRecord(*[np.array(field) for field in record])
+    return jax.tree.map(np.array, record)
 
 
-def part(record: EnvRecord, envs: slice) -> EnvRecord:
+def part(record, envs: slice):
     """The record of some of the environments (a copy)."""
-    return EnvRecord(*[np.array(field[envs]) for field in record])
+    return jax.tree.map(lambda field: np.array(field[envs]), record)
 
 
 def fast_forward(envs, record: EnvRecord, on_step=None):
@@ -64,7 +80,11 @@ def fast_forward(envs, record: EnvRecord, on_step=None):
     episode's actions (alone: envpool steps a subset of its environments). `on_step(env_ids,
     reward, terminated, truncated)` sees each replayed step, for the actor's running sums (episode
     returns, discounted returns). Returns the current observation and which environments' next
-    step is a reset step (an episode that ended on the record's last step)."""
+    step is a reset step (an episode that ended on the record's last step). A JAX environment
+    takes its recorded state back."""
+    if isinstance(record, jax_envs.EnvsState):
+        envs.state = jax.device_put(record)
+        return np.asarray(record.obs), np.asarray(record.next_is_reset)
     obs = flat_observation(envs.reset()[0])
     for env, resets in enumerate(record.resets):
         for _ in range(resets):

@@ -1,7 +1,8 @@
-"""envpool environments as every script makes them: which tasks are Atari games and which have
-continuous actions, the Atari protocol of Machado et al. (2018), how many worker threads an envpool
-instance gets, the flat observations of the continuous-control scripts, and envpool's step for
-their compiled rollouts."""
+"""The environments as every script makes them, from their source: envpool's by id (`Breakout-v5`,
+`HalfCheetah-v4`), JAX environments by `gymnax:` or `jax:` id (`jax_envs`). Which tasks are Atari
+games and which have continuous actions or image observations, the Atari protocol of Machado et
+al. (2018), how many worker threads an envpool instance gets, the flat observations of the
+continuous-control scripts, and the environments' step for compiled rollouts."""
 
 import os
 import warnings
@@ -9,6 +10,9 @@ import warnings
 import envpool
 import jax.numpy as jnp
 import numpy as np
+
+from cleanba_utils import jax_envs
+from cleanba_utils.env_ids import is_jax_env
 
 # gymnasium warns at every start that the CartPole spaces' float64 bounds become float32: nothing
 # for a user to act on.
@@ -27,8 +31,19 @@ frames (27k agent steps) per episode at most, rewards clipped to their sign for 
 logged returns are unclipped)."""
 
 
+def spaces_of(env_id: str, settings: tuple[str, ...] = ()):
+    """(observation space, action space) of the task, as the scripts' environments give them."""
+    if is_jax_env(env_id):
+        env = jax_envs.load(env_id, tuple(settings))
+        return jax_envs.observation_space(env), jax_envs.action_space(env)
+    spec = envpool.make_spec(env_id)
+    return spec.observation_space, spec.action_space
+
+
 def is_atari(env_id: str) -> bool:
     """envpool's Atari tasks are the ones whose config has sticky actions."""
+    if is_jax_env(env_id):
+        return False
     return "repeat_action_probability" in envpool.make_spec(env_id).config._fields
 
 
@@ -49,7 +64,10 @@ def make_env(args, seed: int, num_envs: int):
     actor device), its worker threads as `envpool_num_threads` shares the CPUs among them; an actor
     thread's splits (--env-splits, of which one steps at a time) each get that share. Atari
     follows Machado et al. (2018) (`MACHADO_ATARI`); a MuJoCo or dm_control episode ends on
-    termination or at the task's time limit (1000 steps), which envpool reports as a truncation."""
+    termination or at the task's time limit (1000 steps), which envpool reports as a truncation.
+    A JAX environment (`gymnax:` or `jax:` id) is a `jax_envs.JaxVectorEnv` with --env-params."""
+    if is_jax_env(args.env_id):
+        return jax_envs.JaxVectorEnv(args.env_id, args.env_params, seed, num_envs)
     instances = args.num_actor_threads * len(args.actor_device_ids)
     options = MACHADO_ATARI if is_atari(args.env_id) else {}
     return envpool.make(
@@ -64,19 +82,19 @@ def make_env(args, seed: int, num_envs: int):
 
 def is_continuous(env_id: str) -> bool:
     """Tasks whose actions are vectors of reals (MuJoCo, dm_control), not the index of a choice."""
-    return np.issubdtype(envpool.make_spec(env_id).action_space.dtype, np.floating)
+    return np.issubdtype(spaces_of(env_id)[1].dtype, np.floating)
 
 
 def has_image_observations(env_id: str) -> bool:
     """Tasks observed as stacked frames (channels, height, width), as Atari's: the tasks a CNN torso
     is for."""
-    return len(getattr(envpool.make_spec(env_id).observation_space, "shape", None) or ()) == 3
+    return len(getattr(spaces_of(env_id)[0], "shape", None) or ()) == 3
 
 
 def observation_size(env_id: str) -> int:
     """The features of a `flat_observation` of the task: of every key of dm_control's dict
     observations."""
-    space = envpool.make_spec(env_id).observation_space
+    space = spaces_of(env_id)[0]
     spaces = space.spaces.values() if hasattr(space, "spaces") else [space]
     return sum(int(np.prod(s.shape)) for s in spaces)
 
@@ -92,19 +110,32 @@ def flat_observation(obs, xp=np):
     return xp.asarray(obs, xp.float32)
 
 
+def needs_x64(envs) -> bool:
+    """envpool's MuJoCo and dm_control tasks take float64 actions and give float64 observations and
+    rewards: their compiled step is made and called with 64-bit types on (`jax.enable_x64(True)`,
+    which holds for the calling thread only). A JAX environment computes in its own types."""
+    return not isinstance(envs, jax_envs.JaxVectorEnv)
+
+
 def compiled_step(envs):
-    """envpool's step for a rollout compiled as one program, its XLA interface (`envs.xla()`):
-    returns the environments' handle and `step(handle, actions) -> (handle, observations, rewards,
-    terminations, truncations)`, the actions cast to the task's action type, the observations flat
-    float32 as `flat_observation` gives them. Make and call both with 64-bit types on
-    (`jax.enable_x64(True)`, which holds for the calling thread only): envpool's MuJoCo and
-    dm_control tasks take float64 actions and give float64 observations and rewards."""
+    """The environments' step for a rollout compiled as one program: returns their handle and
+    `step(handle, actions, step_index) -> (handle, observations, rewards, terminations,
+    truncations)`, `step_index` the run's policy step. envpool's through its XLA interface
+    (`envs.xla()`, with 64-bit types on: `needs_x64`), the actions cast to the task's action type,
+    the observations flat float32 as `flat_observation` gives them; a JAX environment's handle is
+    its `jax_envs.EnvsState` after `reset` (or a checkpoint's)."""
+    if isinstance(envs, jax_envs.JaxVectorEnv):
+        _, step_jax_envs = jax_envs.compiled(envs.env)
+        action_dtype = envs.action_space.dtype
+        return envs.state, lambda state, actions, step_index: step_jax_envs(
+            state, actions.astype(action_dtype), step_index
+        )
     handle, _, _, step_envs = envs.xla()
     # envpool's XLA step takes its own environments' indices, 0 .. num_envs - 1.
     own_env_ids = np.arange(envs.config["num_envs"], dtype=np.int32)
     action_dtype = envs.action_space.dtype
 
-    def step(handle, actions):
+    def step(handle, actions, step_index):
         handle, (obs, rewards, terminations, truncations, _) = step_envs(
             handle, actions.astype(action_dtype), own_env_ids
         )

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from cleanba_utils import run_files
+from cleanba_utils.env_ids import name_part
 from cleanba_utils.errors import fail
 
 UPLOAD_EVAL_EPISODES = 10
@@ -99,7 +100,7 @@ class UploadFailed(Exception):
 
 
 def repository_name(args) -> str:
-    return f"{args.env_id}-{args.exp_name}-seed{args.seed}"
+    return f"{name_part(args.env_id)}-{args.exp_name}-seed{args.seed}"
 
 
 def check_repository(args):

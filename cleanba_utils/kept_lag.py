@@ -97,7 +97,7 @@ def run_origin(
     template = KeptLag(
         learner=learner,
         acting_params=acting_params,
-        env_record=env_records.empty_record(sizes.num_envs, args.env_id),
+        env_record=env_records.empty_record(sizes.num_envs, args.env_id, args.env_params),
         replay=empty_replay,
         pending=NO_PENDING,
         own=own,

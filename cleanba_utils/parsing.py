@@ -13,6 +13,7 @@ import io
 import math
 import os
 
+from cleanba_utils.env_ids import ENV_ID_SCHEME, is_jax_env
 from cleanba_utils.errors import fail
 from cleanba_utils.fields import CHECK, Need
 
@@ -73,8 +74,6 @@ def check_fields(args):
 def check_run_options(args):
     """The options every script has: the distributed run, envpool, the environment and the Hub
     repository of --upload-model."""
-    import envpool
-
     distributed_options = [args.coordinator_address, args.num_processes, args.process_id]
     if any(o is not None for o in distributed_options) and not (
         args.distributed and all(o is not None for o in distributed_options)
@@ -88,11 +87,13 @@ def check_run_options(args):
             f"--process-id must be in 0 .. {args.num_processes - 1} (--num-processes), "
             f"got {args.process_id}"
         )
-    if args.env_id not in envpool.list_all_envs():
-        fail(
-            f"--env-id {args.env_id} is not an envpool environment; try Breakout-v5 or CartPole-v1"
-        )
+    check_env_id(args)
     env_splits = getattr(args, "env_splits", None)
+    if env_splits and env_splits > 1 and is_jax_env(args.env_id):
+        fail(
+            f"--env-splits {env_splits} has no effect on a JAX environment: its steps run inside "
+            "the actor's compiled rollout, with no envpool instance to step beside inference"
+        )
     if env_splits and env_splits > args.local_num_envs:
         fail(
             f"--env-splits {env_splits} exceeds --local-num-envs {args.local_num_envs}: each split "
@@ -102,6 +103,22 @@ def check_run_options(args):
         from cleanba_utils.hub import check_repository
 
         check_repository(args)
+
+
+def check_env_id(args):
+    """--env-id names its source (`ENV_ID_SCHEME`): a JAX environment is loaded, its parameters
+    set (--env-params) and its spaces read; an envpool id must be one of envpool's."""
+    if is_jax_env(args.env_id):
+        from cleanba_utils import jax_envs
+
+        env = jax_envs.load(args.env_id, tuple(args.env_params))
+        jax_envs.observation_space(env)
+        jax_envs.action_space(env)
+        return
+    import envpool
+
+    if args.env_id not in envpool.list_all_envs():
+        fail(f"--env-id {args.env_id} is not an envpool environment; give {ENV_ID_SCHEME}")
 
 
 def check_layers(args, names: list[str]):
@@ -155,12 +172,9 @@ def check_needs(args, needs: dict[str, Need]):
 def check_continuous_actions(args):
     """For the continuous-control scripts: a task that envpool does not have, or whose actions are
     discrete (Atari, classic control), is refused, the latter with the scripts that train it."""
-    import envpool
-
     from cleanba_utils.envs import is_continuous
 
-    if args.env_id not in envpool.list_all_envs():
-        fail(f"--env-id {args.env_id} is not an envpool task; try HalfCheetah-v4 or CheetahRun-v1")
+    check_env_id(args)
     if not is_continuous(args.env_id):
         fail(
             f"--env-id {args.env_id} has discrete actions and this script acts in continuous "

@@ -27,6 +27,7 @@ from cleanba_utils.checkpoints import (
     resume_from,
     save_checkpoint,
 )
+from cleanba_utils.env_ids import name_part
 from cleanba_utils.errors import fail
 from cleanba_utils.threads import Stopped
 
@@ -600,7 +601,10 @@ def open_run(
     read as one stream."""
     backend = jax.default_backend()
     accelerators.check_opt_out(args, backend)
-    name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    name = (
+        args.run_name
+        or f"{name_part(args.env_id)}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    )
     run_dir = os.path.join("runs", name)
     resumed_update = counters["update"] or None
     is_main = jax.process_index() == 0
@@ -798,6 +802,14 @@ class Episodes:
         ended = env_ids[terminated | truncated]
         self.returns[ended] = 0.0
         self.lengths[ended] = 0
+
+    def resume_running(self, state):
+        """Takes the running returns and lengths of a JAX environment's recorded state
+        (`jax_envs.EnvsState`, counted on the device): an episode that ended on the checkpoint's
+        last step was logged before, and the next starts from 0."""
+        ended = np.asarray(state.next_is_reset)
+        self.returns[:] = np.where(ended, 0.0, state.episode_return)
+        self.lengths[:] = np.where(ended, 0, state.episode_length)
 
     def step(self, reward, done, is_reset, global_step: int) -> list[float]:
         """`reward` unclipped; a reset step (envpool's step after an episode's end) belongs to no

@@ -8,6 +8,7 @@ again."""
 
 import dataclasses
 
+from cleanba_utils.env_ids import is_jax_env
 from cleanba_utils.fields import Need, non_negative, positive
 
 
@@ -48,6 +49,10 @@ class RunArgs:
     last); evaluation never changes the run"""
     log_frequency: int = positive(10)
     """print and log losses every this many updates"""
+    env_params: tuple[str, ...] = ()
+    """a JAX environment's parameters (`gymnax:` or `jax:` --env-id), NAME=VALUE each: fields of
+    its `EnvParams` (MinAtar: max_steps_in_episode=1000; Pendulum-v1: max_torque=2.0), recorded in
+    spec.json"""
     envpool_num_threads: int | None = positive(None)
     """worker threads of each envpool instance (default: the CPUs shared equally among the
     instances); results do not depend on it"""
@@ -93,6 +98,9 @@ RUN_NEEDS = {
     "upload_model": Need(lambda args: args.save_model, "--save-model"),
     "hf_entity": Need(lambda args: args.upload_model, "--upload-model"),
     "eval_every": Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
+    "env_params": Need(
+        lambda args: is_jax_env(args.env_id), "a JAX environment (--env-id gymnax:... or jax:...)"
+    ),
     "coordinator_address": Need(lambda args: args.distributed, "--distributed"),
     "num_processes": Need(lambda args: args.distributed, "--distributed"),
     "process_id": Need(lambda args: args.distributed, "--distributed"),

@@ -1,0 +1,191 @@
+"""Learning at published budgets on a CPU: Cleanba PPO on gymnax's MinAtar games (10M steps each),
+stepped inside the actor's compiled rollout, against the published PPO and DQN figures.
+
+    python benchmark/learning_minatar_cpu.py                  # every run in order, then the report
+    python benchmark/learning_minatar_cpu.py --runs ppo_breakout_s1 ppo_space_invaders_s1
+    python benchmark/learning_minatar_cpu.py --report-only    # the report from the runs so far
+
+A finished run is never rerun; one stopped before its end continues from its newest checkpoint
+(every 100 updates), so the runs can be made over several sittings. The runs go one at a time under
+`nice -n 10`, in --work-dir. Writes benchmark/results/learning_minatar_cpu.md (the table, the exact
+commands, the published figures), learning_minatar_cpu.png and learning_minatar_cpu.csv (one row
+per run).
+
+Hyperparameters: PureJaxRL's MinAtar settings (`examples/brax_minatar.ipynb`: 64 environments x 128
+steps, 4 epochs of 8 minibatches, lr 5e-3 annealed to 0, clip 0.2, gamma 0.99, GAE lambda 0.95,
+entropy 0.01, value 0.5, gradient norm 0.5), Sync (policy lag 0), with Young & Tian's (2019)
+MinAtar network (one 3x3 convolution of 16 channels, a dense layer of 128: the script's default for
+small images) where PureJaxRL flattens the image into an MLP of 64 x 64.
+"""
+
+import argparse
+import csv
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from csv_columns import RUN_COLUMNS
+from measure import run_resumable
+
+from cleanba_utils.experiments.hns import collect
+
+REPO = Path(__file__).resolve().parents[1]
+GAMES = {
+    "breakout": "Breakout-MinAtar",
+    "space_invaders": "SpaceInvaders-MinAtar",
+    "asterix": "Asterix-MinAtar",
+    "freeway": "Freeway-MinAtar",
+    "seaquest": "Seaquest-MinAtar",
+}
+PUREJAXRL_SETTINGS = [
+    *["--local-num-envs", "64", "--num-actor-threads", "1", "--num-steps", "128"],
+    *["--update-epochs", "4", "--num-minibatches", "8", "--learning-rate", "5e-3"],
+    *["--clip-coef", "0.2", "--gamma", "0.99", "--gae-lambda", "0.95", "--ent-coef", "0.01"],
+    *["--vf-coef", "0.5", "--max-grad-norm", "0.5", "--gradient-accumulation-steps", "1"],
+]
+STEPS = 10_000_000
+# The order of the runs: seed 1 of Breakout and SpaceInvaders, the other games, then seeds 2 and 3
+# of the first two.
+RUNS = {
+    f"ppo_{game}_s{seed}": (game, seed)
+    for game, seed in [
+        ("breakout", 1),
+        ("space_invaders", 1),
+        ("asterix", 1),
+        ("freeway", 1),
+        ("seaquest", 1),
+        ("breakout", 2),
+        ("space_invaders", 2),
+        ("breakout", 3),
+        ("space_invaders", 3),
+    ]
+}
+LAST_N = 100
+# Published final returns (see the report for what each environment and budget is).
+PUBLISHED = {
+    "Asterix-MinAtar": ("15", "–", "≈ 22–25", "≈ 17 / ≈ 19"),
+    "Breakout-MinAtar": ("28 (43 at lr 1e-3)", "≈ 40", "≈ 50", "≈ 10 / ≈ 17.5"),
+    "Freeway-MinAtar": ("58", "–", "≈ 63", "≈ 50 / ≈ 47"),
+    "Seaquest-MinAtar": ("–", "–", "≈ 54", "≈ 20 / ≈ 16"),
+    "SpaceInvaders-MinAtar": ("131", "≈ 170", "≈ 145", "≈ 43 / ≈ 185"),
+}
+
+
+def command_of(name: str) -> list[str]:
+    game, seed = RUNS[name]
+    return [
+        "cleanba/cleanba_ppo.py",
+        *["--env-id", f"gymnax:{GAMES[game]}", "--total-timesteps", str(STEPS)],
+        *PUREJAXRL_SETTINGS,
+        *["--seed", str(seed), "--run-name", name, "--checkpoint-every", "100"],
+        *["--log-frequency", "50"],
+    ]
+
+
+def report(work_dir: Path, out_dir: Path, date: str, note: str):
+    _, curve_rows = collect(work_dir / "runs", "episodic_return", LAST_N, {})
+    rows = []
+    curves = {}
+    for name, (game, seed) in RUNS.items():
+        env_id = f"gymnax:{GAMES[game]}"
+        curve = [r for r in curve_rows if r["env_id"] == env_id and r["seed"] == seed]
+        if not curve:
+            continue
+        summary_path = work_dir / "runs" / name / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+        steps = summary["global_step"] if summary else curve[-1]["global_step"]
+        wall_time_s = summary["wall_time_s"] if summary else curve[-1]["wall_time_s"]
+        curves[name] = curve
+        rows.append(
+            dict(
+                script="cleanba_ppo",
+                mode="sync",
+                env_id=env_id,
+                seed=seed,
+                steps=steps,
+                final_return=round(curve[-1]["score"], 2),
+                eval_return="",
+                sps=int(steps / wall_time_s),
+                wall_time_s=round(wall_time_s),
+                finished=summary is not None,
+            )
+        )
+    with open(out_dir / "learning_minatar_cpu.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*RUN_COLUMNS, "finished"])
+        writer.writeheader()
+        writer.writerows(rows)
+    games = sorted({r["env_id"] for r in rows})
+    fig, axes = plt.subplots(1, max(1, len(games)), figsize=(4.2 * max(1, len(games)), 3.8))
+    axes = axes if len(games) > 1 else [axes]
+    for ax, env_id in zip(axes, games):
+        for name, curve in curves.items():
+            if curve[0]["env_id"] == env_id:
+                ax.plot(
+                    [r["global_step"] for r in curve],
+                    [r["score"] for r in curve],
+                    label=f"seed {curve[0]['seed']}",
+                )
+        ax.set(
+            title=env_id.split(":")[1],
+            xlabel="environment steps",
+            ylabel=f"return (mean of last {LAST_N})",
+        )
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "learning_minatar_cpu.png", dpi=110)
+    plt.close(fig)
+    table = [
+        f"| game | seed | steps | final return (last {LAST_N}) | SPS | wall time (min) |",
+        "|---|---|---|---|---|---|",
+    ]
+    table += [
+        f"| {r['env_id']} | {r['seed']} | {r['steps']:,}{'' if r['finished'] else ' (stopped)'} "
+        f"| {r['final_return']:.1f} | {r['sps']:,} | {r['wall_time_s'] / 60:.0f} |"
+        for r in rows
+    ]
+    published = [
+        "| game | gymnax-blines PPO, 10M | PureJaxRL PPO, 10M | pgx PPO, 20M | Young & Tian DQN / "
+        "AC(λ), 5M frames |",
+        "|---|---|---|---|---|",
+    ]
+    published += [f"| {game} | {' | '.join(values)} |" for game, values in PUBLISHED.items()]
+    commands = "\n".join("python " + " ".join(command_of(name)) for name in RUNS)
+    (out_dir / "learning_minatar_cpu.md").write_text(
+        f"# MinAtar learning on a CPU ({date})\n\n"
+        f"Machine: {platform.machine()}, 2 CPU cores, 24 GiB, Python "
+        f"{platform.python_version()}. Made by `python benchmark/learning_minatar_cpu.py`, which "
+        "runs (from the repository root, one at a time under `nice -n 10`):"
+        f"\n\n```\n{commands}\n```\n\n" + "\n".join(table) + (f"\n\n{note}" if note else "") + "\n\n"
+        "## Published figures\n\n" + "\n".join(published) + "\n\n"
+        "![MinAtar](learning_minatar_cpu.png)\n"
+    )
+    print((out_dir / "learning_minatar_cpu.md").read_text())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/cleanba_learning_minatar_cpu"))
+    parser.add_argument("--out-dir", type=Path, default=REPO / "benchmark" / "results")
+    parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
+    parser.add_argument("--note", default="", help="a paragraph for the report")
+    args = parser.parse_args()
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        for name in args.runs:
+            if (args.work_dir / "runs" / name / "summary.json").exists():
+                print(f"{name}: already run", flush=True)
+                continue
+            run_resumable(name, command_of(name), args.work_dir, REPO)
+    report(args.work_dir, args.out_dir, args.date, args.note)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
