@@ -124,7 +124,7 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
     fig, axes = plt.subplots(1, max(1, len(games)), figsize=(4.2 * max(1, len(games)), 3.8))
     axes = axes if len(games) > 1 else [axes]
     for ax, env_id in zip(axes, games):
-        for name, curve in curves.items():
+        for curve in curves.values():
             if curve[0]["env_id"] == env_id:
                 ax.plot(
                     [r["global_step"] for r in curve],
@@ -161,7 +161,10 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
         f"Machine: {platform.machine()}, 2 CPU cores, 24 GiB, Python "
         f"{platform.python_version()}. Made by `python benchmark/learning_minatar_cpu.py`, which "
         "runs (from the repository root, one at a time under `nice -n 10`):"
-        f"\n\n```\n{commands}\n```\n\n" + "\n".join(table) + (f"\n\n{note}" if note else "") + "\n\n"
+        f"\n\n```\n{commands}\n```\n\n"
+        + "\n".join(table)
+        + (f"\n\n{note}" if note else "")
+        + "\n\n"
         "## Published figures\n\n" + "\n".join(published) + "\n\n"
         "![MinAtar](learning_minatar_cpu.png)\n"
     )

@@ -19,7 +19,6 @@ import os
 import time
 from typing import Any, Literal, NamedTuple
 
-import envpool
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -38,7 +37,7 @@ from cleanba_utils.devices import (
     replicate,
 )
 from cleanba_utils.env_records import EnvRecord
-from cleanba_utils.envs import flat_observation, make_env, observation_size
+from cleanba_utils.envs import action_space_of, flat_observation, make_env, observation_size
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import Need, at_most, in_range, non_negative, positive
@@ -189,13 +188,13 @@ class Spaces(NamedTuple):
     action_high: tuple[float, ...]
 
 
-def spaces_of(env_id: str) -> Spaces:
-    """From envpool's spec; dm_control's dict observations count every key's features."""
-    spec = envpool.make_spec(env_id)
+def spaces_of(args: Args) -> Spaces:
+    """From the task's spaces; dm_control's dict observations count every key's features."""
+    action_space = action_space_of(args)
     return Spaces(
-        obs_dim=observation_size(env_id),
-        action_low=tuple(float(x) for x in spec.action_space.low),
-        action_high=tuple(float(x) for x in spec.action_space.high),
+        obs_dim=observation_size(args.env_id),
+        action_low=tuple(float(x) for x in action_space.low),
+        action_high=tuple(float(x) for x in action_space.high),
     )
 
 
@@ -410,7 +409,7 @@ def actor_thread(
         act=functools.partial(act, networks, noise_key, noise_stds),
     )
     if tails is None:
-        tail = padding_tail(args.local_num_envs, args.n_step, spaces_of(args.env_id))
+        tail = padding_tail(args.local_num_envs, args.n_step, spaces_of(args))
     else:
         own_envs = slice(env_offset, env_offset + args.local_num_envs)
         tail = jax.tree.map(lambda field: np.array(field[own_envs]), tails)
@@ -442,7 +441,7 @@ def actor_thread(
 def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     """One episode in each of `num_episodes` fresh environments with the noiseless policy."""
     envs = make_env(args, seed, num_episodes)
-    act = jax.jit(networks_of(args, spaces_of(args.env_id)).actor.apply)
+    act = jax.jit(networks_of(args, spaces_of(args)).actor.apply)
     policy = lambda obs, _: act(params["actor"], flat_observation(obs))
     return play_episodes(envs, num_episodes, policy)
 
@@ -479,7 +478,7 @@ def stored_example(spaces: Spaces) -> Stored:
 
 def replay_bytes(args: Args) -> int:
     """The replay's memory; twice with --checkpoint-replay (a checkpoint holds a copy)."""
-    example = stored_example(spaces_of(args.env_id))
+    example = stored_example(spaces_of(args))
     prioritized = args.eviction == "prioritized"
     replay = store_bytes(example, args.buffer_size, prioritized_eviction=prioritized)
     return 2 * replay if args.checkpoint_replay else replay
@@ -573,7 +572,7 @@ class LearnerState(struct.PyTreeNode):
 def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
     """The networks and where the run starts (`kept_lag.Origin`), with --resume the replay
     restored where the checkpoint holds it."""
-    spaces = spaces_of(args.env_id)
+    spaces = spaces_of(args)
     networks = networks_of(args, spaces)
     init_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 0)
     obs = np.zeros((1, spaces.obs_dim), np.float32)
@@ -769,7 +768,7 @@ def train(args: Args):
     sizes = sizes_of(args, jax.process_count())
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
-    replay = make_replay(args, spaces_of(args.env_id))
+    replay = make_replay(args, spaces_of(args))
     networks, origin = init_state(args, sizes, replay)
     run = open_run(
         args=args,

@@ -34,7 +34,6 @@ import os
 import time
 from typing import NamedTuple
 
-import envpool
 import flax.linen as nn
 import flax.serialization
 import jax
@@ -47,7 +46,7 @@ from flax.training.train_state import TrainState
 from cleanba_utils import compiled_rollout, distributed, hub, kept_lag, parsing
 from cleanba_utils.devices import first_replica, gathered_rollouts, learner_sharding, replicate
 from cleanba_utils.env_records import EnvRecord
-from cleanba_utils.envs import flat_observation, make_env
+from cleanba_utils.envs import action_space_of, flat_observation, make_env
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import in_range, non_negative, positive
@@ -334,14 +333,17 @@ class Trajectories(NamedTuple):
 class Rollout(NamedTuple):
     """What an actor thread puts on its rollout queue: the update it is for, the policy version that
     played it and the normalizer statistics it played with, its trajectories (one slice of
-    environments per learner device), its environments' record after it (for a checkpoint to bring
-    them back) and the seconds it spent waiting for parameters, playing, stepping and inferring."""
+    environments per learner device), its environments' record and discounted returns after it
+    (for a checkpoint to bring them back) and the seconds it spent waiting for parameters, playing,
+    stepping and inferring."""
 
     update: int
     policy_version: int
     normalizer: Normalizer
     data: Trajectories
     record: EnvRecord
+    discounted_return: np.ndarray
+    """each environment's discounted return after the rollout, which scales its next rewards"""
     timing: dict
 
 
@@ -376,25 +378,26 @@ def actor_thread(
     param_queue,
     rollout_queue,
     env_record,
+    discounted_returns,
 ):
     """One actor thread (`start_actor_threads`) on `device`: environments with global indices
     env_offset .. env_offset + local_num_envs - 1 in a compiled rollout, their rollouts split
     among the local `learner_devices`; a resumed run continues them from their part of
-    `env_record`, every environment's `EnvRecord` at the checkpoint (None: a fresh run). The
+    `env_record`, every environment's `EnvRecord` at the checkpoint, and of `discounted_returns`
+    (None: a fresh run). The
     policy's actions are stored unclipped (their log-probabilities are the Gaussian's); the
     environments receive them clipped to the action bounds. Which policy plays which rollout:
     `cleanba_utils.handoff`, with `ON_RESUME`."""
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     on_learner_devices = learner_sharding(learner_devices)
-    # Each environment's discounted return, restarted with each episode.
+    # Each environment's discounted return, restarted with each episode: a resumed run's from the
+    # checkpoint.
+    own_envs = slice(env_offset, env_offset + args.local_num_envs)
     discounted_return = np.zeros(args.local_num_envs)
-
-    def replayed_step(env_ids, reward, terminated, truncated):
-        discounted_return[env_ids] = discounted_return[env_ids] * args.gamma + reward
-        discounted_return[env_ids[terminated | truncated]] = 0.0
-
+    if discounted_returns is not None:
+        discounted_return = np.array(discounted_returns[own_envs])
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
-    action_space = envpool.make_spec(args.env_id).action_space
+    action_space = action_space_of(args)
     envs = compiled_rollout.start(
         make_env,
         args,
@@ -404,7 +407,6 @@ def actor_thread(
         env_record=env_record,
         act=functools.partial(act, network, action_key, action_space.low, action_space.high),
         after_last=lambda policy, obs: policy_outputs(network, policy, obs)[2],
-        on_replayed_step=replayed_step,
     )
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
@@ -443,6 +445,7 @@ def actor_thread(
             normalizer=jax.device_get(policy.normalizer),
             data=jax.device_put(by_device, on_learner_devices),
             record=played.record,
+            discounted_return=discounted_return.copy(),
             timing=dict(
                 param_queue_get_time=param_queue_get_time,
                 rollout_time=time.time() - rollout_start,
@@ -575,7 +578,9 @@ def init_state(args: Args, sizes: Sizes):
         normalizer=initial_normalizer(obs_dim),
     )
     acting_policy = Policy(params=params, normalizer=state.normalizer)
-    return network, kept_lag.run_origin(args, sizes, __file__, state, acting_policy)
+    # The script's own part of the checkpoint: every environment's discounted return.
+    own = np.zeros(sizes.num_envs)
+    return network, kept_lag.run_origin(args, sizes, __file__, state, acting_policy, own=own)
 
 
 def take_steps(x, steps):
@@ -724,6 +729,7 @@ def train(args: Args):
         first_update=first_update,
         learner_devices=learner_devices,
         env_record=origin.env_record,
+        discounted_returns=origin.own,
     )
     with run.learner_loop(actors.threads) as end:
         send_first_params(
@@ -750,9 +756,12 @@ def train(args: Args):
             state, metrics = update_fn(
                 state, tuple(r.data for r in rollouts), played_normalizer, np.int32(update)
             )
-            # Every process's environment records after the rollouts, in global env order.
-            record = gathered_rollouts([r.record for r in rollouts], args.distributed)
-            kept = KeptLag(state, actors.last_sent, record)
+            # Every process's environment records and discounted returns after the rollouts, in
+            # global env order.
+            record, discounted_returns = gathered_rollouts(
+                [(r.record, r.discounted_return) for r in rollouts], args.distributed
+            )
+            kept = KeptLag(state, actors.last_sent, record, own=discounted_returns)
             jax.block_until_ready(state)
             learner_stats = dict(
                 rollout_queue_get_time=rollout_queue_get_time,

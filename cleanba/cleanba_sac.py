@@ -20,7 +20,6 @@ import os
 import time
 from typing import Any, NamedTuple
 
-import envpool
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -37,7 +36,7 @@ from cleanba_utils import (
 )
 from cleanba_utils.devices import first_replica, gathered_rollouts, local_shares, replicate
 from cleanba_utils.env_records import EnvRecord
-from cleanba_utils.envs import flat_observation, make_env, observation_size
+from cleanba_utils.envs import action_space_of, flat_observation, make_env, observation_size
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import Need, in_range, non_negative, positive
@@ -246,7 +245,7 @@ class Networks(NamedTuple):
 
 
 def networks_of(args: Args) -> Networks:
-    action_space = envpool.make_spec(args.env_id).action_space
+    action_space = action_space_of(args)
     return Networks(
         actor=Actor(args.hiddens, action_space.shape[0]),
         critic=TwinCritic(args.hiddens),
@@ -436,7 +435,7 @@ def stored_example(obs_size: int, action_size: int) -> Batch:
 
 def replay_bytes(args: Args) -> int:
     """The replay's memory, twice: a checkpoint serializes a copy of it."""
-    action_size = envpool.make_spec(args.env_id).action_space.shape[0]
+    action_size = action_space_of(args).shape[0]
     example = stored_example(observation_size(args.env_id), action_size)
     return 2 * store_bytes(example, args.buffer_size)
 

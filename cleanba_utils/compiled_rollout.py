@@ -142,14 +142,12 @@ def start(
     env_record: EnvRecord | None,
     act: Callable,
     after_last: Callable | None = None,
-    on_replayed_step: Callable | None = None,
 ) -> CompiledRollout:
     """The environments env_offset .. env_offset + --local-num-envs - 1 of the run's `num_envs`
     (the script's `make_env(args, seed, num_envs)`, seeded --seed + env_offset onwards) and the
     compiled rollout of --num-steps steps of `act` on them. A fresh run (`env_record` None) resets
     them; a resumed one brings them to their part of `env_record`, every environment's at the
-    checkpoint (`env_records.fast_forward`; `on_replayed_step(env_ids, reward, terminated,
-    truncated)` sees each replayed step beside the episodes' running sums)."""
+    checkpoint (`env_records.fast_forward`), and the episodes' running sums with them."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
 
@@ -173,17 +171,16 @@ def start(
     episodes = run.episodes(args.local_num_envs)
     if env_record is None:
         record = env_records.empty_record(args.local_num_envs, args.env_id, args.env_params)
-        next_obs = flat_observation(envs.reset()[0])
+        obs = envs.reset()[0]
+        next_obs = (
+            np.asarray(obs) if isinstance(envs, jax_envs.JaxVectorEnv) else flat_observation(obs)
+        )
         next_is_reset = np.zeros(args.local_num_envs, bool)
     else:
         record = env_records.part(env_record, slice(env_offset, env_offset + args.local_num_envs))
-
-        def replayed_step(*step):
-            episodes.replayed_step(*step)
-            if on_replayed_step is not None:
-                on_replayed_step(*step)
-
-        next_obs, next_is_reset = env_records.fast_forward(envs, record, on_step=replayed_step)
+        next_obs, next_is_reset = env_records.fast_forward(
+            envs, record, on_step=episodes.replayed_step
+        )
         if isinstance(record, jax_envs.EnvsState):
             episodes.resume_running(record)
     with jax.enable_x64(needs_x64(envs)):

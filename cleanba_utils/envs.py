@@ -31,13 +31,19 @@ frames (27k agent steps) per episode at most, rewards clipped to their sign for 
 logged returns are unclipped)."""
 
 
-def spaces_of(env_id: str, settings: tuple[str, ...] = ()):
+def task_spaces(env_id: str, settings: tuple[str, ...] = ()):
     """(observation space, action space) of the task, as the scripts' environments give them."""
     if is_jax_env(env_id):
         env = jax_envs.load(env_id, tuple(settings))
         return jax_envs.observation_space(env), jax_envs.action_space(env)
     spec = envpool.make_spec(env_id)
     return spec.observation_space, spec.action_space
+
+
+def action_space_of(args):
+    """The action space of --env-id with --env-params (a JAX environment's bounds may depend on its
+    parameters)."""
+    return task_spaces(args.env_id, tuple(args.env_params))[1]
 
 
 def is_atari(env_id: str) -> bool:
@@ -82,19 +88,19 @@ def make_env(args, seed: int, num_envs: int):
 
 def is_continuous(env_id: str) -> bool:
     """Tasks whose actions are vectors of reals (MuJoCo, dm_control), not the index of a choice."""
-    return np.issubdtype(spaces_of(env_id)[1].dtype, np.floating)
+    return np.issubdtype(task_spaces(env_id)[1].dtype, np.floating)
 
 
 def has_image_observations(env_id: str) -> bool:
     """Tasks observed as stacked frames (channels, height, width), as Atari's: the tasks a CNN torso
     is for."""
-    return len(getattr(spaces_of(env_id)[0], "shape", None) or ()) == 3
+    return len(getattr(task_spaces(env_id)[0], "shape", None) or ()) == 3
 
 
 def observation_size(env_id: str) -> int:
     """The features of a `flat_observation` of the task: of every key of dm_control's dict
     observations."""
-    space = spaces_of(env_id)[0]
+    space = task_spaces(env_id)[0]
     spaces = space.spaces.values() if hasattr(space, "spaces") else [space]
     return sum(int(np.prod(s.shape)) for s in spaces)
 

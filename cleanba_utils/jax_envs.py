@@ -137,7 +137,7 @@ def load(env_id: str, settings: tuple[str, ...] = ()) -> JaxEnv:
 def _gymnasium_space(space) -> gymnasium.Space:
     """A gymnax space as the gymnasium space envpool would give (Discrete or Box)."""
     if hasattr(space, "n"):
-        return gymnasium.spaces.Discrete(int(space.n))
+        return gymnasium.spaces.Discrete(int(space.n), dtype=np.int32)
     if hasattr(space, "low") and hasattr(space, "shape"):
         shape = tuple(space.shape)
         low = np.broadcast_to(np.asarray(space.low, np.float32), shape)

@@ -22,9 +22,9 @@ def observes_small_images(env_id: str) -> bool:
     10x10 channels of 0 and 1: a JAX environment's float images. Every discrete script gives them
     `MinAtarTorso` (Young & Tian, 2019: the network MinAtar was published with, sized for 10x10
     inputs; the Atari torsos' strides and pools would shrink such an image to almost nothing)."""
-    from cleanba_utils.envs import spaces_of
+    from cleanba_utils.envs import task_spaces
 
-    space = spaces_of(env_id)[0]
+    space = task_spaces(env_id)[0]
     return len(space.shape) == 3 and space.dtype != "uint8"
 
 

@@ -235,7 +235,7 @@ def test_the_update_clips_the_actors_gradient_and_copies_the_targets():
     # way, its second is not), the critic alike; the target copy falls on step 2 of a period of 2.
     rng = np.random.default_rng(0)
     device = jax.local_devices()[0]
-    spaces = dpg.spaces_of("Hopper-v4")
+    spaces = dpg.spaces_of(dpg.Args(env_id="Hopper-v4"))
     batches = dpg.Batch(
         obs=rng.normal(size=(1, 2, 4, spaces.obs_dim)).astype(np.float32),
         actions=rng.uniform(-1, 1, size=(1, 2, 4, 3)).astype(np.float32),

@@ -1,0 +1,246 @@
+"""JAX environments (`gymnax:` and `jax:` ids, cleanba_utils/jax_envs.py): the compiled rollout
+plays what a plain Python loop over gymnax's own functions plays with the same actions, keys and
+reset steps; bad ids, parameters and spaces are one line and exit 2; the continuous scripts resume a
+JAX environment's run bitwise; the worked example of a researcher's own environment trains."""
+
+import json
+import subprocess
+import sys
+import types
+from collections import deque
+
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import REPO, fingerprint_of, run_script
+
+from cleanba_utils import compiled_rollout, jax_envs
+from cleanba_utils.envs import make_env
+from cleanba_utils.run import Episodes
+
+NUM_STEPS = 24
+ENV_OFFSET = 3
+SEED = 5
+
+
+class Writer:
+    def __init__(self):
+        self.scalars = []
+
+    def add_scalar(self, key, value, step):
+        self.scalars.append((key, float(value), step))
+
+
+def fake_run(writer):
+    episodes = lambda n: Episodes(writer, deque(maxlen=100), np.zeros(n), np.zeros(n, np.int64))
+    return types.SimpleNamespace(episodes=episodes)
+
+
+def act(params, obs, env_ids, step, step_input):
+    """Actions of Breakout's 3 that depend on the observation, the step and the environment."""
+    features = obs.reshape(obs.shape[0], -1).sum(axis=1).astype(jnp.int32)
+    return (features + step + env_ids) % 3, ()
+
+
+def key_at(env_seed: int, step: int):
+    """The documented rule: environment i of an instance seeded s draws from PRNGKey(s + i) folded
+    with the stream constant, then with the step (the first reset: step 2**32 - 1)."""
+    key = jax.random.fold_in(jax.random.PRNGKey(env_seed), jax_envs.ENV_KEY_STREAM)
+    return jax.random.fold_in(key, np.uint32(step % 2**32))
+
+
+def plain_loop(env_seed: int, actions: np.ndarray, max_steps: int):
+    """One environment of gymnax's Breakout-MinAtar stepped from Python with gymnax's own
+    `reset_env`, `step_env` and `is_truncated`, envpool's reset step after every episode's end.
+    Returns per step (obs acted on, reward, terminated, truncated, is_reset)."""
+    env, params = gymnax.make("Breakout-MinAtar")
+    params = params.replace(max_steps_in_episode=max_steps)
+    obs, state = env.reset_env(key_at(env_seed, -1), params)
+    played = []
+    next_is_reset = False
+    for step, action in enumerate(actions):
+        step_key, reset_key = jax.random.split(key_at(env_seed, step))
+        if next_is_reset:
+            next_obs, state = env.reset_env(reset_key, params)
+            reward, terminated, truncated = 0.0, False, False
+        else:
+            next_obs, state, reward, terminated, _ = env.step_env(
+                step_key, state, int(action), params
+            )
+            truncated = bool(env.is_truncated(state, params))
+        played.append(
+            (np.transpose(np.asarray(obs), (2, 0, 1)), float(reward), bool(terminated), truncated)
+        )
+        played[-1] += (next_is_reset,)
+        next_is_reset = bool(terminated) or truncated
+        obs = next_obs
+    return played
+
+
+def test_the_compiled_rollout_plays_what_a_plain_loop_over_gymnax_plays():
+    # Episodes capped at 10 steps: truncations and reset steps fall inside each rollout, besides
+    # Breakout's own terminations.
+    args = types.SimpleNamespace(
+        env_id="gymnax:Breakout-MinAtar",
+        env_params=("max_steps_in_episode=10",),
+        seed=SEED,
+        local_num_envs=3,
+        num_steps=NUM_STEPS,
+        envpool_num_threads=None,
+        num_actor_threads=1,
+        actor_device_ids=(0,),
+    )
+    writer = Writer()
+    rollout = compiled_rollout.start(
+        make_env,
+        args,
+        run=fake_run(writer),
+        num_envs=8,
+        env_offset=ENV_OFFSET,
+        env_record=None,
+        act=act,
+    )
+    plays = [rollout.play(None, update) for update in (1, 2)]
+    steps = jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *[p.steps for p in plays])
+    for env in range(3):
+        reference = plain_loop(SEED + ENV_OFFSET + env, steps.env_actions[env], max_steps=10)
+        obs, rewards, terminated, truncated, is_reset = map(np.array, zip(*reference))
+        np.testing.assert_array_equal(steps.obs[env], obs)
+        np.testing.assert_array_equal(steps.rewards[env], rewards.astype(np.float32))
+        np.testing.assert_array_equal(steps.terminations[env], terminated)
+        np.testing.assert_array_equal(steps.truncations[env], truncated)
+        np.testing.assert_array_equal(steps.is_reset[env], is_reset)
+        assert truncated.any() and is_reset.any()
+    # The actions are the policy's of the observations it was given, at the run's steps.
+    expected = act(None, jnp.asarray(steps.obs.swapaxes(0, 1).reshape(-1, 4, 10, 10)), 0, 0, 0)
+    features = np.asarray(expected[0]).reshape(2 * NUM_STEPS, 3).T
+    env_ids = np.arange(ENV_OFFSET, ENV_OFFSET + 3)[:, None]
+    np.testing.assert_array_equal(
+        steps.env_actions, (features + np.arange(2 * NUM_STEPS) + env_ids) % 3
+    )
+    # Episodes logged are those of the reference: every ended episode's return.
+    logged = [value for key, value, _ in writer.scalars if key == "charts/episodic_return"]
+    ended = steps.terminations | steps.truncations
+    assert len(logged) == ended.sum()
+
+
+def test_the_numpy_interface_steps_as_the_compiled_rollout():
+    envs = jax_envs.JaxVectorEnv("gymnax:Breakout-MinAtar", ("max_steps_in_episode=10",), 11, 2)
+    obs, _ = envs.reset()
+    actions = np.array([[1, 2], [0, 0], [2, 1]] * 5)
+    reference = [plain_loop(11 + env, actions[:, env], max_steps=10) for env in range(2)]
+    for step, action in enumerate(actions):
+        np.testing.assert_array_equal(obs, np.stack([r[step][0] for r in reference]))
+        obs, rewards, terminated, truncated, _ = envs.step(action)
+        np.testing.assert_array_equal(terminated, [r[step][2] for r in reference])
+        np.testing.assert_array_equal(truncated, [r[step][3] for r in reference])
+        np.testing.assert_array_equal(rewards, np.float32([r[step][1] for r in reference]))
+
+
+@pytest.mark.parametrize(
+    "script, args, message",
+    [
+        ("cleanba_ppo.py", ["--env-id", "gymnax:NoSuchGame"], "gymnax has no environment"),
+        ("cleanba_ppo.py", ["--env-id", "jax:no_such_module:Env"], "cannot import"),
+        ("cleanba_ppo.py", ["--env-id", "jax:json:JSONDecoder"], "gymnax's interface"),
+        ("cleanba_ppo.py", ["--env-id", "jax:json"], "is not an import path"),
+        ("cleanba_ppo.py", ["--env-id", "NoSuchGame-v5"], "is not an envpool environment"),
+        (
+            "cleanba_ppo.py",
+            ["--env-id", "gymnax:Breakout-MinAtar", "--env-params", "speed=3"],
+            "has no parameter speed",
+        ),
+        (
+            "cleanba_ppo.py",
+            ["--env-id", "gymnax:Breakout-MinAtar", "--env-params", "max_steps_in_episode=nan"],
+            "is not a finite value",
+        ),
+        (
+            "cleanba_ppo.py",
+            ["--env-id", "gymnax:Breakout-MinAtar", "--env-params", "max_steps_in_episode"],
+            "takes NAME=VALUE",
+        ),
+        ("cleanba_ppo.py", ["--env-id", "Breakout-v5", "--env-params", "a=1"], "has no effect"),
+        (
+            "cleanba_ppo.py",
+            ["--env-id", "gymnax:CartPole-v1", "--env-splits", "2"],
+            "has no effect on a JAX environment",
+        ),
+        ("cleanba_ppo.py", ["--env-id", "gymnax:Pendulum-v1"], "has continuous actions"),
+        ("cleanba_sac.py", ["--env-id", "gymnax:Breakout-MinAtar"], "has discrete actions"),
+    ],
+)
+def test_bad_ids_parameters_and_spaces_are_one_line_and_exit_2(tmp_path, script, args, message):
+    result = run_script(script, args, tmp_path, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr[-2000:]
+    assert not (tmp_path / "runs").exists()
+
+
+RESUME_DRIVER = """
+import importlib
+import json
+import sys
+
+sys.path.insert(0, sys.argv[3])
+from preempt import run_command  # noqa: E402
+
+script = importlib.import_module(f"cleanba.{sys.argv[1]}")
+argv = json.loads(sys.argv[2])
+run_command(script, dict(argv=argv, name="whole"))
+run_command(script, dict(argv=argv, name="resumed", preempted_after=int(sys.argv[4])))
+"""
+
+PENDULUM = ["--env-id", "gymnax:Pendulum-v1", "--local-num-envs", "2", "--log-frequency", "1"]
+RESUMED = {
+    "cleanba_sac": [
+        *["--num-steps", "25", "--total-timesteps", "600", "--learning-starts", "200"],
+        *["--hiddens", "16", "16", "--batch-size", "16", "--buffer-size", "1000"],
+        "--concurrency",
+    ],
+    "cleanba_ppo_continuous": [
+        *["--num-steps", "50", "--total-timesteps", "800", "--num-minibatches", "2"],
+        *["--update-epochs", "2"],
+    ],
+    "cleanba_apex_dpg": [
+        *["--num-steps", "25", "--total-timesteps", "600", "--learning-starts", "200"],
+        *["--random-steps", "100", "--batch-size", "16", "--buffer-size", "1000"],
+        *["--critic-hiddens", "16", "16", "--actor-hiddens", "16", "16", "--checkpoint-replay"],
+    ],
+}
+
+
+@pytest.mark.parametrize("script", list(RESUMED))
+def test_a_continuous_script_resumes_a_jax_environment_bitwise(tmp_path, script):
+    # Pendulum's episodes are 200 steps: the stop (after update 5 of 8 to 12) falls within
+    # episodes, whose environments' state the checkpoint holds whole.
+    argv = [*PENDULUM, *RESUMED[script]]
+    result = subprocess.run(
+        [sys.executable, "-c", RESUME_DRIVER, script, json.dumps(argv), str(REPO / "tests"), "5"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "resumed.preempted.json").read_text()) == 143
+    assert "resuming resumed from update 5" in result.stdout
+    summaries = [
+        json.loads((tmp_path / "runs" / name / "summary.json").read_text())
+        for name in ("whole", "resumed")
+    ]
+    assert summaries[0]["params_fingerprint"] == summaries[1]["params_fingerprint"]
+
+
+def test_ppo_on_minatar_repeats_its_fingerprint(tmp_path):
+    args = [
+        *["--env-id", "gymnax:Breakout-MinAtar", "--local-num-envs", "4", "--num-steps", "16"],
+        *["--num-actor-threads", "1", "--num-minibatches", "2", "--update-epochs", "1"],
+        *["--gradient-accumulation-steps", "1", "--total-timesteps", "256"],
+    ]
+    fingerprints = [fingerprint_of(run_script("cleanba_ppo.py", args, tmp_path)) for _ in "ab"]
+    assert fingerprints[0] == fingerprints[1]
