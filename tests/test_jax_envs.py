@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import REPO, fingerprint_of, run_script
+from helpers import REPO, fingerprint_of, run_script, scalars
 
 from cleanba_utils import compiled_rollout, jax_envs
 from cleanba_utils.envs import make_env
@@ -244,3 +244,36 @@ def test_ppo_on_minatar_repeats_its_fingerprint(tmp_path):
     ]
     fingerprints = [fingerprint_of(run_script("cleanba_ppo.py", args, tmp_path)) for _ in "ab"]
     assert fingerprints[0] == fingerprints[1]
+
+
+def test_the_worked_example_of_a_researchers_own_environment_learns(tmp_path):
+    """docs/jax_environments.md's command on docs/examples/corridor.py, shortened to 20k steps: the
+    mean length of the last 100 episodes (from the first half of a corridor of 12 cells to its end,
+    cut at 50 steps). Measured on this project's 2-core x86 CPU machine, 2026-11-29 (shared with
+    other work), seeds 1..10: 9.45, 10.34, 11.08, 8.96, 9.73, 10.11, 9.06, 9.57, 9.89, 9.67; a
+    frozen learner (learning rate 1e-12), seeds 1..10: 45.19, 44.17, 43.31, 43.83, 44.62, 44.05, 46.46,
+    42.67, 45.37, 43.24. Threshold 25: 14 above the worst seed, 18 below the best frozen run."""
+    page = (REPO / "docs" / "jax_environments.md").read_text()
+    command = page[page.index("PYTHONPATH=docs/examples uv run python") :].split("```")[0]
+    argv = command.replace("\\\n", " ").split()[4:]
+    assert argv[0] == "cleanba/cleanba_ppo.py"
+    steps = argv.index("--total-timesteps")
+    argv = [
+        *argv[1:steps],
+        *argv[steps + 2 :],
+        "--total-timesteps",
+        "20000",
+        "--run-name",
+        "corridor",
+    ]
+    result = run_script(
+        "cleanba_ppo.py",
+        argv,
+        tmp_path,
+        extra_env={"PYTHONPATH": str(REPO / "docs" / "examples")},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lengths = [
+        value for _, value in scalars(tmp_path / "runs" / "corridor", "charts/episodic_length")
+    ]
+    assert np.mean(lengths[-100:]) < 25
