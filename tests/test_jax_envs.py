@@ -252,7 +252,8 @@ def test_the_worked_example_of_a_researchers_own_environment_learns(tmp_path):
     cut at 50 steps). Measured on this project's 2-core x86 CPU machine, 2026-11-29 (shared with
     other work), seeds 1..10: 9.45, 10.34, 11.08, 8.96, 9.73, 10.11, 9.06, 9.57, 9.89, 9.67; a
     frozen learner (learning rate 1e-12), seeds 1..10: 45.19, 44.17, 43.31, 43.83, 44.62, 44.05,
-    46.46, 42.67, 45.37, 43.24. Threshold 25: 14 above the worst seed, 18 below the best frozen run."""
+    46.46, 42.67, 45.37, 43.24. Threshold 25: 14 above the worst seed, 18 below the best frozen
+    run."""
     page = (REPO / "docs" / "jax_environments.md").read_text()
     command = page[page.index("PYTHONPATH=docs/examples uv run python") :].split("```")[0]
     argv = command.replace("\\\n", " ").split()[4:]
