@@ -170,7 +170,9 @@ def observation_space(env: JaxEnv) -> gymnasium.Space:
     if _is_image(shape):
         shape = (shape[2], shape[0], shape[1])
     low, high = (0, 255) if dtype == np.uint8 else (-np.inf, np.inf)
-    return gymnasium.spaces.Box(low, high, shape, dtype)
+    return gymnasium.spaces.Box(
+        np.full(shape, low, dtype), np.full(shape, high, dtype), shape, dtype
+    )
 
 
 class EnvsState(NamedTuple):

@@ -39,17 +39,20 @@ RUN_NEEDS = {
     "upload_model": ["--save-model"],
     "hf_entity": ["--upload-model", "--save-model"],
 }
+# --env-params acts on a JAX environment's parameters.
+DISCRETE_NEEDS = {**RUN_NEEDS, "env_params": ["--env-id", "gymnax:Breakout-MinAtar"]}
+CONTINUOUS_NEEDS = {**RUN_NEEDS, "env_params": ["--env-id", "gymnax:Pendulum-v1"]}
 SCRIPTS = {
-    "ppo": (cleanba_ppo, {**RUN_NEEDS, "eval_every": ["--eval-episodes", "2"]}),
-    "impala": (cleanba_impala, {**RUN_NEEDS, "eval_every": ["--eval-episodes", "2"]}),
+    "ppo": (cleanba_ppo, {**DISCRETE_NEEDS, "eval_every": ["--eval-episodes", "2"]}),
+    "impala": (cleanba_impala, {**DISCRETE_NEEDS, "eval_every": ["--eval-episodes", "2"]}),
     "apex_dqn": (
         cleanba_apex_dqn,
-        {**RUN_NEEDS, "eval_every": ["--eval-episodes", "2"]},
+        {**DISCRETE_NEEDS, "eval_every": ["--eval-episodes", "2"]},
     ),
     "gala_a2c": (
         cleanba_gala_a2c,
         {
-            **RUN_NEEDS,
+            **DISCRETE_NEEDS,
             "eval_actions": ["--eval-episodes", "2"],
             "eval_every": ["--eval-episodes", "2"],
             "staleness_bound": ["--gossip", "async"],
@@ -57,15 +60,15 @@ SCRIPTS = {
     ),
     "ppo_continuous": (
         cleanba_ppo_continuous,
-        {**RUN_NEEDS, "eval_every": ["--eval-episodes", "2"]},
+        {**CONTINUOUS_NEEDS, "eval_every": ["--eval-episodes", "2"]},
     ),
     "sac": (
         cleanba_sac,
-        {**RUN_NEEDS, "eval_every": ["--eval-episodes", "2"], "alpha": ["--no-autotune"]},
+        {**CONTINUOUS_NEEDS, "eval_every": ["--eval-episodes", "2"], "alpha": ["--no-autotune"]},
     ),
     "apex_dpg": (
         cleanba_apex_dpg,
-        {**RUN_NEEDS, "eval_every": ["--eval-episodes", "2"]},
+        {**CONTINUOUS_NEEDS, "eval_every": ["--eval-episodes", "2"]},
     ),
 }
 # Options that act at the defaults but not in another configuration: (configuration + option, the
@@ -122,6 +125,7 @@ VALUES = {
     "actor_device_ids": ["1"],
     "learner_device_ids": ["1"],
     "envpool_num_threads": ["3"],
+    "env_params": ["max_steps_in_episode=100"],
     # None in `Args`: the platform's value (`PLATFORM_DEFAULTS`).
     "env_splits": ["3"],
     "gradient_accumulation_steps": ["2"],
@@ -146,6 +150,11 @@ def other_value(script, field: dataclasses.Field) -> list[str]:
         return [next(choice for choice in typing.get_args(field.type) if choice != default)]
     if field.name == "channels" and default is None:
         return ["8", "16", "16"]
+    # None in `Args`: the observations' value (`torsos.resolve_image_defaults`).
+    if field.name == "hiddens" and default is None:
+        return ["24"]
+    if field.name == "torso" and default is None:
+        return ["impala"]
     if isinstance(default, bool):
         return []
     if isinstance(default, tuple):
