@@ -20,8 +20,9 @@ import optax
 import rlax
 from flax.training.train_state import TrainState
 
-from cleanba_utils import accelerators, distributed, hub, parsing
+from cleanba_utils import accelerators, compiled_rollout, distributed, hub, parsing
 from cleanba_utils.devices import first_replica, gathered_rollouts, local_shares, replicate
+from cleanba_utils.env_ids import is_jax_env
 from cleanba_utils.envs import make_env
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
@@ -33,7 +34,13 @@ from cleanba_utils.handoff import (
     take_rollouts,
 )
 from cleanba_utils.huge_pages import restart_with_huge_pages
-from cleanba_utils.replay.frame_ring import FrameRing, frame_ring_bytes, frame_spec, make_frame_ring
+from cleanba_utils.replay.frame_ring import (
+    FrameRing,
+    frame_ring_bytes,
+    frame_spec,
+    make_frame_ring,
+    stacks_frames,
+)
 from cleanba_utils.replay.n_step import n_step_transitions
 from cleanba_utils.replay.prioritized_learning import (
     PRIORITY_EPSILON,
@@ -47,7 +54,15 @@ from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.split_envs import SplitEnvs
 from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put
-from cleanba_utils.torsos import ImpalaTorso, NatureTorso, check_torso_channels, torso_channels
+from cleanba_utils.torsos import (
+    MINATAR_HIDDENS,
+    TORSO_CHANNELS,
+    ImpalaTorso,
+    MinAtarTorso,
+    NatureTorso,
+    check_torso_channels,
+    observes_small_images,
+)
 
 # === Args ===
 
@@ -115,18 +130,22 @@ class Args(DeviceArgs):
     """copy the parameters to the target network every this many optimizer steps"""
     max_grad_norm: float = positive(40.0)
     """the maximum global norm of the gradient"""
-    torso: Literal["nature", "impala"] = "nature"
+    torso: Literal["nature", "impala", "minatar"] | None = None
     """the torso of image observations: "nature", the Nature DQN CNN of the Dueling DDQN agent that
-    Ape-X uses (Wang et al., 2016: 8x8 stride 4, 4x4 stride 2, 3x3 stride 1), or "impala", the
-    IMPALA ResNet"""
+    Ape-X uses (Wang et al., 2016: 8x8 stride 4, 4x4 stride 2, 3x3 stride 1), "impala", the IMPALA
+    ResNet, or "minatar", Young & Tian's (2019) MinAtar network (a 3x3 stride-1 convolution per
+    --channels entry). Default: "minatar" for small images (a JAX environment's float images, as
+    MinAtar's 10x10 channels: the Nature DQN's 8x8 stride-4 convolutions cannot take them), "nature"
+    otherwise (Atari's frames)"""
     channels: tuple[int, ...] | None = None
     """the channels of the torso's convolutions: --torso nature takes exactly three (default 32 64
     64, the Nature DQN's), --torso impala one per ResNet stack (default 16 32 32, the IMPALA
-    paper's)"""
-    hiddens: tuple[int, ...] = (512,)
+    paper's), --torso minatar one per convolution (default 16, Young & Tian's)"""
+    hiddens: tuple[int, ...] | None = None
     """dense layers: all but the last continue the torso (after the CNN, or the MLP of vector
-    observations); the last is the hidden layer of each of the dueling value and advantage streams
-    (512 each in the Dueling DDQN agent)"""
+    observations); the last is the hidden layer of each of the dueling value and advantage streams.
+    Default: 512 (the Dueling DDQN agent's), 128 for small images (Young & Tian's MinAtar network's
+    one hidden layer)"""
     pipeline: bool = True
     """sample the next batch and write the priorities in a background thread while the update runs;
     --no-pipeline waits for them (the same run, slower)"""
@@ -167,13 +186,24 @@ def parse_args(argv=None) -> Args:
 
 def validate(args: Args):
     """Checks every argument that needs no device, before any other work; exits 2 on the first
-    problem."""
+    problem. Gives --hiddens and --torso left unset (None) their default for the task's
+    observations (--torso after the check that refuses it set for vector observations)."""
     parsing.check_fields(args)
     parsing.check_run_options(args)
+    if args.hiddens is None:
+        args.hiddens = default_hiddens(args.env_id)
     parsing.check_layers(args, ["channels", "hiddens"])
     parsing.check_discrete_actions(args)
     parsing.check_needs(args, NEEDS)
+    if args.torso is None:
+        args.torso = default_torso(args.env_id)
     check_torso_channels(args)
+    if args.torso == "nature" and observes_small_images(args.env_id):
+        fail(
+            f"--torso nature cannot take the small images of --env-id {args.env_id}: its 8x8 "
+            "stride-4 convolutions need Atari's 84x84 frames; use --torso minatar (the default "
+            "here) or impala"
+        )
     if args.learning_starts > args.buffer_size:
         fail(
             f"--learning-starts {args.learning_starts} exceeds --buffer-size {args.buffer_size}: "
@@ -197,6 +227,17 @@ def validate_layout(args: Args):
     )
 
 
+def default_torso(env_id: str) -> str:
+    """Young & Tian's (2019) MinAtar network for small images, the Nature DQN's otherwise."""
+    return "minatar" if observes_small_images(env_id) else "nature"
+
+
+def default_hiddens(env_id: str) -> tuple[int, ...]:
+    """Young & Tian's one hidden layer of 128 for small images, the Dueling DDQN agent's 512
+    otherwise."""
+    return MINATAR_HIDDENS if observes_small_images(env_id) else (512,)
+
+
 # === Environment ===
 
 
@@ -206,11 +247,15 @@ def validate_layout(args: Args):
 # === Network ===
 
 
+TORSOS = {"nature": NatureTorso, "impala": ImpalaTorso, "minatar": MinAtarTorso}
+
+
 class Network(nn.Module):
-    """Dueling Q-network (Wang et al., 2016): a CNN torso for stacked frames (N, C, H, W), the
-    observation itself for vector observations (N, D), then the dense layers of `hiddens` but the
-    last, then a value and an advantage stream with a hidden layer of hiddens[-1] each, Q = V + A -
-    mean(A)."""
+    """Dueling Q-network (Wang et al., 2016): a CNN torso (`TORSOS`) for images (N, C, H, W),
+    stacked frames of uint8 pixels (scaled to [0, 1]) or small float images (taken as they are),
+    the observation itself for vector observations (N, D), then the dense layers of `hiddens` but
+    the last, then a value and an advantage stream with a hidden layer of hiddens[-1] each, Q = V +
+    A - mean(A)."""
 
     torso: str
     channels: tuple[int, ...]
@@ -220,9 +265,10 @@ class Network(nn.Module):
     @nn.compact
     def __call__(self, obs):
         if obs.ndim == 4:
-            x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
-            torso = NatureTorso if self.torso == "nature" else ImpalaTorso
-            x = torso(self.channels)(x)
+            x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32)
+            if obs.dtype == jnp.uint8:
+                x = x / 255.0
+            x = TORSOS[self.torso](self.channels)(x)
         else:
             x = obs.astype(jnp.float32)
         for hidden in self.hiddens[:-1]:
@@ -236,7 +282,11 @@ class Network(nn.Module):
 
 
 def network_of(args: Args, num_actions: int) -> Network:
-    return Network(args.torso, torso_channels(args), args.hiddens, num_actions)
+    """The network of `args`, its unset options (None) at their defaults for the task."""
+    torso = args.torso or default_torso(args.env_id)
+    channels = TORSO_CHANNELS[torso] if args.channels is None else args.channels
+    hiddens = default_hiddens(args.env_id) if args.hiddens is None else args.hiddens
+    return Network(torso, channels, hiddens, num_actions)
 
 
 # === Actor ===
@@ -327,61 +377,196 @@ def epsilon_greedy(q_values, epsilons, key, step, env_ids):
     return jnp.where(explore, random, jnp.argmax(q_values, axis=1))
 
 
-class Acted(NamedTuple):
-    """What the actor keeps of one step of a split besides the actions: the newest frame of each
-    observation, the Q-value of the action taken and the greedy Q-value."""
+class QOutputs(NamedTuple):
+    """What the actor keeps of its policy's step beside the actions: the Q-value of the action taken
+    and the greedy Q-value (the terms of the initial priorities)."""
+
+    q_taken: jax.Array
+    q_max: jax.Array
+
+
+def policy_step(network, action_key, params, obs, env_ids, step, epsilons):
+    """The actor's step on a batch of environments (`env_ids`, their global indices) at policy step
+    `step`: ε-greedy actions with each environment's own ε (`epsilons`, `epsilons_of`) and their
+    `QOutputs`. Both actor paths take this step: called per step (envpool's environments) or inside
+    the compiled rollout (a JAX environment's)."""
+    q_values = network.apply(params, obs)
+    action = epsilon_greedy(q_values, epsilons=epsilons, key=action_key, step=step, env_ids=env_ids)
+    q_taken = q_values[jnp.arange(action.shape[0]), action]
+    return action, QOutputs(q_taken=q_taken, q_max=q_values.max(axis=1))
+
+
+class PlayedSteps(NamedTuple):
+    """A rollout of an actor thread's environments as either path plays it, env-major (envs, steps):
+    what the replay stores of each observation acted on (`stored_frames`), the actions and their
+    `QOutputs`, what the environments gave back (`is_reset`: envpool's reset steps), and the
+    seconds spent inferring and stepping."""
 
     frames: np.ndarray
-    q_taken: np.ndarray
-    q_max: np.ndarray
+    actions: np.ndarray
+    outputs: QOutputs
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    is_reset: np.ndarray
+    inference_time: float
+    env_step_time: float
+
+
+def stored_frames(obs, stacked: bool):
+    """What the replay stores of observations (..., C, H, W) or (..., D): the newest frame of
+    stacked frames (`frame_ring.stacks_frames`), else the whole observation."""
+    return obs[..., -1, :, :] if stacked else obs
+
+
+def lowest_epsilon_logger(run, sizes, env_ids):
+    """`log(done, finished, global_step)`, given the environments (local indices) whose episodes
+    ended and those episodes' returns: the quarter of the run's environments with the lowest ε (at
+    least one) log their returns under their own key."""
+    lowest_epsilon_quarter = env_ids >= sizes.num_envs - max(1, sizes.num_envs // 4)
+
+    def log(done, finished, global_step):
+        for env, episode_return in zip(np.flatnonzero(done), finished):
+            if lowest_epsilon_quarter[env]:
+                run.log({"charts/lowest_epsilon_return": episode_return}, global_step)
+
+    return log
+
+
+def envpool_player(args, run, sizes, network, action_key, env_offset, device, log_lowest):
+    """`play(params, update) -> PlayedSteps` for envpool's environments: stepped in Python, in
+    --env-splits splits (`SplitEnvs`), the policy inferred on `device` for each split in turn."""
+    envs = SplitEnvs.of_actor_thread(make_env, args, env_offset)
+    epsilons = epsilons_of(envs.env_ids, sizes.num_envs, args.epsilon_base, args.epsilon_alpha)
+    split_epsilons = [jax.device_put(epsilons[s], device) for s in envs.env_slices]
+    split_env_ids = [jax.device_put(envs.env_ids[s], device) for s in envs.env_slices]
+    stacked = stacks_frames(args.env_id)
+    policy = jax.jit(functools.partial(policy_step, network, action_key))
+    episodes = run.episodes(args.local_num_envs)
+
+    def count_episodes(step, played):
+        done = played.terminations | played.truncations
+        global_step = step * sizes.num_envs
+        reward = played.info.get("reward", played.rewards)
+        log_lowest(done, episodes.step(reward, done, played.is_reset, global_step), global_step)
+
+    def play(params, update):
+        def act(step, split, obs):
+            action, outputs = jax.device_get(
+                policy(
+                    params,
+                    jax.device_put(obs, device),
+                    split_env_ids[split],
+                    step,
+                    split_epsilons[split],
+                )
+            )
+            return action, (stored_frames(obs, stacked), outputs)
+
+        # envpool's environment reset on the step after an episode's end ignores the action,
+        # returns the first observation of the next episode, and is masked out of learning
+        # (`is_reset`).
+        played = envs.play(
+            first_step=(update - 1) * args.num_steps,
+            num_steps=args.num_steps,
+            act=act,
+            record=count_episodes,
+        )
+        steps = played.steps
+        env_major = lambda arrays: np.stack(arrays, axis=1)
+        outputs = [s.outputs[1] for s in steps]
+        return PlayedSteps(
+            frames=env_major([s.outputs[0] for s in steps]),
+            actions=env_major([s.actions for s in steps]),
+            outputs=QOutputs(*[env_major(field) for field in zip(*outputs)]),
+            rewards=env_major([s.rewards for s in steps]),
+            terminations=env_major([s.terminations for s in steps]),
+            truncations=env_major([s.truncations for s in steps]),
+            is_reset=env_major([s.is_reset for s in steps]),
+            inference_time=played.inference_time,
+            env_step_time=played.env_step_time,
+        )
+
+    return play
+
+
+def compiled_player(args, run, sizes, network, action_key, env_offset, log_lowest):
+    """`play(params, update) -> PlayedSteps` for a JAX environment: the policy's and the
+    environments' steps in one compiled program (`compiled_rollout`), with the same `policy_step`
+    and per-environment ε as `envpool_player`."""
+    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
+    epsilons = epsilons_of(env_ids, sizes.num_envs, args.epsilon_base, args.epsilon_alpha)
+    # float32, as `jax.device_put` gives envpool_player's; a constant of the program.
+    epsilons = epsilons.astype(np.float32)
+
+    def act(params, obs, env_ids, step, step_input):
+        return policy_step(network, action_key, params, obs, env_ids, step, epsilons)
+
+    envs = compiled_rollout.start(
+        make_env,
+        args,
+        run=run,
+        num_envs=sizes.num_envs,
+        env_offset=env_offset,
+        env_record=None,
+        act=act,
+    )
+    # The compiled rollout counts and logs the episodes; the lowest-ε quarter's returns are also
+    # logged on their own, from the same count.
+    count_episodes = envs.episodes.step
+
+    def count_and_log(reward, done, is_reset, global_step):
+        finished = count_episodes(reward, done, is_reset, global_step)
+        log_lowest(done, finished, global_step)
+        return finished
+
+    envs.episodes.step = count_and_log
+    stacked = stacks_frames(args.env_id)
+
+    def play(params, update):
+        played = envs.play(params, update)
+        steps = played.steps
+        return PlayedSteps(
+            frames=stored_frames(steps.obs, stacked),
+            actions=steps.env_actions,
+            outputs=steps.outputs,
+            rewards=steps.rewards,
+            terminations=steps.terminations,
+            truncations=steps.truncations,
+            is_reset=steps.is_reset,
+            inference_time=0.0,
+            env_step_time=played.env_step_time,
+        )
+
+    return play
+
+
+def count_episode_steps(episode_step, is_reset):
+    """Each step's observation's step in its episode (uint8, to 255: enough to rebuild a stack),
+    env-major (envs, steps), and the count after the rollout, given `episode_step` before it. The
+    observation after a reset step is its episode's first."""
+    steps = []
+    for t in range(is_reset.shape[1]):
+        steps.append(episode_step)
+        episode_step = np.where(is_reset[:, t], 0, np.minimum(episode_step, 254) + 1)
+        episode_step = episode_step.astype(np.uint8)
+    return np.stack(steps, axis=1), episode_step
 
 
 def actor_thread(
     args, sizes, run, network, first_update, env_offset, device, param_queue, rollout_queue
 ):
     """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs
-    - 1."""
-    envs = SplitEnvs.of_actor_thread(make_env, args, env_offset)
-    env_ids = envs.env_ids
-    epsilons = epsilons_of(env_ids, sizes.num_envs, args.epsilon_base, args.epsilon_alpha)
-    split_epsilons = [jax.device_put(epsilons[s], device) for s in envs.env_slices]
-    split_env_ids = [jax.device_put(env_ids[s], device) for s in envs.env_slices]
-    # The quarter of the environments with the lowest ε (at least one) log their returns on their
-    # own.
-    lowest_epsilon_quarter = env_ids >= sizes.num_envs - max(1, sizes.num_envs // 4)
-    image = len(envs.instances[0].observation_space.shape) == 3
+    - 1. envpool's environments step in Python beside the policy's inference; a JAX environment's
+    steps and the policy's run in one compiled program. Either way the rollout's n-step
+    transitions and initial priorities are computed here (`rollout_data`)."""
+    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
-
-    @jax.jit
-    def get_action(params, obs, step, epsilons, env_ids):
-        q_values = network.apply(params, obs)
-        action = epsilon_greedy(
-            q_values, epsilons=epsilons, key=action_key, step=step, env_ids=env_ids
-        )
-        return action, q_values[jnp.arange(action.shape[0]), action], q_values.max(axis=1)
-
-    def act(params, policy_step, split, obs):
-        action, q_taken, q_max = jax.device_get(
-            get_action(
-                params=params,
-                obs=jax.device_put(obs, device),
-                step=policy_step,
-                epsilons=split_epsilons[split],
-                env_ids=split_env_ids[split],
-            )
-        )
-        return action, Acted(frames=obs[:, -1] if image else obs, q_taken=q_taken, q_max=q_max)
-
-    episodes = run.episodes(args.local_num_envs)
-
-    def count_episodes(policy_step, played):
-        done = played.terminations | played.truncations
-        global_step = policy_step * sizes.num_envs
-        reward = played.info.get("reward", played.rewards)
-        finished = episodes.step(reward, done, played.is_reset, global_step)
-        for env, episode_return in zip(np.flatnonzero(done), finished):
-            if lowest_epsilon_quarter[env]:
-                run.log({"charts/lowest_epsilon_return": episode_return}, global_step)
+    log_lowest = lowest_epsilon_logger(run, sizes, env_ids)
+    if is_jax_env(args.env_id):
+        play = compiled_player(args, run, sizes, network, action_key, env_offset, log_lowest)
+    else:
+        play = envpool_player(args, run, sizes, network, action_key, env_offset, device, log_lowest)
 
     tail = None
     episode_step = np.zeros(args.local_num_envs, np.uint8)
@@ -392,43 +577,27 @@ def actor_thread(
         param_queue_get_time = time.time() - param_wait_start
 
         rollout_start = time.time()
-        # envpool's environment reset on the step after an episode's end ignores the action,
-        # returns the first observation of the next episode, and is masked out of learning
-        # (`is_reset`).
-        played_steps = envs.play(
-            first_step=(update - 1) * args.num_steps,
-            num_steps=args.num_steps,
-            act=functools.partial(act, params),
-            record=count_episodes,
+        steps = play(params, update)
+        episode_steps, episode_step = count_episode_steps(episode_step, steps.is_reset)
+        played = Played(
+            frames=steps.frames,
+            episode_step=episode_steps,
+            actions=steps.actions,
+            q_taken=steps.outputs.q_taken,
+            q_max=steps.outputs.q_max,
+            rewards=steps.rewards,
+            terminations=steps.terminations,
+            truncations=steps.truncations,
+            is_reset=steps.is_reset,
         )
-        steps = []
-        for step in played_steps.steps:
-            steps.append(
-                Played(
-                    frames=step.outputs.frames,
-                    episode_step=episode_step,
-                    actions=step.actions,
-                    q_taken=step.outputs.q_taken,
-                    q_max=step.outputs.q_max,
-                    rewards=step.rewards,
-                    terminations=step.terminations,
-                    truncations=step.truncations,
-                    is_reset=step.is_reset,
-                )
-            )
-            # The observation after a reset step is its episode's first; a count to 255 tells the
-            # stack enough.
-            episode_step = np.where(step.is_reset, 0, np.minimum(episode_step, 254) + 1)
-            episode_step = episode_step.astype(np.uint8)
-        played = Played(*[np.stack(field, axis=1) for field in zip(*steps)])
         data, tail = rollout_data(
             played=played, tail=tail, env_ids=env_ids, gamma=args.gamma, n=args.n_step
         )
         timing = dict(
             param_queue_get_time=param_queue_get_time,
             rollout_time=time.time() - rollout_start,
-            inference_time=played_steps.inference_time,
-            env_step_time=played_steps.env_step_time,
+            inference_time=steps.inference_time,
+            env_step_time=steps.env_step_time,
         )
         queue_put(rollout_queue, Rollout(update, policy_version, data, timing), run.stop)
 

@@ -26,7 +26,7 @@ from helpers import (
 from scipy import stats
 
 from cleanba import cleanba_apex_dqn as apex
-from cleanba_utils.replay import sum_tree
+from cleanba_utils.replay import frame_ring, sum_tree
 from cleanba_utils.replay.n_step import n_step_transitions
 
 
@@ -262,6 +262,67 @@ def test_replay_rebuilds_stacked_observations_and_bootstraps_across_rollouts_and
             np.testing.assert_allclose(weight, (priority + apex.PRIORITY_EPSILON) ** 0.6, rtol=1e-4)
 
 
+def test_minatar_images_are_stored_whole_and_come_back_unchanged():
+    # MinAtar's (C, 10, 10) float channels are features, not stacked frames: one frame per
+    # observation, the whole observation, float32; every sampled observation and bootstrap
+    # observation is exactly the one inserted.
+    args = apex.Args(env_id="gymnax:Breakout-MinAtar", buffer_size=64, num_steps=5)
+    stack, frame_shape, dtype = frame_ring.frame_spec(args.env_id)
+    assert (stack, dtype) == (1, np.float32) and len(frame_shape) == 3
+    assert frame_shape[1:] == (10, 10)
+    assert not frame_ring.stacks_frames(args.env_id) and frame_ring.stacks_frames("Breakout-v5")
+    n, num_envs = 3, 2
+    replay = apex.make_replay(args, num_envs)
+    rng = np.random.default_rng(4)
+    truth = rng.random((num_envs, 30, *frame_shape), dtype=np.float32)  # not 0 or 1, not /255
+    tail = None
+    for start in range(0, 30, args.num_steps):
+        cut = slice(start, start + args.num_steps)
+        zeros = np.zeros((num_envs, args.num_steps), np.float32)
+        played = apex.Played(
+            frames=truth[:, cut],
+            episode_step=np.zeros((num_envs, args.num_steps), np.uint8),
+            actions=zeros.astype(np.int32),
+            q_taken=zeros,
+            q_max=zeros,
+            # Each transition's return is the step it starts at (gamma 0: its first reward).
+            rewards=np.tile(np.arange(30, dtype=np.float32)[cut], (num_envs, 1)),
+            terminations=zeros.astype(bool),
+            truncations=zeros.astype(bool),
+            is_reset=zeros.astype(bool),
+        )
+        data, tail = apex.rollout_data(played, tail, env_ids=np.arange(num_envs), gamma=0.0, n=n)
+        apex.replay_insert(replay, data, n)
+    batch, sample = apex.replay_sample(replay, 64, rng, beta=0.4)
+    assert batch.obs.shape == (64, *frame_shape) and batch.obs.dtype == np.float32
+    env = sample.items.obs // replay.frames.ring
+    step = batch.returns.astype(int)
+    np.testing.assert_array_equal(batch.obs, truth[env, step])
+    np.testing.assert_array_equal(batch.next_obs, truth[env, step + n])
+
+
+def test_minatar_network_takes_float_images_as_they_are():
+    # The default network of small images is Young & Tian's: one 3x3 convolution of 16 channels,
+    # then 128 hidden units (here in each dueling stream); Atari's defaults stay the Nature DQN's.
+    args = apex.parse_args(["--env-id", "gymnax:Breakout-MinAtar"])
+    assert (args.torso, args.channels, args.hiddens) == ("minatar", None, (128,))
+    atari = apex.parse_args(["--env-id", "Breakout-v5"])
+    assert (atari.torso, atari.hiddens) == ("nature", (512,))
+    _, state, _ = apex.init_state(args, apex.sizes_of(args, 1))
+    shapes = jax.tree.map(lambda x: x.shape, state.params["params"])
+    channels = shapes["MinAtarTorso_0"]["Conv_0"]["kernel"][2]
+    assert shapes["MinAtarTorso_0"]["Conv_0"]["kernel"] == (3, 3, channels, 16)
+    assert sorted(shapes[f"Dense_{i}"]["kernel"] for i in range(4))[-2:] == [(1024, 128)] * 2
+    # A uint8 image is scaled by 1/255 and a float one is not: the same pixels as uint8 and as
+    # their float quotient give the same Q-values (up to XLA's rounding of the division).
+    network = apex.network_of(args, num_actions=3)
+    pixels = np.random.default_rng(0).integers(0, 256, (2, channels, 10, 10)).astype(np.uint8)
+    q = lambda obs: np.asarray(network.apply(state.params, jnp.asarray(obs)))
+    scaled = pixels.astype(np.float32) / np.float32(255)
+    np.testing.assert_allclose(q(pixels), q(scaled), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(q(pixels), q(pixels.astype(np.float32)), rtol=1e-2)
+
+
 def test_double_q_targets_match_python_reference():
     rng = np.random.default_rng(0)
     batch_size, num_actions = 6, 3
@@ -379,6 +440,30 @@ def test_same_seed_same_fingerprint_with_or_without_pipeline_and_evaluation(tmp_
     assert "charts/lowest_epsilon_return" in scalar_tags(run_dir)
     lowest_epsilon = scalars(run_dir, "charts/lowest_epsilon_return")
     assert 0 < len(lowest_epsilon) < len(scalars(run_dir, "charts/episodic_return")) / 3
+
+
+MINATAR_TINY = [
+    *["--env-id", "gymnax:Breakout-MinAtar", "--channels", 4, "--hiddens", 16],
+    *["--local-num-envs", 2, "--num-actor-threads", 1, "--num-steps", 8],
+    *["--total-timesteps", 256, "--learning-starts", 64, "--batch-size", 16],
+    *["--updates-per-rollout", 2, "--buffer-size", 512, "--target-update-period", 10],
+    *["--log-frequency", 1000],
+]
+
+
+def test_minatar_in_the_compiled_rollout_repeats_its_fingerprint(tmp_path):
+    # A JAX environment's actor plays in one compiled program and its replay stores whole float
+    # images; the same seed gives the same run.
+    fingerprints = []
+    for name in "ab":
+        (tmp_path / name).mkdir()
+        result = run_script("cleanba_apex_dqn.py", [*MINATAR_TINY, "--run-name", name], tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        fingerprints.append(fingerprint_of(result))
+    assert fingerprints[0] == fingerprints[1]
+    # 2 envs x 8 steps per update: learning starts once the replay holds 64 transitions.
+    updates = scalars(tmp_path / "runs" / "a", "stats/optimizer_steps")
+    assert 0 < updates[-1][1] < 2 * 16
 
 
 def test_one_and_two_learner_devices_agree(tmp_path):
@@ -557,6 +642,7 @@ BAD_INPUTS = [
     (["--eval-episodes", "-2"], "--eval-episodes"),
     (["--torso", "vgg"], "--torso"),
     (["--buffer-size", "4000"], "--buffer-size"),
+    (["--env-id", "gymnax:Breakout-MinAtar", "--torso", "nature"], "--torso"),
 ]
 
 

@@ -1,33 +1,47 @@
 """Observations stored one frame each: a ring of frames per environment, from which a replay
-rebuilds the stacked observations it samples (a stack of k frames stored once, not k times)."""
+rebuilds the stacked observations it samples (a stack of k frames stored once, not k times). Only
+envpool's images are stacks of frames (Atari's, channels first); any other observation (a vector, a
+JAX environment's image such as MinAtar's 10x10 channels of features) is stored whole, as one
+frame."""
 
 import dataclasses
 
-import envpool
 import numpy as np
+
+from cleanba_utils.env_ids import is_jax_env
+from cleanba_utils.envs import task_spaces
+
+
+def stacks_frames(env_id: str) -> bool:
+    """Whether the task's observations are stacked frames (frames, height, width): envpool's images
+    (Atari's). A JAX environment stacks none (`jax_envs`): the channels of its image are features
+    (MinAtar's paddle, ball, trail, bricks), not steps of time."""
+    return not is_jax_env(env_id) and len(task_spaces(env_id)[0].shape) == 3
 
 
 def frame_spec(env_id: str):
-    """(frames per observation, shape and dtype of one stored frame): stacked images store their
-    newest frame."""
-    space = envpool.make_spec(env_id).observation_space
-    if len(space.shape) == 3:
+    """(frames per observation, shape and dtype of one stored frame): stacked frames store their
+    newest frame; any other observation is stored whole, one frame per observation."""
+    space = task_spaces(env_id)[0]
+    if stacks_frames(env_id):
         return space.shape[0], space.shape[1:], space.dtype
     return 1, space.shape, space.dtype
 
 
 @dataclasses.dataclass
 class FrameRing:
-    """The newest frame of each step of every environment, in a ring of `ring` steps per
-    environment, all advancing together: env g's step t is in frame slot g ring + t % ring, with its
-    step in its episode (to 255)."""
+    """The stored frame (`frame_spec`) of each step of every environment, in a ring of `ring` steps
+    per environment, all advancing together: env g's step t is in frame slot g ring + t % ring,
+    with its step in its episode (to 255)."""
 
     frames: np.ndarray
     episode_step: np.ndarray
     ring: int
     stack: int
     """frames per observation"""
-    image: bool
+    stacked_frames: bool
+    """the observations are stacks of frames (`stacks_frames`), rebuilt with their stack axis;
+    otherwise each is its one stored frame"""
     steps: int = 0
     """the steps of every environment written so far"""
 
@@ -43,14 +57,14 @@ class FrameRing:
         self.steps += frames.shape[1]
 
     def stacked(self, frame_slots):
-        """The observations whose newest frames are in `frame_slots`, stacks rebuilt from single
+        """The observations whose stored frames are in `frame_slots`, stacks rebuilt from single
         frames: a frame before the episode's first is its first, as envpool fills the stack at a
-        reset."""
+        reset (an observation that is not a stack is its one frame)."""
         ring = self.ring
         back = np.minimum(np.arange(self.stack)[::-1], self.episode_step[frame_slots][:, None])
         starts = (frame_slots - frame_slots % ring)[:, None]
         frames = self.frames[starts + (frame_slots[:, None] % ring - back) % ring]
-        return frames if self.image else frames[:, 0]
+        return frames if self.stacked_frames else frames[:, 0]
 
 
 def make_frame_ring(env_id: str, num_envs: int, ring: int) -> FrameRing:
@@ -60,7 +74,7 @@ def make_frame_ring(env_id: str, num_envs: int, ring: int) -> FrameRing:
         episode_step=np.zeros(num_envs * ring, np.uint8),
         ring=ring,
         stack=stack,
-        image=len(frame_shape) == 2,
+        stacked_frames=stacks_frames(env_id),
     )
 
 
