@@ -27,9 +27,10 @@ import optax
 from flax.training.train_state import TrainState
 from jax.sharding import NamedSharding
 
-from cleanba_utils import accelerators, distributed, hub, parsing
+from cleanba_utils import accelerators, compiled_rollout, distributed, hub, jax_envs, parsing
 from cleanba_utils.checkpoints import Checkpointing
 from cleanba_utils.devices import first_replica
+from cleanba_utils.env_ids import is_jax_env
 from cleanba_utils.envs import envpool_num_threads, is_atari
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
@@ -46,12 +47,19 @@ from cleanba_utils.gala.mailboxes import Mailbox, Message, broadcast, receive
 from cleanba_utils.handoff import OnResume, actor_fetches_params, take_rollouts
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
-from cleanba_utils.run import open_run, resume_or_start
+from cleanba_utils.run import Episodes, Run, open_run, resume_or_start
 from cleanba_utils.run_args import RUN_NEEDS, RunArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.split_envs import SplitEnvs
 from cleanba_utils.threads import POLL_SECONDS, Stopped, queue_get, queue_put, start_thread
-from cleanba_utils.torsos import NatureTorso, check_torso_channels, torso_channels
+from cleanba_utils.torsos import (
+    MINATAR_HIDDENS,
+    MinAtarTorso,
+    NatureTorso,
+    check_torso_channels,
+    observes_small_images,
+    torso_channels,
+)
 
 # === Args ===
 
@@ -118,15 +126,21 @@ class Args(RunArgs):
     error as in the A2C of Dhariwal et al. (2017)"""
     max_grad_norm: float = positive(0.5)
     """the maximum global norm of each agent's gradient"""
-    torso: Literal["nature", "impala"] = "nature"
-    """the torso for image observations: the network of Dhariwal et al. (2017), the paper's (three
-    convolutions 8x8 stride 4, 4x4 stride 2, 3x3 stride 1, then --hiddens), or the IMPALA ResNet"""
+    torso: Literal["nature", "impala", "minatar"] | None = None
+    """the torso for image observations: "nature", the network of Dhariwal et al. (2017), the
+    paper's (three convolutions 8x8 stride 4, 4x4 stride 2, 3x3 stride 1, then --hiddens),
+    "impala", the IMPALA ResNet, or "minatar", Young & Tian's (2019) MinAtar network (a 3x3 stride-1
+    convolution per --channels entry). Default: "minatar" for small images (a JAX environment's
+    float images, as MinAtar's 10x10 channels: the paper's 8x8 stride-4 convolutions cannot take
+    them), "nature" otherwise (Atari's frames)"""
     channels: tuple[int, ...] | None = None
     """the channels of the torso's convolutions: --torso nature takes exactly three (default 32 64
-    64, the paper's), --torso impala one per ResNet stack (default 16 32 32, the IMPALA paper's)"""
-    hiddens: tuple[int, ...] = (512,)
-    """dense layers after the torso (images; 512 is the paper's), or hidden layers of each of the
-    separate actor and critic MLPs (vector observations: e.g. --hiddens 64 64 for CartPole)"""
+    64, the paper's), --torso impala one per ResNet stack (default 16 32 32, the IMPALA paper's),
+    --torso minatar one per convolution (default 16, Young & Tian's)"""
+    hiddens: tuple[int, ...] | None = None
+    """dense layers after the torso (images), or hidden layers of each of the separate actor and
+    critic MLPs (vector observations: e.g. --hiddens 64 64 for CartPole). Default: 512 (the
+    paper's), 128 for small images (Young & Tian's MinAtar network's one hidden layer)"""
     num_agents: int = positive(4)
     """the number of actor-learners. They share the devices there are, as in the paper, which runs
     several agents in parallel on one GPU (its Figure 3: one V100 and 48 CPUs): each process's
@@ -198,7 +212,8 @@ def parse_args(argv=None) -> Args:
 
 def validate(args: Args):
     """Checks every argument that needs no device, before any other work; exits 2 on the first
-    problem."""
+    problem. Gives --torso and --hiddens left unset (None) their default for the task's
+    observations (`resolve_network_defaults`)."""
     parsing.check_fields(args)
     if args.topology == "gossip" and not 1 <= args.num_peers < args.num_agents:
         fail(
@@ -206,15 +221,34 @@ def validate(args: Args):
             f"{args.num_agents} and {args.num_peers}"
         )
     parsing.check_run_options(args)
-    parsing.check_layers(args, ["channels", "hiddens"])
     parsing.check_discrete_actions(args)
     parsing.check_needs(args, NEEDS)
+    resolve_network_defaults(args)
+    parsing.check_layers(args, ["channels", "hiddens"])
     check_torso_channels(args)
+    if args.torso == "nature" and observes_small_images(args.env_id):
+        fail(
+            f"--torso nature cannot take the small images of --env-id {args.env_id}: its 8x8 "
+            "stride-4 convolutions need Atari's 84x84 frames; use --torso minatar (the default "
+            "here) or impala"
+        )
     if args.gossip == "async" and (args.distributed or args.checkpoint_every or args.resume):
         fail(
             "--gossip async runs in one process without checkpoints: not with "
             "--distributed/--checkpoint-every/--resume"
         )
+
+
+def resolve_network_defaults(args: Args):
+    """Gives --torso and --hiddens left unset (None) their default for the task's observations, in
+    `args` itself: Young & Tian's (2019) MinAtar network (its torso, one hidden layer of 128) for
+    small images, the paper's otherwise (the torso of Dhariwal et al., 512 units). After
+    `check_needs`, which refuses a --torso set where there are no images."""
+    small = observes_small_images(args.env_id)
+    if args.torso is None:
+        args.torso = "minatar" if small else "nature"
+    if args.hiddens is None:
+        args.hiddens = MINATAR_HIDDENS if small else (512,)
 
 
 def validate_layout(args: Args):
@@ -265,7 +299,11 @@ frames and 4 stacked frames are envpool's defaults."""
 def make_env(args: Args, seed: int, num_envs: int):
     """envpool seeds its environment i with `seed + i`. Atari takes the paper's options
     (`GALA_ATARI`), not the Machado et al. (2018) protocol of the other scripts, so that the runs
-    compare with the paper's; the logged returns and the evaluation count whole games."""
+    compare with the paper's; the logged returns and the evaluation count whole games. A JAX
+    environment (`gymnax:` or `jax:` id) is a `jax_envs.JaxVectorEnv` with --env-params, as
+    `cleanba_utils.envs.make_env` makes it (the paper's Atari options do not apply)."""
+    if is_jax_env(args.env_id):
+        return jax_envs.JaxVectorEnv(args.env_id, args.env_params, seed, num_envs)
     num_threads = envpool_num_threads(
         args.envpool_num_threads, num_envs=num_envs, instances=args.num_agents
     )
@@ -318,9 +356,11 @@ def mlp(x, hiddens: tuple, outputs: int, output_scale: float):
 
 
 class Network(nn.Module):
-    """For stacked frames (N, C, H, W), a torso (`torso`: the paper's network or the IMPALA ResNet)
-    and dense layers shared by both heads; for vector observations (N, D), separate actor and critic
-    MLPs: through a shared torso, the critic's gradients swamp the policy's."""
+    """For images (N, C, H, W), stacked frames of uint8 pixels (scaled to [0, 1]) or small float
+    images (taken as they are), a torso (`torso`: the paper's network, the IMPALA ResNet or Young &
+    Tian's MinAtar network) and dense layers shared by both heads; for vector observations (N, D),
+    separate actor and critic MLPs: through a shared torso, the critic's gradients swamp the
+    policy's."""
 
     torso: str
     channels: tuple[int, ...]
@@ -334,9 +374,14 @@ class Network(nn.Module):
             logits = mlp(x, self.hiddens, self.num_actions, 0.01)
             value = mlp(x, self.hiddens, 1, 1.0)
             return logits, value[:, 0]
-        x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
+        if obs.dtype == jnp.uint8:
+            x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
+        else:
+            x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32)
         if self.torso == "nature":
             x = NatureTorso(self.channels, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x)
+        elif self.torso == "minatar":
+            x = MinAtarTorso(self.channels)(x)
         else:
             for channels in self.channels:
                 x = ConvSequence(channels)(x)
@@ -391,51 +436,71 @@ def sample_actions(logits, key, step, env_ids):
     return jnp.argmax(logits + gumbel, axis=1)
 
 
-def actor_thread(
-    args, sizes, run, network, first_update, agent, device, param_queue, rollout_queue
-):
-    """Agent `agent`'s actor thread: environments with global indices agent x local_num_envs + 0, 1,
-    ..."""
-    env_offset = agent * args.local_num_envs
-    envs = SplitEnvs.of_actor_thread(make_env, args, env_offset)
-    env_ids = envs.env_ids
-    split_env_ids = [jax.device_put(env_ids[s], device) for s in envs.env_slices]
-    action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
+def policy_step(network, action_key, params, obs, env_ids, step, step_input):
+    """The policy's step on a batch of environments (`env_ids`, their global indices) at policy
+    step `step`: the sampled actions, and no outputs beside them (the learner evaluates every
+    observation with its agent's parameters). `step_input` is unused (the compiled rollout's
+    per-step input)."""
+    logits = network.apply(params, obs)[0]
+    return sample_actions(logits, action_key, step, env_ids), None
 
-    @jax.jit
-    def get_action(params, obs, step, env_ids):
-        logits = network.apply(params, obs)[0]
-        return sample_actions(logits, action_key, step, env_ids)
 
-    def act(params, policy_step, split, obs):
-        on_device = jax.device_put(obs, device)
-        return np.asarray(get_action(params, on_device, policy_step, split_env_ids[split])), obs
+@dataclasses.dataclass
+class AgentEpisodes:
+    """An agent's episodes (`run.episodes`): each finished one is also logged as the agent's own
+    (`charts/agent_{agent}/episodic_return`), beside the run's `charts/episodic_return`."""
 
-    episodes = run.episodes(args.local_num_envs)
+    episodes: Episodes
+    run: Run
+    agent: int
 
-    def count_episodes(policy_step, played):
-        global_step = policy_step * sizes.num_envs
-        finished = episodes.step(
+    def step(self, reward, done, is_reset, global_step: int) -> list[float]:
+        """`Episodes.step`, then the agent's log of the returns of the episodes that finished."""
+        finished = self.episodes.step(reward, done, is_reset, global_step)
+        for episode_return in finished:
+            scalars = {f"charts/agent_{self.agent}/episodic_return": episode_return}
+            self.run.log(scalars, global_step)
+        return finished
+
+
+class Played(NamedTuple):
+    """A rollout on the host: its transitions (1, envs, steps, ...) and the observation after its
+    last step (1, envs, ...)."""
+
+    transitions: Transitions
+    bootstrap_obs: np.ndarray
+
+
+def envpool_player(args, run, sizes, network, action_key, agent, device):
+    """`play(params, update) -> Played` for envpool's environments: stepped in Python, in
+    --env-splits splits (`SplitEnvs`), the policy inferred on the agent's `device` for each split in
+    turn."""
+    envs = SplitEnvs.of_actor_thread(make_env, args, agent * args.local_num_envs)
+    split_env_ids = [jax.device_put(envs.env_ids[s], device) for s in envs.env_slices]
+    policy = jax.jit(functools.partial(policy_step, network, action_key))
+    episodes = AgentEpisodes(episodes=run.episodes(args.local_num_envs), run=run, agent=agent)
+
+    def count_episodes(step, played):
+        episodes.step(
             played.info.get("reward", played.rewards),
             episode_over(played.terminations, played.truncations, played.info),
             played.is_reset,
-            global_step,
+            step * sizes.num_envs,
         )
-        for episode_return in finished:
-            run.log({f"charts/agent_{agent}/episodic_return": episode_return}, global_step)
 
-    for update in range(first_update, sizes.num_updates + 1):
-        param_wait_start = time.time()
-        if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
-            policy_version, params = queue_get(param_queue, run.stop)
-        param_queue_get_time = time.time() - param_wait_start
+    def play(params, update):
+        def act(step, split, obs):
+            on_device = jax.device_put(obs, device)
+            action, _ = policy(params, on_device, split_env_ids[split], step, None)
+            return np.asarray(action), obs
+
         # envpool's environment reset on the step after an episode's end ignores the action,
         # returns the first observation of the next episode, and is masked out of learning
         # (`is_reset`).
         played = envs.play(
             first_step=(update - 1) * args.num_steps,
             num_steps=args.num_steps,
-            act=functools.partial(act, params),
+            act=act,
             record=count_episodes,
         )
         steps = [
@@ -450,11 +515,72 @@ def actor_thread(
             for s in played.steps
         ]
         transitions = jax.tree.map(lambda *xs: np.stack(xs, axis=1)[None], *steps)
+        return Played(transitions=transitions, bootstrap_obs=envs.next_obs[None])
+
+    return play
+
+
+def compiled_player(args, run, sizes, network, action_key, agent):
+    """`play(params, update) -> Played` for a JAX environment: the policy's and the environments'
+    steps in one compiled program (`compiled_rollout`), on the device of the agent's parameters.
+    A JAX environment has no lives: an episode ends where it terminates or truncates, as
+    `episode_over` says of every task but Atari's."""
+    envs = compiled_rollout.start(
+        make_env,
+        args,
+        run=run,
+        num_envs=sizes.num_envs,
+        env_offset=agent * args.local_num_envs,
+        env_record=None,
+        act=functools.partial(policy_step, network, action_key),
+    )
+    # The rollout steps `envs.episodes` after each compiled rollout: wrapped, it also logs the
+    # agent's own returns, as the envpool path does.
+    envs.episodes = AgentEpisodes(episodes=envs.episodes, run=run, agent=agent)
+
+    def play(params, update):
+        played = envs.play(params, update)
+        steps = played.steps
+        transitions = Transitions(
+            obs=steps.obs,
+            actions=steps.env_actions,
+            rewards=steps.rewards,
+            terminations=steps.terminations,
+            truncations=steps.truncations,
+            is_reset=steps.is_reset,
+        )
+        agent_first = lambda x: x[None]
+        return Played(
+            transitions=jax.tree.map(agent_first, transitions),
+            bootstrap_obs=agent_first(played.next_obs),
+        )
+
+    return play
+
+
+def actor_thread(
+    args, sizes, run, network, first_update, agent, device, param_queue, rollout_queue
+):
+    """Agent `agent`'s actor thread: environments with global indices agent x local_num_envs + 0, 1,
+    ... envpool's environments step in Python beside the policy's inference; a JAX environment's
+    steps and the policy's run in one compiled program."""
+    action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
+    if is_jax_env(args.env_id):
+        play = compiled_player(args, run, sizes, network, action_key, agent)
+    else:
+        play = envpool_player(args, run, sizes, network, action_key, agent, device)
+
+    for update in range(first_update, sizes.num_updates + 1):
+        param_wait_start = time.time()
+        if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
+            policy_version, params = queue_get(param_queue, run.stop)
+        param_queue_get_time = time.time() - param_wait_start
+        played = play(params, update)
         rollout = Rollout(
             update=update,
             policy_version=policy_version,
-            transitions=jax.device_put(transitions, device),
-            bootstrap_obs=jax.device_put(envs.next_obs[None], device),
+            transitions=jax.device_put(played.transitions, device),
+            bootstrap_obs=jax.device_put(played.bootstrap_obs, device),
             timing=dict(param_queue_get_time=param_queue_get_time),
         )
         queue_put(rollout_queue, rollout, run.stop)

@@ -22,8 +22,9 @@ import optax
 import rlax
 from flax.training.train_state import TrainState
 
-from cleanba_utils import accelerators, distributed, hub, parsing
+from cleanba_utils import accelerators, compiled_rollout, distributed, hub, parsing
 from cleanba_utils.devices import first_replica, learner_sharding, replicate
+from cleanba_utils.env_ids import is_jax_env
 from cleanba_utils.envs import make_env
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
@@ -42,6 +43,7 @@ from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.split_envs import SplitEnvs
 from cleanba_utils.threads import queue_get, queue_put
+from cleanba_utils.torsos import MinAtarTorso, resolve_image_defaults
 
 # === Args ===
 
@@ -89,11 +91,13 @@ class Args(DeviceArgs):
     """the value function coefficient"""
     max_grad_norm: float = positive(40.0)
     """the maximum global norm of the gradient"""
-    channels: tuple[int, ...] = (16, 32, 32)
-    """the channels of the IMPALA ResNet stacks (image observations)"""
-    hiddens: tuple[int, ...] = (256,)
-    """the sizes of the dense layers after the ResNet (image observations), or of the hidden layers
-    of each of the separate actor and critic MLPs (vector observations)"""
+    channels: tuple[int, ...] | None = None
+    """the channels of the IMPALA ResNet stacks (Atari frames; default 16 32 32), or of the 3x3
+    convolutions of Young & Tian's (2019) MinAtar network (small images; default 16)"""
+    hiddens: tuple[int, ...] | None = None
+    """the sizes of the dense layers after the torso (images; default 256 after the ResNet, 128
+    after MinAtar's convolution), or of the hidden layers of each of the separate actor and critic
+    MLPs (vector observations; default 256)"""
 
     gradient_accumulation_steps: int = positive(1)
     """split each minibatch into this many microbatches whose gradients are summed before one
@@ -133,6 +137,7 @@ def validate(args: Args):
     problem."""
     parsing.check_fields(args)
     parsing.check_run_options(args)
+    resolve_image_defaults(args, atari_channels=(16, 32, 32), atari_hiddens=(256,))
     parsing.check_layers(args, ["channels", "hiddens"])
     parsing.check_discrete_actions(args)
     parsing.check_needs(args, NEEDS)
@@ -201,10 +206,11 @@ class MLP(nn.Module):
 
 
 class Network(nn.Module):
-    """IMPALA ResNet torso shared by both heads for stacked frames (N, C, H, W); separate actor and
-    critic MLPs for vector observations (N, D), as in the classic-control PPO references: through a
-    shared torso, the critic's gradients (its targets, discounted returns, approach 1 / (1 - gamma)
-    on CartPole) swamp the policy's."""
+    """IMPALA ResNet torso shared by both heads for stacked frames (N, C, H, W) of uint8 pixels;
+    Young & Tian's (2019) MinAtar torso for small float images (MinAtar's 10x10 channels); separate
+    actor and critic MLPs for vector observations (N, D), as in the classic-control PPO references:
+    through a shared torso, the critic's gradients (its targets, discounted returns, approach 1 /
+    (1 - gamma) on CartPole) swamp the policy's."""
 
     channels: tuple[int, ...]
     hiddens: tuple[int, ...]
@@ -215,10 +221,13 @@ class Network(nn.Module):
         if obs.ndim != 4:
             x = obs.astype(jnp.float32)
             return MLP(self.hiddens, self.num_actions, 0.01)(x), MLP(self.hiddens, 1, 1.0)(x)[:, 0]
-        x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
-        for channels in self.channels:
-            x = ConvSequence(channels)(x)
-        x = nn.relu(x).reshape(x.shape[0], -1)
+        if obs.dtype != jnp.uint8:
+            x = MinAtarTorso(self.channels)(jnp.transpose(obs, (0, 2, 3, 1)))
+        else:
+            x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
+            for channels in self.channels:
+                x = ConvSequence(channels)(x)
+            x = nn.relu(x).reshape(x.shape[0], -1)
         for hidden in self.hiddens:
             x = nn.relu(nn.Dense(hidden, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
         logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(x)
@@ -270,12 +279,124 @@ def sample_actions(logits, key, step, env_ids):
     return jnp.argmax(logits + gumbel, axis=1)
 
 
-class Acted(NamedTuple):
-    """What the actor keeps of its inference for one step of a split: the observations on its
-    device and the actions' log-probabilities."""
+class PolicyOutputs(NamedTuple):
+    """What the actor keeps of the policy's step beside the actions."""
+
+    logprobs: jax.Array
+
+
+def policy_step(network, action_key, params, obs, env_ids, step, step_input):
+    """The policy's step on a batch of environments (`env_ids`, their global indices) at policy
+    step `step`: the sampled actions and their log-probabilities (V-trace's behaviour policy μ).
+    `step_input` is unused (the compiled rollout's per-step input)."""
+    logits = network.apply(params, obs)[0]
+    action = sample_actions(logits, action_key, step, env_ids)
+    logprob = jax.nn.log_softmax(logits)[jnp.arange(action.shape[0]), action]
+    return action, PolicyOutputs(logprobs=logprob)
+
+
+class Played(NamedTuple):
+    """A rollout env-major (envs, steps, ...): `obs` already in one slice of environments per
+    learner device, with one more entry per environment (the observation after the last step, which
+    the learner evaluates with its current parameters), and the seconds spent inferring and
+    stepping."""
 
     obs: jax.Array
+    actions: np.ndarray
     logprobs: np.ndarray
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    is_reset: np.ndarray
+    inference_time: float
+    env_step_time: float
+
+
+def envpool_player(args, run, sizes, network, action_key, env_offset, device, num_slices):
+    """`play(params, update) -> Played` for envpool's environments: stepped in Python, in
+    --env-splits splits (`SplitEnvs`), the policy inferred on `device` for each split in turn. The
+    observations stay on `device`, stacked there in `num_slices` slices of environments (one per
+    learner device), instead of being stacked on the host and copied to the devices a second
+    time."""
+    envs = SplitEnvs.of_actor_thread(make_env, args, env_offset)
+    split_env_ids = [jax.device_put(envs.env_ids[s], device) for s in envs.env_slices]
+    policy = jax.jit(functools.partial(policy_step, network, action_key))
+    stack_obs = jax.jit(
+        lambda observations: jnp.stack(observations, axis=1).reshape(
+            num_slices, -1, len(observations), *observations[0].shape[1:]
+        )
+    )
+    episodes = run.episodes(args.local_num_envs)
+
+    def count_episodes(step, played):
+        done = played.terminations | played.truncations
+        reward = played.info.get("reward", played.rewards)
+        episodes.step(reward, done, played.is_reset, step * sizes.num_envs)
+
+    def play(params, update):
+        def act(step, split, obs):
+            obs = jax.device_put(obs, device)
+            action, outputs = jax.device_get(policy(params, obs, split_env_ids[split], step, None))
+            return action, (obs, outputs)
+
+        # envpool's environment reset on the step after an episode's end ignores the action,
+        # returns the first observation of the next episode, and is masked out of learning
+        # (`is_reset`).
+        played = envs.play(
+            first_step=(update - 1) * args.num_steps,
+            num_steps=args.num_steps,
+            act=act,
+            record=count_episodes,
+        )
+        steps = played.steps
+        last_obs = jax.device_put(envs.next_obs, device)
+        env_major = lambda arrays: np.stack(arrays, axis=1)
+        return Played(
+            obs=stack_obs([*[s.outputs[0] for s in steps], last_obs]),
+            actions=env_major([s.actions for s in steps]),
+            logprobs=env_major([s.outputs[1].logprobs for s in steps]),
+            rewards=env_major([s.rewards for s in steps]),
+            terminations=env_major([s.terminations for s in steps]),
+            truncations=env_major([s.truncations for s in steps]),
+            is_reset=env_major([s.is_reset for s in steps]),
+            inference_time=played.inference_time,
+            env_step_time=played.env_step_time,
+        )
+
+    return play
+
+
+def compiled_player(args, run, sizes, network, action_key, env_offset, num_slices):
+    """`play(params, update) -> Played` for a JAX environment: the policy's and the environments'
+    steps in one compiled program (`compiled_rollout`). No bootstrap value is computed there: the
+    learner evaluates the last observation with its own, newer parameters."""
+    envs = compiled_rollout.start(
+        make_env,
+        args,
+        run=run,
+        num_envs=sizes.num_envs,
+        env_offset=env_offset,
+        env_record=None,
+        act=functools.partial(policy_step, network, action_key),
+    )
+
+    def play(params, update):
+        played = envs.play(params, update)
+        steps = played.steps
+        obs = np.concatenate([steps.obs, played.next_obs[:, None]], axis=1)
+        return Played(
+            obs=obs.reshape(num_slices, -1, *obs.shape[1:]),
+            actions=steps.env_actions,
+            logprobs=steps.outputs.logprobs,
+            rewards=steps.rewards,
+            terminations=steps.terminations,
+            truncations=steps.truncations,
+            is_reset=steps.is_reset,
+            inference_time=0.0,
+            env_step_time=played.env_step_time,
+        )
+
+    return play
 
 
 def actor_thread(
@@ -292,40 +413,16 @@ def actor_thread(
 ):
     """One actor thread (`start_actor_threads`) on `device`: environments with global indices
     env_offset .. env_offset + local_num_envs - 1, their rollouts split among the local
-    `learner_devices`."""
-    envs = SplitEnvs.of_actor_thread(make_env, args, env_offset)
-    env_ids = envs.env_ids
-    split_env_ids = [jax.device_put(env_ids[s], device) for s in envs.env_slices]
+    `learner_devices`. envpool's environments step in Python beside the policy's inference; a JAX
+    environment's steps and the policy's run in one compiled program."""
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     on_learner_devices = learner_sharding(learner_devices)
-
-    @jax.jit
-    def get_action(params, obs, step, env_ids):
-        logits, _ = network.apply(params, obs)
-        action = sample_actions(logits, action_key, step, env_ids)
-        logprob = jax.nn.log_softmax(logits)[jnp.arange(action.shape[0]), action]
-        return action, logprob
-
-    # The rollout's observations stay on the actor's device, where inference put them: they are
-    # stacked there, env-major (envs, steps, ...) in one slice of environments per learner device,
-    # instead of being stacked on the host and copied to the devices a second time.
-    stack_obs = jax.jit(
-        lambda observations: jnp.stack(observations, axis=1).reshape(
-            len(learner_devices), -1, len(observations), *observations[0].shape[1:]
-        )
-    )
-
-    def act(params, policy_step, split, obs):
-        obs = jax.device_put(obs, device)
-        action, logprob = jax.device_get(get_action(params, obs, policy_step, split_env_ids[split]))
-        return action, Acted(obs=obs, logprobs=logprob)
-
-    episodes = run.episodes(args.local_num_envs)
-
-    def count_episodes(policy_step, played):
-        done = played.terminations | played.truncations
-        reward = played.info.get("reward", played.rewards)
-        episodes.step(reward, done, played.is_reset, policy_step * sizes.num_envs)
+    num_slices = len(learner_devices)
+    if is_jax_env(args.env_id):
+        play = compiled_player(args, run, sizes, network, action_key, env_offset, num_slices)
+    else:
+        play = envpool_player(args, run, sizes, network, action_key, env_offset, device, num_slices)
+    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
 
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
@@ -334,32 +431,20 @@ def actor_thread(
         param_queue_get_time = time.time() - param_wait_start
 
         rollout_start = time.time()
-        # envpool's environment reset on the step after an episode's end ignores the action,
-        # returns the first observation of the next episode, and is masked out of learning
-        # (`is_reset`).
-        played = envs.play(
-            first_step=(update - 1) * args.num_steps,
-            num_steps=args.num_steps,
-            act=functools.partial(act, params),
-            record=count_episodes,
-        )
-        steps = played.steps
-
+        played = play(params, update)
         # Env-major (envs, steps, ...) split into one slice of envs per learner device: a single
         # host-to-device copy of what the actor holds on the host, overlapped with the learner's
         # work. The learner evaluates every observation with its current parameters, the last one
         # included.
-        env_major = lambda arrays: np.stack(arrays, axis=1)
-        split = lambda v: v.reshape(len(learner_devices), -1, *v.shape[1:])
-        last_obs = jax.device_put(envs.next_obs, device)
+        split = lambda v: v.reshape(num_slices, -1, *v.shape[1:])
         data = Trajectories(
-            obs=stack_obs([*[s.outputs.obs for s in steps], last_obs]),
-            actions=split(env_major([s.actions for s in steps])),
-            logprobs=split(env_major([s.outputs.logprobs for s in steps])),
-            rewards=split(env_major([s.rewards for s in steps])),
-            terminations=split(env_major([s.terminations for s in steps])),
-            truncations=split(env_major([s.truncations for s in steps])),
-            is_reset=split(env_major([s.is_reset for s in steps])),
+            obs=played.obs,
+            actions=split(played.actions),
+            logprobs=split(played.logprobs),
+            rewards=split(played.rewards),
+            terminations=split(played.terminations),
+            truncations=split(played.truncations),
+            is_reset=split(played.is_reset),
             env_ids=split(env_ids),
         )
         timing = dict(

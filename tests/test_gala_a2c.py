@@ -21,6 +21,7 @@ from helpers import (
     REPO,
     assert_refused,
     fingerprint_of,
+    load_params,
     run_failing,
     run_script,
     scalars,
@@ -346,6 +347,31 @@ def test_an_atari_episode_ends_with_the_game_not_with_a_life():
     assert gala.episode_over(terminated, truncated, {}).tolist() == [True, True, True, False]
 
 
+# 2 agents x 2 envs x 4 steps = 16 steps per update, 4 updates.
+MINATAR_TINY = [
+    *["--env-id", "gymnax:Breakout-MinAtar", "--channels", 4, "--hiddens", 16],
+    *["--num-agents", 2, "--local-num-envs", 2, "--num-steps", 4, "--total-timesteps", 64],
+    *["--similarity-every", 1000, "--log-frequency", 1000],
+]
+
+
+def test_minatar_in_the_compiled_rollout_repeats_its_fingerprint(tmp_path):
+    """Each agent's actor plays its JAX environments in one compiled program on the agent's device
+    (2 agents, one per device), the small float images through Young & Tian's MinAtar torso, the
+    default --torso there (the paper's 8x8 stride-4 convolutions cannot take 10x10 images); the
+    same seed gives the same run."""
+    assert gala.parse_args(["--env-id", "gymnax:Breakout-MinAtar"]).torso == "minatar"
+    fingerprints = []
+    for name in "ab":
+        args = [*MINATAR_TINY, "--save-model", "--run-name", name]
+        result = run_script("cleanba_gala_a2c.py", args, tmp_path, devices=2)
+        assert result.returncode == 0, result.stderr[-3000:]
+        fingerprints.append(fingerprint_of(result))
+    assert fingerprints[0] == fingerprints[1]
+    params = load_params(tmp_path / "runs" / "a" / "cleanba_gala_a2c.cleanba_model")["params"]
+    assert params["MinAtarTorso_0"]["Conv_0"]["kernel"].shape == (3, 3, 4, 4)
+
+
 def test_allreduce_agents_hold_identical_parameters_after_every_update(tmp_path):
     args = [
         *SYNC_TINY,
@@ -532,6 +558,7 @@ BAD_INPUTS = [
     (["--rmsprop-decay", "1.5"], "--rmsprop-decay"),
     (["--eval-actions", "argmax"], "--eval-actions"),
     (["--torso", "resnet"], "--torso"),
+    (["--env-id", "gymnax:Breakout-MinAtar", "--torso", "nature"], "--torso"),
     (["--gossip", "async", "--similarity-every", "10"], "--similarity-every"),
     (["--num-steps", "0"], "--num-steps"),
     (["--env-id", "NoSuchGame-v5"], "--env-id"),

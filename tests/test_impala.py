@@ -14,6 +14,8 @@ from helpers import (
     assert_policy_lag,
     assert_refused,
     evaluate_saved_model,
+    fingerprint_of,
+    load_params,
     run_failing,
     run_script,
     scalars,
@@ -228,6 +230,28 @@ def test_save_load_evaluate_round_trip(sync_run):
     assert sorted(evaluation["returns"]) == sorted(
         v for _, v in scalars(run_dir, "eval/episodic_return")
     )
+
+
+MINATAR_TINY = [
+    *["--env-id", "gymnax:Breakout-MinAtar", "--channels", 4, "--hiddens", 16],
+    *["--local-num-envs", 4, "--num-actor-threads", 1, "--num-steps", 8],
+    *["--num-minibatches", 2, "--total-timesteps", 96, "--log-frequency", 1000],
+]
+
+
+def test_minatar_in_the_compiled_rollout_repeats_its_fingerprint(tmp_path):
+    """A JAX environment's actor plays in one compiled program and its small float images go
+    through Young & Tian's MinAtar torso (one 3x3 convolution of --channels 4); the same seed gives
+    the same run."""
+    fingerprints = []
+    for name in "ab":
+        args = [*MINATAR_TINY, "--save-model", "--run-name", name]
+        result = run_script("cleanba_impala.py", args, tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        fingerprints.append(fingerprint_of(result))
+    assert fingerprints[0] == fingerprints[1]
+    params = load_params(tmp_path / "runs" / "a" / "cleanba_impala.cleanba_model")["params"]
+    assert params["MinAtarTorso_0"]["Conv_0"]["kernel"].shape == (3, 3, 4, 4)
 
 
 def test_a_failing_actor_ends_the_process(tmp_path):
