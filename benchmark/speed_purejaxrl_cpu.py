@@ -6,7 +6,10 @@ the ceiling: the environments alone in a `lax.scan` with random actions, and wit
 forward pass.
 
     git clone https://github.com/luchris429/purejaxrl /tmp/purejaxrl
-    python benchmark/speed_purejaxrl_cpu.py --purejaxrl /tmp/purejaxrl
+    uv venv -p 3.11 /tmp/pjvenv && uv pip install --python /tmp/pjvenv/bin/python jax==0.10.2 \
+        gymnax==1.0.1 distrax flax optax brax navix    # PureJaxRL's wrappers import brax and navix
+    python benchmark/speed_purejaxrl_cpu.py --purejaxrl /tmp/purejaxrl \
+        --purejaxrl-python /tmp/pjvenv/bin/python
 
 Each measurement runs in a process of its own, one at a time. Steps per second leave compilation
 out: PureJaxRL's whole training is one compiled program, compiled first and then timed; Cleanba's
@@ -160,21 +163,15 @@ def last_json(output: str) -> dict:
     return json.loads([line for line in output.splitlines() if line.startswith("{")][-1])
 
 
-def purejaxrl(checkout: Path, setting: str, seed: int) -> dict:
+def purejaxrl(checkout: Path, python: str, setting: str, seed: int) -> dict:
     config = SETTINGS[setting]["config"]
     result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            PUREJAXRL,
-            str(checkout / "purejaxrl"),
-            json.dumps(config),
-            str(seed),
-        ],
+        [python, "-c", PUREJAXRL, str(checkout / "purejaxrl"), json.dumps(config), str(seed)],
         capture_output=True,
         text=True,
-        check=True,
     )
+    if result.returncode:
+        sys.exit(f"PureJaxRL failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
     measured = last_json(result.stdout)
     measured["sps"] = config["TOTAL_TIMESTEPS"] / measured["run_s"]
     return measured
@@ -261,6 +258,11 @@ def ceiling(setting: str) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--purejaxrl", type=Path, required=True, help="a checkout of PureJaxRL")
+    parser.add_argument(
+        "--purejaxrl-python",
+        default=sys.executable,
+        help="the interpreter of PureJaxRL (with jax, gymnax, distrax, brax, navix)",
+    )
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmark" / "results")
@@ -273,7 +275,7 @@ def main():
     rows = []
     for setting in args.settings:
         print(f"{setting}: PureJaxRL", flush=True)
-        theirs = purejaxrl(args.purejaxrl, setting, args.seed)
+        theirs = purejaxrl(args.purejaxrl, args.purejaxrl_python, setting, args.seed)
         print(f"{setting}: Cleanba PPO", flush=True)
         ours = cleanba(setting, args.seed)
         print(f"{setting}: ceiling", flush=True)
