@@ -28,7 +28,6 @@ from flax import struct
 from flax.training.train_state import TrainState
 
 from cleanba_utils import compiled_rollout, distributed, handoff, hub, kept_lag, parsing
-from cleanba_utils.compiled_rollout import Steps
 from cleanba_utils.devices import (
     first_replica,
     gathered_rollouts,
@@ -52,6 +51,7 @@ from cleanba_utils.replay.prioritized_learning import (
     log_priorities,
 )
 from cleanba_utils.replay.store import ReplayStore, store_bytes
+from cleanba_utils.rollout_steps import Steps
 from cleanba_utils.run import open_run
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes

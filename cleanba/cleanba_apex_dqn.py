@@ -20,7 +20,7 @@ import optax
 import rlax
 from flax.training.train_state import TrainState
 
-from cleanba_utils import accelerators, compiled_rollout, distributed, hub, parsing
+from cleanba_utils import accelerators, compiled_rollout, distributed, hub, parsing, split_envs
 from cleanba_utils.devices import first_replica, gathered_rollouts, local_shares, replicate
 from cleanba_utils.env_ids import is_jax_env
 from cleanba_utils.envs import make_env
@@ -52,7 +52,6 @@ from cleanba_utils.replay.store import ReplayStore, store_bytes
 from cleanba_utils.run import open_run, resume_or_start
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
-from cleanba_utils.split_envs import SplitEnvs
 from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put
 from cleanba_utils.torsos import (
     MINATAR_HIDDENS,
@@ -385,160 +384,27 @@ class QOutputs(NamedTuple):
     q_max: jax.Array
 
 
-def policy_step(network, action_key, params, obs, env_ids, step, epsilons):
+def policy_step(network, action_key, epsilons, params, obs, env_ids, step, step_input):
     """The actor's step on a batch of environments (`env_ids`, their global indices) at policy step
-    `step`: ε-greedy actions with each environment's own ε (`epsilons`, `epsilons_of`) and their
-    `QOutputs`. Both actor paths take this step: called per step (envpool's environments) or inside
-    the compiled rollout (a JAX environment's)."""
+    `step`: ε-greedy actions with each environment's own ε (`epsilons`: every environment's of the
+    run, `epsilons_of`) and their `QOutputs`. `step_input` is unused (the rollout's per-step
+    input)."""
     q_values = network.apply(params, obs)
-    action = epsilon_greedy(q_values, epsilons=epsilons, key=action_key, step=step, env_ids=env_ids)
+    action = epsilon_greedy(
+        q_values,
+        epsilons=jnp.asarray(epsilons)[env_ids],
+        key=action_key,
+        step=step,
+        env_ids=env_ids,
+    )
     q_taken = q_values[jnp.arange(action.shape[0]), action]
     return action, QOutputs(q_taken=q_taken, q_max=q_values.max(axis=1))
-
-
-class PlayedSteps(NamedTuple):
-    """A rollout of an actor thread's environments as either path plays it, env-major (envs, steps):
-    what the replay stores of each observation acted on (`stored_frames`), the actions and their
-    `QOutputs`, what the environments gave back (`is_reset`: envpool's reset steps), and the
-    seconds spent inferring and stepping."""
-
-    frames: np.ndarray
-    actions: np.ndarray
-    outputs: QOutputs
-    rewards: np.ndarray
-    terminations: np.ndarray
-    truncations: np.ndarray
-    is_reset: np.ndarray
-    inference_time: float
-    env_step_time: float
 
 
 def stored_frames(obs, stacked: bool):
     """What the replay stores of observations (..., C, H, W) or (..., D): the newest frame of
     stacked frames (`frame_ring.stacks_frames`), else the whole observation."""
-    return obs[..., -1, :, :] if stacked else obs
-
-
-def lowest_epsilon_logger(run, sizes, env_ids):
-    """`log(done, finished, global_step)`, given the environments (local indices) whose episodes
-    ended and those episodes' returns: the quarter of the run's environments with the lowest ε (at
-    least one) log their returns under their own key."""
-    lowest_epsilon_quarter = env_ids >= sizes.num_envs - max(1, sizes.num_envs // 4)
-
-    def log(done, finished, global_step):
-        for env, episode_return in zip(np.flatnonzero(done), finished):
-            if lowest_epsilon_quarter[env]:
-                run.log({"charts/lowest_epsilon_return": episode_return}, global_step)
-
-    return log
-
-
-def envpool_player(args, run, sizes, network, action_key, env_offset, device, log_lowest):
-    """`play(params, update) -> PlayedSteps` for envpool's environments: stepped in Python, in
-    --env-splits splits (`SplitEnvs`), the policy inferred on `device` for each split in turn."""
-    envs = SplitEnvs.of_actor_thread(make_env, args, env_offset)
-    epsilons = epsilons_of(envs.env_ids, sizes.num_envs, args.epsilon_base, args.epsilon_alpha)
-    split_epsilons = [jax.device_put(epsilons[s], device) for s in envs.env_slices]
-    split_env_ids = [jax.device_put(envs.env_ids[s], device) for s in envs.env_slices]
-    stacked = stacks_frames(args.env_id)
-    policy = jax.jit(functools.partial(policy_step, network, action_key))
-    episodes = run.episodes(args.local_num_envs)
-
-    def count_episodes(step, played):
-        done = played.terminations | played.truncations
-        global_step = step * sizes.num_envs
-        reward = played.info.get("reward", played.rewards)
-        log_lowest(done, episodes.step(reward, done, played.is_reset, global_step), global_step)
-
-    def play(params, update):
-        def act(step, split, obs):
-            action, outputs = jax.device_get(
-                policy(
-                    params,
-                    jax.device_put(obs, device),
-                    split_env_ids[split],
-                    step,
-                    split_epsilons[split],
-                )
-            )
-            return action, (stored_frames(obs, stacked), outputs)
-
-        # envpool's environment reset on the step after an episode's end ignores the action,
-        # returns the first observation of the next episode, and is masked out of learning
-        # (`is_reset`).
-        played = envs.play(
-            first_step=(update - 1) * args.num_steps,
-            num_steps=args.num_steps,
-            act=act,
-            record=count_episodes,
-        )
-        steps = played.steps
-        env_major = lambda arrays: np.stack(arrays, axis=1)
-        outputs = [s.outputs[1] for s in steps]
-        return PlayedSteps(
-            frames=env_major([s.outputs[0] for s in steps]),
-            actions=env_major([s.actions for s in steps]),
-            outputs=QOutputs(*[env_major(field) for field in zip(*outputs)]),
-            rewards=env_major([s.rewards for s in steps]),
-            terminations=env_major([s.terminations for s in steps]),
-            truncations=env_major([s.truncations for s in steps]),
-            is_reset=env_major([s.is_reset for s in steps]),
-            inference_time=played.inference_time,
-            env_step_time=played.env_step_time,
-        )
-
-    return play
-
-
-def compiled_player(args, run, sizes, network, action_key, env_offset, log_lowest):
-    """`play(params, update) -> PlayedSteps` for a JAX environment: the policy's and the
-    environments' steps in one compiled program (`compiled_rollout`), with the same `policy_step`
-    and per-environment ε as `envpool_player`."""
-    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
-    epsilons = epsilons_of(env_ids, sizes.num_envs, args.epsilon_base, args.epsilon_alpha)
-    # float32, as `jax.device_put` gives envpool_player's; a constant of the program.
-    epsilons = epsilons.astype(np.float32)
-
-    def act(params, obs, env_ids, step, step_input):
-        return policy_step(network, action_key, params, obs, env_ids, step, epsilons)
-
-    envs = compiled_rollout.start(
-        make_env,
-        args,
-        run=run,
-        num_envs=sizes.num_envs,
-        env_offset=env_offset,
-        env_record=None,
-        act=act,
-    )
-    # The compiled rollout counts and logs the episodes; the lowest-ε quarter's returns are also
-    # logged on their own, from the same count.
-    count_episodes = envs.episodes.step
-
-    def count_and_log(reward, done, is_reset, global_step):
-        finished = count_episodes(reward, done, is_reset, global_step)
-        log_lowest(done, finished, global_step)
-        return finished
-
-    envs.episodes.step = count_and_log
-    stacked = stacks_frames(args.env_id)
-
-    def play(params, update):
-        played = envs.play(params, update)
-        steps = played.steps
-        return PlayedSteps(
-            frames=stored_frames(steps.obs, stacked),
-            actions=steps.env_actions,
-            outputs=steps.outputs,
-            rewards=steps.rewards,
-            terminations=steps.terminations,
-            truncations=steps.truncations,
-            is_reset=steps.is_reset,
-            inference_time=0.0,
-            env_step_time=played.env_step_time,
-        )
-
-    return play
+    return np.asarray(obs[..., -1, :, :] if stacked else obs)
 
 
 def count_episode_steps(episode_step, is_reset):
@@ -562,11 +428,25 @@ def actor_thread(
     transitions and initial priorities are computed here (`rollout_data`)."""
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
-    log_lowest = lowest_epsilon_logger(run, sizes, env_ids)
-    if is_jax_env(args.env_id):
-        play = compiled_player(args, run, sizes, network, action_key, env_offset, log_lowest)
-    else:
-        play = envpool_player(args, run, sizes, network, action_key, env_offset, device, log_lowest)
+    # float32, as the policy's step takes them.
+    epsilons = epsilons_of(
+        np.arange(sizes.num_envs), sizes.num_envs, args.epsilon_base, args.epsilon_alpha
+    ).astype(np.float32)
+    start_rollout = compiled_rollout.start if is_jax_env(args.env_id) else split_envs.start
+    envs = start_rollout(
+        make_env,
+        args,
+        run=run,
+        num_envs=sizes.num_envs,
+        env_offset=env_offset,
+        env_record=None,
+        act=functools.partial(policy_step, network, action_key, epsilons),
+        device=device,
+    )
+    stacked = stacks_frames(args.env_id)
+    # The quarter of the run's environments with the lowest ε (at least one) log their returns
+    # under their own key too.
+    lowest_epsilon_quarter = env_ids >= sizes.num_envs - max(1, sizes.num_envs // 4)
 
     tail = None
     episode_step = np.zeros(args.local_num_envs, np.uint8)
@@ -577,12 +457,16 @@ def actor_thread(
         param_queue_get_time = time.time() - param_wait_start
 
         rollout_start = time.time()
-        steps = play(params, update)
+        rollout = envs.play(params, update)
+        steps = rollout.steps
+        for end in rollout.episode_ends:
+            if lowest_epsilon_quarter[end.env]:
+                run.log({"charts/lowest_epsilon_return": end.episode_return}, end.global_step)
         episode_steps, episode_step = count_episode_steps(episode_step, steps.is_reset)
         played = Played(
-            frames=steps.frames,
+            frames=stored_frames(steps.obs, stacked),
             episode_step=episode_steps,
-            actions=steps.actions,
+            actions=steps.env_actions,
             q_taken=steps.outputs.q_taken,
             q_max=steps.outputs.q_max,
             rewards=steps.rewards,
@@ -596,8 +480,8 @@ def actor_thread(
         timing = dict(
             param_queue_get_time=param_queue_get_time,
             rollout_time=time.time() - rollout_start,
-            inference_time=steps.inference_time,
-            env_step_time=steps.env_step_time,
+            inference_time=rollout.inference_time,
+            env_step_time=rollout.env_step_time,
         )
         queue_put(rollout_queue, Rollout(update, policy_version, data, timing), run.stop)
 

@@ -27,7 +27,15 @@ import optax
 from flax.training.train_state import TrainState
 from jax.sharding import NamedSharding
 
-from cleanba_utils import accelerators, compiled_rollout, distributed, hub, jax_envs, parsing
+from cleanba_utils import (
+    accelerators,
+    compiled_rollout,
+    distributed,
+    hub,
+    jax_envs,
+    parsing,
+    split_envs,
+)
 from cleanba_utils.checkpoints import Checkpointing
 from cleanba_utils.devices import first_replica
 from cleanba_utils.env_ids import is_jax_env
@@ -47,10 +55,9 @@ from cleanba_utils.gala.mailboxes import Mailbox, Message, broadcast, receive
 from cleanba_utils.handoff import OnResume, actor_fetches_params, take_rollouts
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
-from cleanba_utils.run import Episodes, Run, open_run, resume_or_start
+from cleanba_utils.run import open_run, resume_or_start
 from cleanba_utils.run_args import RUN_NEEDS, RunArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
-from cleanba_utils.split_envs import SplitEnvs
 from cleanba_utils.threads import POLL_SECONDS, Stopped, queue_get, queue_put, start_thread
 from cleanba_utils.torsos import (
     MINATAR_HIDDENS,
@@ -445,87 +452,20 @@ def policy_step(network, action_key, params, obs, env_ids, step, step_input):
     return sample_actions(logits, action_key, step, env_ids), None
 
 
-@dataclasses.dataclass
-class AgentEpisodes:
-    """An agent's episodes (`run.episodes`): each finished one is also logged as the agent's own
-    (`charts/agent_{agent}/episodic_return`), beside the run's `charts/episodic_return`."""
-
-    episodes: Episodes
-    run: Run
-    agent: int
-
-    def step(self, reward, done, is_reset, global_step: int) -> list[float]:
-        """`Episodes.step`, then the agent's log of the returns of the episodes that finished."""
-        finished = self.episodes.step(reward, done, is_reset, global_step)
-        for episode_return in finished:
-            scalars = {f"charts/agent_{self.agent}/episodic_return": episode_return}
-            self.run.log(scalars, global_step)
-        return finished
-
-
-class Played(NamedTuple):
-    """A rollout on the host: its transitions (1, envs, steps, ...) and the observation after its
-    last step (1, envs, ...)."""
-
-    transitions: Transitions
-    bootstrap_obs: np.ndarray
-
-
-def envpool_player(args, run, sizes, network, action_key, agent, device):
-    """`play(params, update) -> Played` for envpool's environments: stepped in Python, in
-    --env-splits splits (`SplitEnvs`), the policy inferred on the agent's `device` for each split in
-    turn."""
-    envs = SplitEnvs.of_actor_thread(make_env, args, agent * args.local_num_envs)
-    split_env_ids = [jax.device_put(envs.env_ids[s], device) for s in envs.env_slices]
-    policy = jax.jit(functools.partial(policy_step, network, action_key))
-    episodes = AgentEpisodes(episodes=run.episodes(args.local_num_envs), run=run, agent=agent)
-
-    def count_episodes(step, played):
-        episodes.step(
-            played.info.get("reward", played.rewards),
-            episode_over(played.terminations, played.truncations, played.info),
-            played.is_reset,
-            step * sizes.num_envs,
-        )
-
-    def play(params, update):
-        def act(step, split, obs):
-            on_device = jax.device_put(obs, device)
-            action, _ = policy(params, on_device, split_env_ids[split], step, None)
-            return np.asarray(action), obs
-
-        # envpool's environment reset on the step after an episode's end ignores the action,
-        # returns the first observation of the next episode, and is masked out of learning
-        # (`is_reset`).
-        played = envs.play(
-            first_step=(update - 1) * args.num_steps,
-            num_steps=args.num_steps,
-            act=act,
-            record=count_episodes,
-        )
-        steps = [
-            Transitions(
-                obs=s.outputs,
-                actions=s.actions,
-                rewards=s.rewards,
-                terminations=s.terminations,
-                truncations=s.truncations,
-                is_reset=s.is_reset,
-            )
-            for s in played.steps
-        ]
-        transitions = jax.tree.map(lambda *xs: np.stack(xs, axis=1)[None], *steps)
-        return Played(transitions=transitions, bootstrap_obs=envs.next_obs[None])
-
-    return play
-
-
-def compiled_player(args, run, sizes, network, action_key, agent):
-    """`play(params, update) -> Played` for a JAX environment: the policy's and the environments'
-    steps in one compiled program (`compiled_rollout`), on the device of the agent's parameters.
-    A JAX environment has no lives: an episode ends where it terminates or truncates, as
-    `episode_over` says of every task but Atari's."""
-    envs = compiled_rollout.start(
+def actor_thread(
+    args, sizes, run, network, first_update, agent, device, param_queue, rollout_queue
+):
+    """Agent `agent`'s actor thread: environments with global indices agent x local_num_envs + 0, 1,
+    ... envpool's environments step in Python beside the policy's inference; a JAX environment's
+    steps and the policy's run in one compiled program."""
+    action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
+    if is_jax_env(args.env_id):
+        start_rollout = compiled_rollout.start
+    else:
+        # An Atari episode that ends for learning at a lost life goes on, for the returns logged,
+        # to the end of the game (`episode_over`).
+        start_rollout = functools.partial(split_envs.start, episode_over=episode_over)
+    envs = start_rollout(
         make_env,
         args,
         run=run,
@@ -533,14 +473,20 @@ def compiled_player(args, run, sizes, network, action_key, agent):
         env_offset=agent * args.local_num_envs,
         env_record=None,
         act=functools.partial(policy_step, network, action_key),
+        device=device,
     )
-    # The rollout steps `envs.episodes` after each compiled rollout: wrapped, it also logs the
-    # agent's own returns, as the envpool path does.
-    envs.episodes = AgentEpisodes(episodes=envs.episodes, run=run, agent=agent)
 
-    def play(params, update):
+    for update in range(first_update, sizes.num_updates + 1):
+        param_wait_start = time.time()
+        if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
+            policy_version, params = queue_get(param_queue, run.stop)
+        param_queue_get_time = time.time() - param_wait_start
         played = envs.play(params, update)
         steps = played.steps
+        # Each finished episode is also logged as the agent's own.
+        for end in played.episode_ends:
+            scalars = {f"charts/agent_{agent}/episodic_return": end.episode_return}
+            run.log(scalars, end.global_step)
         transitions = Transitions(
             obs=steps.obs,
             actions=steps.env_actions,
@@ -550,37 +496,11 @@ def compiled_player(args, run, sizes, network, action_key, agent):
             is_reset=steps.is_reset,
         )
         agent_first = lambda x: x[None]
-        return Played(
-            transitions=jax.tree.map(agent_first, transitions),
-            bootstrap_obs=agent_first(played.next_obs),
-        )
-
-    return play
-
-
-def actor_thread(
-    args, sizes, run, network, first_update, agent, device, param_queue, rollout_queue
-):
-    """Agent `agent`'s actor thread: environments with global indices agent x local_num_envs + 0, 1,
-    ... envpool's environments step in Python beside the policy's inference; a JAX environment's
-    steps and the policy's run in one compiled program."""
-    action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
-    if is_jax_env(args.env_id):
-        play = compiled_player(args, run, sizes, network, action_key, agent)
-    else:
-        play = envpool_player(args, run, sizes, network, action_key, agent, device)
-
-    for update in range(first_update, sizes.num_updates + 1):
-        param_wait_start = time.time()
-        if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
-            policy_version, params = queue_get(param_queue, run.stop)
-        param_queue_get_time = time.time() - param_wait_start
-        played = play(params, update)
         rollout = Rollout(
             update=update,
             policy_version=policy_version,
-            transitions=jax.device_put(played.transitions, device),
-            bootstrap_obs=jax.device_put(played.bootstrap_obs, device),
+            transitions=jax.device_put(jax.tree.map(agent_first, transitions), device),
+            bootstrap_obs=jax.device_put(agent_first(played.next_obs), device),
             timing=dict(param_queue_get_time=param_queue_get_time),
         )
         queue_put(rollout_queue, rollout, run.stop)

@@ -22,7 +22,7 @@ import optax
 import rlax
 from flax.training.train_state import TrainState
 
-from cleanba_utils import accelerators, compiled_rollout, distributed, hub, parsing
+from cleanba_utils import accelerators, compiled_rollout, distributed, hub, parsing, split_envs
 from cleanba_utils.devices import first_replica, learner_sharding, replicate
 from cleanba_utils.env_ids import is_jax_env
 from cleanba_utils.envs import make_env
@@ -41,7 +41,6 @@ from cleanba_utils.microbatches import microbatch_update
 from cleanba_utils.run import open_run, resume_or_start
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
-from cleanba_utils.split_envs import SplitEnvs
 from cleanba_utils.threads import queue_get, queue_put
 from cleanba_utils.torsos import MinAtarTorso, resolve_image_defaults
 
@@ -295,110 +294,6 @@ def policy_step(network, action_key, params, obs, env_ids, step, step_input):
     return action, PolicyOutputs(logprobs=logprob)
 
 
-class Played(NamedTuple):
-    """A rollout env-major (envs, steps, ...): `obs` already in one slice of environments per
-    learner device, with one more entry per environment (the observation after the last step, which
-    the learner evaluates with its current parameters), and the seconds spent inferring and
-    stepping."""
-
-    obs: jax.Array
-    actions: np.ndarray
-    logprobs: np.ndarray
-    rewards: np.ndarray
-    terminations: np.ndarray
-    truncations: np.ndarray
-    is_reset: np.ndarray
-    inference_time: float
-    env_step_time: float
-
-
-def envpool_player(args, run, sizes, network, action_key, env_offset, device, num_slices):
-    """`play(params, update) -> Played` for envpool's environments: stepped in Python, in
-    --env-splits splits (`SplitEnvs`), the policy inferred on `device` for each split in turn. The
-    observations stay on `device`, stacked there in `num_slices` slices of environments (one per
-    learner device), instead of being stacked on the host and copied to the devices a second
-    time."""
-    envs = SplitEnvs.of_actor_thread(make_env, args, env_offset)
-    split_env_ids = [jax.device_put(envs.env_ids[s], device) for s in envs.env_slices]
-    policy = jax.jit(functools.partial(policy_step, network, action_key))
-    stack_obs = jax.jit(
-        lambda observations: jnp.stack(observations, axis=1).reshape(
-            num_slices, -1, len(observations), *observations[0].shape[1:]
-        )
-    )
-    episodes = run.episodes(args.local_num_envs)
-
-    def count_episodes(step, played):
-        done = played.terminations | played.truncations
-        reward = played.info.get("reward", played.rewards)
-        episodes.step(reward, done, played.is_reset, step * sizes.num_envs)
-
-    def play(params, update):
-        def act(step, split, obs):
-            obs = jax.device_put(obs, device)
-            action, outputs = jax.device_get(policy(params, obs, split_env_ids[split], step, None))
-            return action, (obs, outputs)
-
-        # envpool's environment reset on the step after an episode's end ignores the action,
-        # returns the first observation of the next episode, and is masked out of learning
-        # (`is_reset`).
-        played = envs.play(
-            first_step=(update - 1) * args.num_steps,
-            num_steps=args.num_steps,
-            act=act,
-            record=count_episodes,
-        )
-        steps = played.steps
-        last_obs = jax.device_put(envs.next_obs, device)
-        env_major = lambda arrays: np.stack(arrays, axis=1)
-        return Played(
-            obs=stack_obs([*[s.outputs[0] for s in steps], last_obs]),
-            actions=env_major([s.actions for s in steps]),
-            logprobs=env_major([s.outputs[1].logprobs for s in steps]),
-            rewards=env_major([s.rewards for s in steps]),
-            terminations=env_major([s.terminations for s in steps]),
-            truncations=env_major([s.truncations for s in steps]),
-            is_reset=env_major([s.is_reset for s in steps]),
-            inference_time=played.inference_time,
-            env_step_time=played.env_step_time,
-        )
-
-    return play
-
-
-def compiled_player(args, run, sizes, network, action_key, env_offset, num_slices):
-    """`play(params, update) -> Played` for a JAX environment: the policy's and the environments'
-    steps in one compiled program (`compiled_rollout`). No bootstrap value is computed there: the
-    learner evaluates the last observation with its own, newer parameters."""
-    envs = compiled_rollout.start(
-        make_env,
-        args,
-        run=run,
-        num_envs=sizes.num_envs,
-        env_offset=env_offset,
-        env_record=None,
-        act=functools.partial(policy_step, network, action_key),
-    )
-
-    def play(params, update):
-        played = envs.play(params, update)
-        steps = played.steps
-        obs = np.concatenate([steps.obs, played.next_obs[:, None]], axis=1)
-        return Played(
-            obs=obs.reshape(num_slices, -1, *obs.shape[1:]),
-            actions=steps.env_actions,
-            logprobs=steps.outputs.logprobs,
-            rewards=steps.rewards,
-            terminations=steps.terminations,
-            truncations=steps.truncations,
-            is_reset=steps.is_reset,
-            inference_time=0.0,
-            env_step_time=played.env_step_time,
-        )
-
-    return play
-
-
 def actor_thread(
     args,
     sizes,
@@ -418,11 +313,21 @@ def actor_thread(
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     on_learner_devices = learner_sharding(learner_devices)
     num_slices = len(learner_devices)
-    if is_jax_env(args.env_id):
-        play = compiled_player(args, run, sizes, network, action_key, env_offset, num_slices)
-    else:
-        play = envpool_player(args, run, sizes, network, action_key, env_offset, device, num_slices)
+    start_rollout = compiled_rollout.start if is_jax_env(args.env_id) else split_envs.start
+    envs = start_rollout(
+        make_env,
+        args,
+        run=run,
+        num_envs=sizes.num_envs,
+        env_offset=env_offset,
+        env_record=None,
+        act=functools.partial(policy_step, network, action_key),
+        device=device,
+    )
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
+    # The observations with the one after the last step, which the learner evaluates with its
+    # current parameters, env-major on the actor's device.
+    with_next_obs = jax.jit(lambda obs, next_obs: jnp.concatenate([obs, next_obs[:, None]], axis=1))
 
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
@@ -431,20 +336,21 @@ def actor_thread(
         param_queue_get_time = time.time() - param_wait_start
 
         rollout_start = time.time()
-        played = play(params, update)
+        played = envs.play(params, update)
+        steps = played.steps
         # Env-major (envs, steps, ...) split into one slice of envs per learner device: a single
         # host-to-device copy of what the actor holds on the host, overlapped with the learner's
         # work. The learner evaluates every observation with its current parameters, the last one
         # included.
         split = lambda v: v.reshape(num_slices, -1, *v.shape[1:])
         data = Trajectories(
-            obs=played.obs,
-            actions=split(played.actions),
-            logprobs=split(played.logprobs),
-            rewards=split(played.rewards),
-            terminations=split(played.terminations),
-            truncations=split(played.truncations),
-            is_reset=split(played.is_reset),
+            obs=split(with_next_obs(steps.obs, played.next_obs)),
+            actions=split(steps.env_actions),
+            logprobs=split(steps.outputs.logprobs),
+            rewards=split(steps.rewards),
+            terminations=split(steps.terminations),
+            truncations=split(steps.truncations),
+            is_reset=split(steps.is_reset),
             env_ids=split(env_ids),
         )
         timing = dict(

@@ -9,7 +9,7 @@ The script gives its policy's step, `act(params, obs, env_ids, step, step_input)
 outputs)`: the actions the environments receive and its own per-step outputs (a NamedTuple: the
 sampled actions, log-probabilities, values…), `env_ids` the environments' global indices (NumPy, a
 constant of the program) and `step` the policy step of the run (0, 1, …). It gets back the rollout
-as `CompiledPlay`, its `Steps` env-major (envs, steps, ...).
+as `rollout_steps.PlayedRollout`, its `Steps` env-major (envs, steps, ...).
 
 Made and called with 64-bit types on for envpool (`envs.needs_x64`; `jax.enable_x64`, for the
 calling thread only): envpool's MuJoCo and dm_control tasks take float64 actions and give float64
@@ -21,7 +21,7 @@ the actions differently in the last place."""
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,40 +30,7 @@ import numpy as np
 from cleanba_utils import env_records, jax_envs
 from cleanba_utils.env_records import EnvRecord
 from cleanba_utils.envs import compiled_step, flat_observation, needs_x64
-
-
-class Steps(NamedTuple):
-    """Steps of an actor thread's environments, env-major (envs, steps, ...): rollouts' steps join
-    along axis 1."""
-
-    obs: np.ndarray
-    """the observations acted on"""
-    env_actions: np.ndarray
-    """the actions the environments received"""
-    outputs: Any
-    """the policy step's own outputs (`act`'s second result)"""
-    rewards: np.ndarray
-    """raw, as the environments give them"""
-    terminations: np.ndarray
-    truncations: np.ndarray
-    is_reset: np.ndarray
-    """reset steps: the step after an episode's end ignores the action and returns the next
-    episode's first observation (envpool's; a JAX environment's as `jax_envs` maps them)"""
-
-
-class CompiledPlay(NamedTuple):
-    """One rollout of an actor thread's environments."""
-
-    steps: Steps
-    next_obs: np.ndarray
-    """(envs, ...) the observation after the rollout's last step"""
-    after_last: Any
-    """`after_last(params, next_obs)` where the script gives one (continuous PPO: the bootstrap
-    value), else None"""
-    record: EnvRecord
-    """the environments' record after the rollout (a copy, which later rollouts leave alone)"""
-    env_step_time: float
-    """seconds of the compiled program: the policy's and the environments' steps"""
+from cleanba_utils.rollout_steps import EpisodeEnd, PlayedRollout, Steps
 
 
 @dataclasses.dataclass
@@ -85,12 +52,17 @@ class CompiledRollout:
     num_steps: int
     num_envs: int
     """the run's environments (global steps count them)"""
+    device: Any = None
+    """where the program runs: the actor's device, to which `play` puts the parameters (None: where
+    they are)"""
 
-    def play(self, params, update: int, step_inputs=None) -> CompiledPlay:
+    def play(self, params, update: int, step_inputs=None) -> PlayedRollout:
         """The rollout of `update` with `params`, its steps' policy steps (update - 1) x
         --num-steps onwards; `step_inputs` (steps, ...) are what `act` takes at each step (SAC:
         whether it acts at random), or None."""
         first_step = (update - 1) * self.num_steps
+        if self.device is not None:
+            params = jax.device_put(params, self.device)
         start = time.time()
         with jax.enable_x64(needs_x64(self.envs)):
             self.handle, steps, last_obs, after_last = self.program(
@@ -104,12 +76,17 @@ class CompiledRollout:
         env_step_time = time.time() - start
         obs, env_actions, outputs, rewards, terminations, truncations = steps
         is_reset = np.zeros(terminations.shape, bool)
+        episode_ends = []
         for step in range(self.num_steps):
             env_records.record_step(self.record, env_actions[step], self.next_is_reset)
             is_reset[step] = self.next_is_reset
             done = terminations[step] | truncations[step]
             global_step = (first_step + step) * self.num_envs
-            self.episodes.step(rewards[step], done, self.next_is_reset, global_step)
+            finished = self.episodes.step(rewards[step], done, self.next_is_reset, global_step)
+            episode_ends += [
+                EpisodeEnd(global_step, int(env), episode_return)
+                for env, episode_return in zip(np.flatnonzero(done), finished)
+            ]
             self.next_is_reset = done
         self.next_obs = np.asarray(last_obs)
         if isinstance(self.record, jax_envs.EnvsState):
@@ -124,11 +101,13 @@ class CompiledRollout:
             truncations=env_major(truncations),
             is_reset=env_major(is_reset),
         )
-        return CompiledPlay(
+        return PlayedRollout(
             steps=steps,
             next_obs=self.next_obs,
             after_last=after_last,
             record=env_records.copy_of(self.record),
+            episode_ends=episode_ends,
+            inference_time=0.0,
             env_step_time=env_step_time,
         )
 
@@ -142,12 +121,14 @@ def start(
     env_record: EnvRecord | None,
     act: Callable,
     after_last: Callable | None = None,
+    device=None,
 ) -> CompiledRollout:
     """The environments env_offset .. env_offset + --local-num-envs - 1 of the run's `num_envs`
     (the script's `make_env(args, seed, num_envs)`, seeded --seed + env_offset onwards) and the
     compiled rollout of --num-steps steps of `act` on them. A fresh run (`env_record` None) resets
     them; a resumed one brings them to their part of `env_record`, every environment's at the
-    checkpoint (`env_records.fast_forward`), and the episodes' running sums with them."""
+    checkpoint (`env_records.fast_forward`), and the episodes' running sums with them. `device`:
+    the actor thread's, where the program runs (None: wherever the parameters are)."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
 
@@ -185,6 +166,8 @@ def start(
             episodes.resume_running(record)
     with jax.enable_x64(needs_x64(envs)):
         handle, step_envs = compiled_step(envs)
+    if device is not None:
+        handle = jax.device_put(handle, device)
     return CompiledRollout(
         envs=envs,
         handle=handle,
@@ -195,4 +178,5 @@ def start(
         next_is_reset=next_is_reset,
         num_steps=args.num_steps,
         num_envs=num_envs,
+        device=device,
     )

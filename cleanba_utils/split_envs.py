@@ -8,15 +8,22 @@ Deterministic, unlike envpool's asynchronous `recv`: each split is its own insta
 block of the thread's environments seeded as one instance would seed them (environment i with
 `seed + i`), and its synchronous `recv` gives back exactly the environments it was sent. With
 actions drawn per environment, the data are those of one instance, step for step, whatever the
-number of splits."""
+number of splits.
 
+`start` gives an actor thread's rollouts the compiled rollout's interface (`rollout_steps`): the
+script's policy step in the same signature, the steps env-major, the episodes counted here."""
+
+import dataclasses
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from cleanba_utils.evaluation_episodes import ended
+from cleanba_utils.rollout_steps import EpisodeEnd, PlayedRollout, Steps
 
 
 class EnvStep(NamedTuple):
@@ -146,3 +153,120 @@ class SplitEnvs:
                 self.is_reset = terminations | truncations
             playing = tuple(_join(list(part)) for part in zip(*chosen)) if chosen else None
         return Played(steps=steps, inference_time=inference_time, env_step_time=env_step_time)
+
+
+@dataclasses.dataclass
+class SplitRollout:
+    """An actor thread's envpool environments stepped in Python (`SplitEnvs`), with the compiled
+    rollout's interface: `play(params, update) -> rollout_steps.PlayedRollout`."""
+
+    envs: SplitEnvs
+    policy: Callable
+    """the script's `act`, jitted"""
+    after_last: Callable | None
+    episodes: Any
+    episode_over: Callable
+    device: Any
+    split_env_ids: list
+    stack: Callable
+    num_steps: int
+    num_envs: int
+    """the run's environments (global steps count them)"""
+
+    def play(self, params, update: int, step_inputs=None) -> PlayedRollout:
+        """The rollout of `update` with `params`, its steps' policy steps (update - 1) x
+        --num-steps onwards: at each step, for each split in turn, the policy's step on the
+        split's observations (put on the actor's device, where they stay), its actions sent to
+        the split while the next split takes its turn. `step_inputs` (steps, ...): what `act`
+        takes at each step, or None."""
+        first_step = (update - 1) * self.num_steps
+        episode_ends = []
+
+        def act(step, split, obs):
+            obs = jax.device_put(obs, self.device)
+            step_input = None if step_inputs is None else step_inputs[step - first_step]
+            actions, outputs = jax.device_get(
+                self.policy(params, obs, self.split_env_ids[split], step, step_input)
+            )
+            return actions, (obs, outputs)
+
+        def record(step, played):
+            done = self.episode_over(played.terminations, played.truncations, played.info)
+            # Atari's clipped rewards are for learning: the episodes' returns are envpool's
+            # unclipped ones.
+            reward = played.info.get("reward", played.rewards)
+            global_step = step * self.num_envs
+            finished = self.episodes.step(reward, done, played.is_reset, global_step)
+            episode_ends.extend(
+                EpisodeEnd(global_step, int(env), episode_return)
+                for env, episode_return in zip(np.flatnonzero(done), finished)
+            )
+
+        # envpool's environment reset on the step after an episode's end ignores the action,
+        # returns the first observation of the next episode, and is masked out of learning
+        # (`is_reset`).
+        played = self.envs.play(
+            first_step=first_step, num_steps=self.num_steps, act=act, record=record
+        )
+        env_major = lambda arrays: np.stack(arrays, axis=1)
+        outputs = [s.outputs[1] for s in played.steps]
+        steps = Steps(
+            obs=self.stack([s.outputs[0] for s in played.steps]),
+            env_actions=env_major([s.actions for s in played.steps]),
+            outputs=jax.tree.map(lambda *xs: np.stack(xs, axis=1), *outputs),
+            rewards=env_major([s.rewards for s in played.steps]),
+            terminations=env_major([s.terminations for s in played.steps]),
+            truncations=env_major([s.truncations for s in played.steps]),
+            is_reset=env_major([s.is_reset for s in played.steps]),
+        )
+        next_obs = self.envs.next_obs
+        after_last = None
+        if self.after_last is not None:
+            after_last = np.asarray(self.after_last(params, jax.device_put(next_obs, self.device)))
+        return PlayedRollout(
+            steps=steps,
+            next_obs=next_obs,
+            after_last=after_last,
+            record=None,
+            episode_ends=episode_ends,
+            inference_time=played.inference_time,
+            env_step_time=played.env_step_time,
+        )
+
+
+def start(
+    make_env: Callable,
+    args,
+    run,
+    num_envs: int,
+    env_offset: int,
+    env_record,
+    act: Callable,
+    after_last: Callable | None = None,
+    device=None,
+    episode_over: Callable = ended,
+) -> SplitRollout:
+    """The environments env_offset .. env_offset + --local-num-envs - 1 of the run's `num_envs`
+    (the script's `make_env(args, seed, num_envs)`, seeded --seed + env_offset onwards, in
+    --env-splits splits), played by `act(params, obs, env_ids, step, step_input) -> (env_actions,
+    outputs)` on `device` (the actor thread's), as `compiled_rollout.start` plays them in one
+    program. Their episodes end where `episode_over(terminated, truncated, info)` says (GALA's
+    Atari: at a lost life). A resumed run makes its environments anew (`env_record` must be None:
+    envpool's Atari cannot be brought back)."""
+    assert env_record is None, "envpool's environments stepped in Python keep no record"
+    envs = SplitEnvs.of_actor_thread(make_env, args, env_offset)
+    policy = jax.jit(act)
+    return SplitRollout(
+        envs=envs,
+        policy=policy,
+        after_last=None if after_last is None else jax.jit(after_last),
+        episodes=run.episodes(args.local_num_envs),
+        episode_over=episode_over,
+        device=device,
+        split_env_ids=[jax.device_put(envs.env_ids[s], device) for s in envs.env_slices],
+        # The observations stay on the actor's device, where inference put them, stacked there
+        # env-major.
+        stack=jax.jit(lambda observations: jnp.stack(observations, axis=1)),
+        num_steps=args.num_steps,
+        num_envs=num_envs,
+    )

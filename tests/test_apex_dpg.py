@@ -30,9 +30,9 @@ from scipy import stats
 
 from cleanba import cleanba_apex_dpg as dpg
 from cleanba_utils import checkpoints
-from cleanba_utils.compiled_rollout import Steps
 from cleanba_utils.devices import replicate
 from cleanba_utils.replay.prioritized_learning import PendingPriorities, write_priorities
+from cleanba_utils.rollout_steps import Steps
 
 SPACES = dpg.Spaces(obs_dim=3, action_low=(-1.0, -2.0), action_high=(1.0, 0.0))
 
