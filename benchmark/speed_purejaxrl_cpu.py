@@ -18,7 +18,13 @@ are measured from the end of its first update to the end of its last (TensorBoar
 `gymnax.wrappers.compat.LegacyStepAPIWrapper`, which gives the five it expects. PureJaxRL's MLP
 takes the image flattened (its `FlattenObservationWrapper`); Cleanba PPO takes the same 400 features
 through `benchmark/minatar_flat.py` and its MLP of the same sizes (64 x 64, separate actor and
-critic). Writes benchmark/results/speed_purejaxrl_cpu.md, .png and .csv."""
+critic). Writes benchmark/results/speed_purejaxrl_cpu.md, .png and .csv.
+
+What differs besides speed: PureJaxRL's MinAtar MLP uses ReLU, Cleanba PPO's tanh (the same
+arithmetic cost); PureJaxRL's minibatches are random subsets of all samples, Cleanba's a chunk of
+every environment's shuffled steps (which keeps the data independent of the layout); both clip the
+value loss (Cleanba: --clip-vloss). Cleanba's actor and learner are two threads that hand over
+through queues of size one (Sync: lag 0), PureJaxRL's whole loop is one compiled program."""
 
 import argparse
 import csv
@@ -149,12 +155,14 @@ for with_policy in (False, True):
     program = jax.jit(lambda s, f: rollout(s, f, with_policy))
     s = jax.block_until_ready(program(state, 0))[0]
     calls = max(1, 200_000 // (num_envs * num_steps))
-    start = time.time()
-    for i in range(calls):
-        s = program(s, (i + 1) * num_steps)[0]
-    jax.block_until_ready(s)
-    seconds = time.time() - start
-    result["policy" if with_policy else "random"] = calls * num_envs * num_steps / seconds
+    best = 0.0
+    for repeat in range(3):
+        start = time.time()
+        for i in range(calls):
+            s = program(s, (repeat * calls + i + 1) * num_steps)[0]
+        jax.block_until_ready(s)
+        best = max(best, calls * num_envs * num_steps / (time.time() - start))
+    result["policy" if with_policy else "random"] = best
 print(json.dumps(result))
 """
 
@@ -195,7 +203,8 @@ def cleanba(setting: str, seed: int) -> dict:
             "--learning-rate",
             str(config["LR"]),
         ],
-        *["--clip-coef", str(config["CLIP_EPS"]), "--gradient-accumulation-steps", "1"],
+        *["--clip-coef", str(config["CLIP_EPS"]), "--clip-vloss"],
+        *["--gradient-accumulation-steps", "1"],
         *["--total-timesteps", str(int(config["TOTAL_TIMESTEPS"])), "--seed", str(seed)],
         *["--log-frequency", "1", "--run-name", "run"],
     ]
