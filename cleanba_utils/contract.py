@@ -20,8 +20,8 @@ class Script(Protocol):
     validate_layout: Callable
     """the checks that need the devices or the number of processes"""
     make_env: Callable
-    """`make_env(args, seed, num_envs)`: its envpool environments, environment i seeded
-    `seed + i`"""
+    """`make_env(args, seed, num_envs)`: its environments (envpool's, or a JAX environment's),
+    environment i seeded `seed + i`"""
     evaluate: Callable
     """`evaluate(params, args, num_episodes, seed) -> returns` (`Run.evaluate`, `python -m
     cleanba_utils.evaluate`)"""

@@ -51,7 +51,9 @@ def fake_run(writer: Writer):
     return types.SimpleNamespace(episodes=episodes)
 
 
-ARGS = types.SimpleNamespace(env_id=ENV_ID, seed=3, local_num_envs=2, num_steps=NUM_STEPS)
+ARGS = types.SimpleNamespace(
+    env_id=ENV_ID, env_params=(), seed=3, local_num_envs=2, num_steps=NUM_STEPS
+)
 PARAMS = np.float32(0.7)
 
 
