@@ -69,8 +69,9 @@ class Args(DeviceArgs):
     """the envpool instances an actor thread's environments are split into, stepped in turn: while
     one split steps, the thread infers the next one's actions (double-buffered sampling,
     cleanba_utils/split_envs.py). Default: 2 on a GPU (1 for a thread with one environment), 1 on
-    a CPU, where inference would take the cores the environments step on; the results are the same
-    up to float rounding"""
+    a CPU, where inference would take the cores the environments step on, and for a JAX
+    environment (its steps run inside the compiled rollout); the results are the same up to float
+    rounding"""
     num_steps: int = positive(20)
     """the number of steps each environment runs per rollout"""
     gamma: float = in_range(0.99, 0, 1, low_open=True)
@@ -106,7 +107,7 @@ class Args(DeviceArgs):
 # The options whose default depends on the platform JAX runs on (`None` in `Args`), given their
 # value by `validate_layout`: {option: rule(args, platform)}.
 PLATFORM_DEFAULTS = {
-    "env_splits": lambda args, platform: min(2, args.local_num_envs) if platform == "gpu" else 1,
+    "env_splits": split_envs.default_splits,
 }
 
 

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cleanba_utils.env_ids import is_jax_env
 from cleanba_utils.evaluation_episodes import ended
 from cleanba_utils.rollout_steps import EpisodeEnd, PlayedRollout, Steps
 
@@ -153,6 +154,16 @@ class SplitEnvs:
                 self.is_reset = terminations | truncations
             playing = tuple(_join(list(part)) for part in zip(*chosen)) if chosen else None
         return Played(steps=steps, inference_time=inference_time, env_step_time=env_step_time)
+
+
+def default_splits(args, platform: str) -> int:
+    """--env-splits left unset: 2 on a GPU (1 for a thread with one environment), where inference
+    hides behind the stepping of the other split; 1 on a CPU, where inference would take the cores
+    the environments step on; 1 for a JAX environment, which has no envpool instance to split (its
+    steps run inside the compiled rollout)."""
+    if platform != "gpu" or is_jax_env(args.env_id):
+        return 1
+    return min(2, args.local_num_envs)
 
 
 @dataclasses.dataclass

@@ -181,3 +181,7 @@ def test_the_gpu_defaults(monkeypatch):
     accelerators.apply_platform_defaults(given, cleanba_ppo.PLATFORM_DEFAULTS)
     assert given.gradient_accumulation_steps == 2
     assert accelerators.platform_defaults() == {"env_splits": 2}
+    # A JAX environment's steps run inside the compiled rollout: no envpool instance to split.
+    jax_env = cleanba_ppo.parse_args(["--env-id", "gymnax:CartPole-v1"])
+    accelerators.apply_platform_defaults(jax_env, cleanba_ppo.PLATFORM_DEFAULTS)
+    assert jax_env.env_splits == 1
