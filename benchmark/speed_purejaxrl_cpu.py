@@ -131,7 +131,7 @@ from cleanba_utils import jax_envs
 sys.path.insert(0, sys.argv[5])
 import cleanba.cleanba_ppo as ppo
 env_id, num_envs, num_steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-env = jax_envs.load(env_id)
+env = jax_envs.load_env(env_id)
 reset, step = jax_envs.compiled(env)
 n = jax_envs.action_space(env).n
 network = ppo.Network(None, (64, 64), n)

@@ -433,7 +433,7 @@ def actor_thread(
     epsilons = epsilons_of(
         np.arange(sizes.num_envs), sizes.num_envs, args.epsilon_base, args.epsilon_alpha
     ).astype(np.float32)
-    start_rollout = compiled_rollout.start if is_jax_env(args.env_id) else split_envs.start
+    start_rollout = compiled_rollout.start if is_jax_env(args.env_id) else split_envs.start_splits
     envs = start_rollout(
         make_env,
         args,

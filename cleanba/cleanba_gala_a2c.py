@@ -465,7 +465,7 @@ def actor_thread(
     else:
         # An Atari episode that ends for learning at a lost life goes on, for the returns logged,
         # to the end of the game (`episode_over`).
-        start_rollout = functools.partial(split_envs.start, episode_over=episode_over)
+        start_rollout = functools.partial(split_envs.start_splits, episode_over=episode_over)
     envs = start_rollout(
         make_env,
         args,

@@ -318,7 +318,7 @@ def actor_thread(
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     on_learner_devices = learner_sharding(learner_devices)
     num_slices = len(learner_devices)
-    start_rollout = compiled_rollout.start if is_jax_env(args.env_id) else split_envs.start
+    start_rollout = compiled_rollout.start if is_jax_env(args.env_id) else split_envs.start_splits
     envs = start_rollout(
         make_env,
         args,

@@ -38,7 +38,7 @@ def empty_record(
     """The record of `num_envs` environments of `env_id` (with --env-params `env_params`) before
     any step: the template of a checkpoint's."""
     if is_jax_env(env_id):
-        reset, _ = jax_envs.compiled(jax_envs.load(env_id, tuple(env_params)))
+        reset, _ = jax_envs.compiled(jax_envs.load_env(env_id, tuple(env_params)))
         shapes = jax.eval_shape(reset, jax.ShapeDtypeStruct((num_envs,), np.uint32))
         return jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), shapes)
     spec = envpool.make_spec(env_id)

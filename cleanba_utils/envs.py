@@ -34,7 +34,7 @@ logged returns are unclipped)."""
 def task_spaces(env_id: str, settings: tuple[str, ...] = ()):
     """(observation space, action space) of the task, as the scripts' environments give them."""
     if is_jax_env(env_id):
-        env = jax_envs.load(env_id, tuple(settings))
+        env = jax_envs.load_env(env_id, tuple(settings))
         return jax_envs.observation_space(env), jax_envs.action_space(env)
     spec = envpool.make_spec(env_id)
     return spec.observation_space, spec.action_space

@@ -116,7 +116,7 @@ def with_params(params, settings: tuple[str, ...], env_id: str):
 
 
 @functools.cache
-def load(env_id: str, settings: tuple[str, ...] = ()) -> JaxEnv:
+def load_env(env_id: str, settings: tuple[str, ...] = ()) -> JaxEnv:
     """The environment of a `gymnax:` or `jax:` id, with --env-params `settings`; one line and exit
     2 for an unknown id or an unusable environment."""
     if env_id.startswith(GYMNAX_PREFIX):
@@ -269,7 +269,7 @@ class JaxVectorEnv:
     steps do."""
 
     def __init__(self, env_id: str, settings: tuple[str, ...], seed: int, num_envs: int):
-        self.env = load(env_id, tuple(settings))
+        self.env = load_env(env_id, tuple(settings))
         self.action_space = action_space(self.env)
         self.observation_space = observation_space(self.env)
         self.num_envs = num_envs

@@ -111,7 +111,7 @@ def check_env_id(args):
     if is_jax_env(args.env_id):
         from cleanba_utils import jax_envs
 
-        env = jax_envs.load(args.env_id, tuple(args.env_params))
+        env = jax_envs.load_env(args.env_id, tuple(args.env_params))
         jax_envs.observation_space(env)
         jax_envs.action_space(env)
         return

@@ -1,8 +1,9 @@
 """What an actor thread's rollout gives back, whichever way its environments step: envpool's in
-Python beside the policy's inference (`split_envs.start`), or the policy's and the environments'
-steps in one compiled program (`compiled_rollout.start`: every JAX environment, and envpool's
-MuJoCo and dm_control tasks for the continuous scripts). Both take the script's policy step
-`act(params, obs, env_ids, step, step_input) -> (env_actions, outputs)` and count the episodes."""
+Python beside the policy's inference (`split_envs.start_splits`), or the policy's and the
+environments' steps in one compiled program (`compiled_rollout.start`: every JAX environment, and
+envpool's MuJoCo and dm_control tasks for the continuous scripts). Both take the script's policy
+step `act(params, obs, env_ids, step, step_input) -> (env_actions, outputs)` and count the
+episodes."""
 
 from typing import Any, NamedTuple
 

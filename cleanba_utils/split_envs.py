@@ -5,13 +5,13 @@ network's inference and the copies between host and device hide behind the envir
 instead of adding to it.
 
 Deterministic, unlike envpool's asynchronous `recv`: each split is its own instance, a contiguous
-block of the thread's environments seeded as one instance would seed them (environment i with
-`seed + i`), and its synchronous `recv` gives back exactly the environments it was sent. With
-actions drawn per environment, the data are those of one instance, step for step, whatever the
-number of splits.
+block of the thread's environments seeded as one instance would seed them (environment i with `seed
++ i`), and its synchronous `recv` gives back exactly the environments it was sent. With actions
+drawn per environment, the data are those of one instance, step for step, whatever the number of
+splits.
 
-`start` gives an actor thread's rollouts the compiled rollout's interface (`rollout_steps`): the
-script's policy step in the same signature, the steps env-major, the episodes counted here."""
+`start_splits` gives an actor thread's rollouts the compiled rollout's interface (`rollout_steps`):
+the script's policy step in the same signature, the steps env-major, the episodes counted here."""
 
 import dataclasses
 import time
@@ -245,7 +245,7 @@ class SplitRollout:
         )
 
 
-def start(
+def start_splits(
     make_env: Callable,
     args,
     run,
