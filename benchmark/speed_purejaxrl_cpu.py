@@ -376,7 +376,8 @@ def report(rows, args, commit):
         f"# Cleanba PPO and PureJaxRL side by side on a CPU ({args.date})\n\n"
         f"Machine: {platform.machine()}, 2 CPU cores, Python {platform.python_version()}; "
         f"PureJaxRL at commit {commit}. Made by `python benchmark/speed_purejaxrl_cpu.py "
-        f"--purejaxrl <checkout>` (the docstring says what is measured and how).\n\n"
+        f"--purejaxrl <checkout> --purejaxrl-python <its interpreter>` (the docstring says what "
+        "is measured and how).\n\n"
         + "\n".join(table)
         + "\n\n"
         + "\n".join(ratios)
