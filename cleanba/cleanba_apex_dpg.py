@@ -66,7 +66,10 @@ class Args(DeviceArgs):
     eval_every: int = non_negative(100)
     concurrency: bool = True
     env_id: str = "HalfCheetah-v4"
-    """a MuJoCo or dm_control task (the paper's HumanoidStand/Walk/Run, ManipulatorBringBall-v1)"""
+    """the environment, with continuous actions: an envpool id (MuJoCo or dm_control; the paper's
+    HumanoidStand/Walk/Run, ManipulatorBringBall-v1), gymnax:<id> for gymnax's JAX environment
+    (gymnax:Pendulum-v1) or jax:<module>:<class> for your own with gymnax's interface
+    (docs/jax_environments.md)"""
     total_timesteps: int = positive(10_000_000)
     """total environment steps of the run (the paper gives wall time, not steps)"""
     learning_rate: float = positive(1e-4)

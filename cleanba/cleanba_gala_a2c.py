@@ -98,7 +98,9 @@ class Args(RunArgs):
     """how the evaluation of x̄ chooses actions: greedy (argmax π(a|s), as the paper's Table 1) or
     sampled from π as in training"""
     env_id: str = "Breakout-v5"
-    """the id of the envpool environment"""
+    """the environment: an envpool id (Breakout-v5, CartPole-v1), gymnax:<id> for gymnax's JAX
+    environment (gymnax:Breakout-MinAtar, gymnax:CartPole-v1) or jax:<module>:<class> for your own
+    with gymnax's interface (docs/jax_environments.md)"""
     total_timesteps: int = positive(10_000_000)
     """total environment steps (agent steps, not frames) of the run, all agents together"""
     learning_rate: float = non_negative(7e-4)

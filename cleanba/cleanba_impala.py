@@ -54,7 +54,9 @@ class Args(DeviceArgs):
     concurrency: bool = True
 
     env_id: str = "Breakout-v5"
-    """the id of the envpool environment"""
+    """the environment: an envpool id (Breakout-v5, CartPole-v1), gymnax:<id> for gymnax's JAX
+    environment (gymnax:Breakout-MinAtar, gymnax:CartPole-v1) or jax:<module>:<class> for your own
+    with gymnax's interface (docs/jax_environments.md)"""
     total_timesteps: int = positive(50_000_000)
     """total environment steps (agent steps, not frames) of the run"""
     learning_rate: float = positive(6e-4)

@@ -75,7 +75,9 @@ class Args(DeviceArgs):
     `runs/{run_name}/{exp_name}.cleanba_model`"""
 
     env_id: str = "HalfCheetah-v4"
-    """the id of the envpool environment (continuous actions: MuJoCo or dm_control)"""
+    """the environment, with continuous actions: an envpool id (MuJoCo or dm_control:
+    HalfCheetah-v4, CheetahRun-v1), gymnax:<id> for gymnax's JAX environment (gymnax:Pendulum-v1)
+    or jax:<module>:<class> for your own with gymnax's interface (docs/jax_environments.md)"""
     total_timesteps: int = positive(1_000_000)
     """total environment steps of the run"""
     learning_rate: float = positive(3e-4)
