@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from cleanba_utils import run_files
-from cleanba_utils.env_ids import name_part
+from cleanba_utils.env_ids import is_jax_env, name_part
 from cleanba_utils.errors import fail
 
 UPLOAD_EVAL_EPISODES = 10
@@ -230,15 +230,17 @@ def model_card(args, card: ModelCard, repo_id: str, spec: dict, results: dict) -
     last_seed = evaluation["first_seed"] + evaluation["episodes"] - 1
     papers = "\n".join(f"- {paper.citation}, {paper.url}" for paper in algorithm.papers)
     papers = papers or "None named by the script."
+    source = "a JAX environment" if is_jax_env(args.env_id) else "envpool"
+    parameters = f", `--env-params {' '.join(args.env_params)}`" if args.env_params else ""
     return f"""# {algorithm.name} playing {args.env_id}
 
-A model trained by Cleanba's `cleanba/{spec["script"]}` on the envpool task `{args.env_id}` and
+A model trained by Cleanba's `cleanba/{spec["script"]}` on `{args.env_id}` ({source}) and
 uploaded by its `--upload-model`.
 
 | | |
 |---|---|
 | algorithm | {algorithm.name} (`cleanba/{spec["script"]}`) |
-| environment | `{args.env_id}` (envpool) |
+| environment | `{args.env_id}` ({source}{parameters}) |
 | training | {results["global_step"]} environment steps, seed {args.seed} |
 | code | {code_version(spec)} |
 | final training return | {mean_over(results["final_training"])}: the last finished training \
