@@ -5,7 +5,9 @@ python benchmark/fingerprints.py                        # print them (about 2 mi
 python benchmark/fingerprints.py --save before.json     # keep them
 python benchmark/fingerprints.py --compare before.json  # exit 1 if any differs
 
-Each run is a subprocess in a temporary folder, with 4 host devices (GALA's agents)."""
+Each run is a subprocess in a temporary folder, with 4 host devices (GALA's agents). Each script
+runs on envpool's environments (`cleanba_ppo`) and on a JAX environment (`cleanba_ppo:jax`:
+gymnax's MinAtar Breakout or Pendulum-v1)."""
 
 import argparse
 import json
@@ -57,8 +59,26 @@ CONFIGS = {
 }
 
 
-def command_of(script: str) -> list[str]:
-    return [f"cleanba/{script}.py", *CONFIGS[script], "--log-frequency", "1000"]
+# The same configurations on a JAX environment, stepped inside the actors' compiled rollouts.
+JAX_ENVS = {"discrete": "gymnax:Breakout-MinAtar", "continuous": "gymnax:Pendulum-v1"}
+CONTINUOUS = ["cleanba_ppo_continuous", "cleanba_sac", "cleanba_apex_dpg"]
+for _script, _config in list(CONFIGS.items()):
+    _config = list(_config)
+    _config[_config.index("--env-id") + 1] = JAX_ENVS[
+        "continuous" if _script in CONTINUOUS else "discrete"
+    ]
+    if "--channels" in _config:
+        del _config[_config.index("--channels") : _config.index("--channels") + 2]
+    CONFIGS[f"{_script}:jax"] = _config
+
+
+def script_of(name: str) -> str:
+    """The script of a configuration's name (`cleanba_ppo:jax` -> `cleanba_ppo`)."""
+    return name.split(":")[0]
+
+
+def command_of(name: str) -> list[str]:
+    return [f"cleanba/{script_of(name)}.py", *CONFIGS[name], "--log-frequency", "1000"]
 
 
 def fingerprint_of(script: str) -> str:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from csv_columns import RUN_COLUMNS
-from fingerprints import CONFIGS
+from fingerprints import CONFIGS, script_of
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS_PER_SCRIPT = 2
@@ -39,7 +39,7 @@ def environment_steps(args: list[str]) -> int:
 def run_once(script: str, nondeterministic: bool, memory_fraction: float | None) -> dict:
     """One run of `script`'s small configuration in a fresh folder: its fingerprint, exit code,
     steps per second (the console's last SPS) and wall time."""
-    command = [sys.executable, str(REPO / "cleanba" / f"{script}.py"), *CONFIGS[script]]
+    command = [sys.executable, str(REPO / "cleanba" / f"{script_of(script)}.py"), *CONFIGS[script]]
     command += ["--log-frequency", "1000"]
     command += ["--nondeterministic-gpu-ops"] if nondeterministic else []
     xla_flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4"

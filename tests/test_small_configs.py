@@ -1,6 +1,7 @@
-"""Every script trains at its small configuration of benchmark/fingerprints.py and prints the
-fingerprint of its parameters. With tests/test_options.py this is the part of the suite that .ci/run
-also runs on Python 3.12 and 3.13, where nothing else of the suite runs."""
+"""Every script trains at its small configurations of benchmark/fingerprints.py, on envpool's
+environments and on a JAX environment, and prints the fingerprint of its parameters. With
+tests/test_options.py this is the part of the suite that .ci/run also runs on Python 3.12 and 3.13,
+where nothing else of the suite runs."""
 
 import re
 
@@ -14,7 +15,8 @@ from fingerprints import CONFIGS, command_of  # isort: skip
 @pytest.mark.parametrize("script", list(CONFIGS))
 def test_small_configuration_trains_and_prints_its_fingerprint(tmp_path, script):
     # command_of() starts with the script's path; run_script takes its name under cleanba/.
-    result = run_script(f"{script}.py", command_of(script)[1:], cwd=tmp_path, devices=4)
+    command = command_of(script)
+    result = run_script(command[0].split("/")[-1], command[1:], cwd=tmp_path, devices=4)
     assert result.returncode == 0, result.stderr[-3000:]
     fingerprints = re.findall(r"^params_fingerprint=(\S+)$", result.stdout, flags=re.MULTILINE)
     assert len(fingerprints) == 1, result.stdout[-3000:]
