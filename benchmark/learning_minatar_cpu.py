@@ -155,7 +155,10 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
         "|---|---|---|---|---|",
     ]
     published += [f"| {game} | {' | '.join(values)} |" for game, values in PUBLISHED.items()]
-    commands = "\n".join("python " + " ".join(command_of(name)) for name in RUNS)
+    made = [name for name in RUNS if (work_dir / "runs" / name).is_dir()]
+    commands = "\n".join("python " + " ".join(command_of(name)) for name in made)
+    pending = [name for name in RUNS if name not in made]
+    to_come = f"\n\nNot run yet (the same command, another game or seed): {', '.join(pending)}."
     (out_dir / "learning_minatar_cpu.md").write_text(
         f"# MinAtar learning on a CPU ({date})\n\n"
         f"Machine: {platform.machine()}, 2 CPU cores, 24 GiB, Python "
@@ -163,6 +166,7 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
         "runs (from the repository root, one at a time under `nice -n 10`):"
         f"\n\n```\n{commands}\n```\n\n"
         + "\n".join(table)
+        + (to_come if pending else "")
         + (f"\n\n{note}" if note else "")
         + "\n\n"
         "## Published figures\n\n" + "\n".join(published) + "\n\n"
