@@ -310,3 +310,20 @@ def test_a_layout_changes_a_jax_environments_run_by_rounding_only(tmp_path):
         params[name] = load_params(tmp_path / "runs" / name / "cleanba_ppo.cleanba_model")
     for name in ("two_learners", "two_threads"):
         assert max_abs_difference(params["one_learner"], params[name]) < PPO_LAYOUT_ATOL
+
+
+def test_names_made_from_an_id_stay_valid_folder_and_repository_names():
+    from cleanba_utils.env_ids import name_part
+    from cleanba_utils.experiments.sweeps import trial_runs
+    from cleanba_utils.hub import repository_name
+
+    assert name_part("Breakout-v5") == "Breakout-v5"
+    assert name_part("gymnax:Breakout-MinAtar") == "gymnax-Breakout-MinAtar"
+    assert name_part("jax:my_pkg.envs:Grid/v1") == "jax-my_pkg.envs-Grid-v1"
+    args = types.SimpleNamespace(env_id="jax:my_pkg.envs:Grid", exp_name="cleanba_ppo", seed=3)
+    assert repository_name(args) == "jax-my_pkg.envs-Grid-cleanba_ppo-seed3"
+    ((run_name, argv),) = trial_runs(
+        ["python", "cleanba/cleanba_ppo.py"], ["gymnax:CartPole-v1"], [2], 0, [], "exp", False
+    )
+    assert run_name == "gymnax-CartPole-v1__exp__0__2"
+    assert argv[argv.index("--env-id") + 1] == "gymnax:CartPole-v1"

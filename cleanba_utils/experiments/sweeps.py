@@ -6,6 +6,8 @@ import math
 import random
 import re
 
+from cleanba_utils.env_ids import name_part
+
 # Flags the launcher sets on every run; a command or sweep that also set them would clash silently.
 LAUNCHER_FLAGS = ("--env-id", "--seed", "--group", "--run-name", "--resume")
 DISTRIBUTIONS = {
@@ -89,7 +91,7 @@ def trial_runs(command, env_ids, seeds, index, setting, experiment, resume):
     setting_args = [token for flag, value in setting for token in [flag, *value.split()]]
     runs = []
     for env_id, seed in itertools.product(env_ids, seeds):
-        run_name = f"{env_id}__{experiment}__{index}__{seed}"
+        run_name = f"{name_part(env_id)}__{experiment}__{index}__{seed}"
         launcher_args = [
             "--env-id",
             env_id,
