@@ -91,6 +91,7 @@ from csv_columns import RUN_COLUMNS
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from cleanba_utils import kept_lag
 from cleanba_utils.devices import replicate
 from cleanba_utils.envs import envpool_num_threads, make_env
 from cleanba_utils.microbatches import microbatch_update
@@ -592,7 +593,9 @@ def learner_main(options):
     script.validate_layout(args)
     sizes = script.sizes_of(args, 1)
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
-    _, state, _ = script.init_state(args, sizes)
+    started = script.init_state(args, sizes)[1]
+    # PPO gives where its run starts (`kept_lag.Origin`), the others their learner state.
+    state = started.learner if isinstance(started, kept_lag.Origin) else started
     rollouts = synthetic_rollouts(script, args, learner_devices)
     parts = {}
 

@@ -166,11 +166,12 @@ def send_first_params(
     num_updates: int,
     concurrency: bool,
 ):
-    """What the learner of a "keep_lag" script sends before its first update: with --concurrency a
-    resumed run first sends `acting_params`, the checkpoint's parameters that play the actors' next
-    rollout (version first_update - 2), then the learner's own `params` (version
-    first_update - 1)."""
+    """What the learner sends before its first update: with --concurrency a resumed "keep_lag" run
+    first sends `acting_params`, the checkpoint's parameters that play the actors' next rollout
+    (version first_update - 2), then the learner's own `params` (version first_update - 1). A run
+    whose checkpoint holds no acting parameters (`acting_params` None: "restart_lag") sends its
+    learner's alone."""
     resumed = first_update > 1
-    if resumed and concurrency and first_update <= num_updates:
+    if resumed and concurrency and first_update <= num_updates and acting_params is not None:
         actors.send(acting_params, first_update - 2)
     actors.send(params, first_update - 1)

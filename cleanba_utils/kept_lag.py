@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from cleanba_utils import env_records, run
-from cleanba_utils.checkpoints import Checkpointing
+from cleanba_utils.checkpoints import FIRST_REPLICA, Checkpointing
 from cleanba_utils.devices import first_replica
 from cleanba_utils.env_records import EnvRecord
 from cleanba_utils.replay.prioritized_learning import NO_PENDING, PendingPriorities
@@ -77,6 +77,20 @@ class Origin(NamedTuple):
     """the script's own part, or None"""
     checkpointing: Checkpointing
     """how `Run` makes a checkpoint of a `KeptLag` (`open_run`'s `checkpointing`)"""
+
+
+def learner_origin(learner, counters: dict) -> Origin:
+    """Where a "restart_lag" run starts (a script that keeps only its learner across a resume, as
+    PPO on envpool's environments): its learner state, its counters, nothing else to bring back."""
+    return Origin(
+        learner=learner,
+        counters=counters,
+        acting_params=None,
+        env_record=None,
+        pending=None,
+        own=None,
+        checkpointing=FIRST_REPLICA,
+    )
 
 
 def run_origin(

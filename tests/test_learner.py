@@ -61,7 +61,9 @@ def initial_state(script, **options):
         total_timesteps=NUM_ENVS * NUM_STEPS * 2,
         **options,
     )
-    return args, script.init_state(args, script.sizes_of(args, 1))[1]
+    started = script.init_state(args, script.sizes_of(args, 1))[1]
+    # PPO gives where its run starts (`kept_lag.Origin`), IMPALA its learner state.
+    return args, started.learner if script is cleanba_ppo else started
 
 
 def params_after_update(name, rolled, gradient_accumulation_steps=1):
