@@ -594,7 +594,7 @@ def learner_main(options):
     sizes = script.sizes_of(args, 1)
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
     started = script.init_state(args, sizes)[1]
-    # PPO gives where its run starts (`kept_lag.Origin`), the others their learner state.
+    # PPO and IMPALA give where the run starts (`kept_lag.Origin`), the others their learner state.
     state = started.learner if isinstance(started, kept_lag.Origin) else started
     rollouts = synthetic_rollouts(script, args, learner_devices)
     parts = {}

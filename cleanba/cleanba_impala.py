@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import os
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -22,8 +22,16 @@ import optax
 import rlax
 from flax.training.train_state import TrainState
 
-from cleanba_utils import accelerators, compiled_rollout, distributed, hub, parsing, split_envs
-from cleanba_utils.devices import first_replica, learner_sharding, replicate
+from cleanba_utils import (
+    accelerators,
+    compiled_rollout,
+    distributed,
+    hub,
+    kept_lag,
+    parsing,
+    split_envs,
+)
+from cleanba_utils.devices import first_replica, gathered_rollouts, learner_sharding, replicate
 from cleanba_utils.env_ids import is_jax_env
 from cleanba_utils.envs import make_env
 from cleanba_utils.errors import fail
@@ -32,10 +40,12 @@ from cleanba_utils.fields import in_range, non_negative, positive
 from cleanba_utils.handoff import (
     OnResume,
     actor_fetches_params,
+    send_first_params,
     start_actor_threads,
     take_rollouts,
 )
 from cleanba_utils.huge_pages import restart_with_huge_pages
+from cleanba_utils.kept_lag import KeptLag
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.microbatches import microbatch_update
 from cleanba_utils.run import open_run, resume_or_start
@@ -239,9 +249,16 @@ class Network(nn.Module):
 
 # === Actor ===
 
-# How the policy lag goes on across a resume (cleanba_utils.handoff): restarted, as a
-# resumed run's environments start anew from the run's seeds.
+# How the policy lag goes on across a resume (cleanba_utils.handoff): restarted on envpool's
+# environments, which a resumed run makes anew from the run's seeds; kept on a JAX environment,
+# whose state the checkpoint holds with the parameters sent last (`kept_lag`): the resumed run is
+# then the uninterrupted one, bit for bit.
 ON_RESUME: OnResume = "restart_lag"
+ON_RESUME_JAX_ENVS: OnResume = "keep_lag"
+
+
+def on_resume_of(args) -> OnResume:
+    return ON_RESUME_JAX_ENVS if is_jax_env(args.env_id) else ON_RESUME
 
 
 class Trajectories(NamedTuple):
@@ -264,12 +281,14 @@ class Trajectories(NamedTuple):
 class Rollout(NamedTuple):
     """What an actor thread puts on its rollout queue: the learner update it is for, the version of
     the parameters that played it, its trajectories with one slice of environments per learner
-    device, and the seconds the actor spent waiting for parameters, playing, stepping and
-    inferring."""
+    device, its environments' record after it (a JAX environment's state, for a checkpoint to bring
+    them back; None on envpool's) and the seconds the actor spent waiting for parameters, playing,
+    stepping and inferring."""
 
     update: int
     policy_version: int
     data: Trajectories
+    record: Any
     timing: dict
 
 
@@ -308,11 +327,13 @@ def actor_thread(
     learner_devices,
     param_queue,
     rollout_queue,
+    env_record,
 ):
     """One actor thread (`start_actor_threads`) on `device`: environments with global indices
     env_offset .. env_offset + local_num_envs - 1, their rollouts split among the local
     `learner_devices`. envpool's environments step in Python beside the policy's inference; a JAX
-    environment's steps and the policy's run in one compiled program."""
+    environment's steps and the policy's run in one compiled program, continued from their part of
+    `env_record` in a resumed run (None: a fresh run, or envpool's environments)."""
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     on_learner_devices = learner_sharding(learner_devices)
     num_slices = len(learner_devices)
@@ -323,7 +344,7 @@ def actor_thread(
         run=run,
         num_envs=sizes.num_envs,
         env_offset=env_offset,
-        env_record=None,
+        env_record=env_record,
         act=functools.partial(policy_step, network, action_key),
         device=device,
     )
@@ -334,7 +355,7 @@ def actor_thread(
 
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
-        if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
+        if actor_fetches_params(update, first_update, args.concurrency, on_resume_of(args)):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
 
@@ -366,6 +387,7 @@ def actor_thread(
             update=update,
             policy_version=policy_version,
             data=jax.device_put(data, on_learner_devices),
+            record=played.record,
             timing=timing,
         )
         queue_put(rollout_queue, rollout, run.stop)
@@ -501,8 +523,10 @@ def impala_loss(
 
 
 def init_state(args: Args, sizes: Sizes):
-    """The network, and the learner state with its counters: fresh from the seed, or with --resume
-    from the newest checkpoint of the run (counters["update"] > 0 then)."""
+    """The network, and where the run starts (`kept_lag.Origin`): fresh from the seed, or with
+    --resume from the newest checkpoint of the run (counters["update"] > 0 then). On envpool's
+    environments the checkpoint holds the learner state alone; on a JAX environment also the
+    environments' state and the parameters sent last (`ON_RESUME_JAX_ENVS`)."""
     probe_env = make_env(args, args.seed, 1)
     network = Network(args.channels, args.hiddens, probe_env.action_space.n)
     params = network.init(
@@ -518,9 +542,11 @@ def init_state(args: Args, sizes: Sizes):
     # mean).
     optimizer = optax.MultiSteps(optimizer, args.gradient_accumulation_steps, use_grad_mean=False)
     state = TrainState.create(apply_fn=network.apply, params=params, tx=optimizer)
+    if is_jax_env(args.env_id):
+        return network, kept_lag.run_origin(args, sizes, __file__, state, acting_params=params)
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
     saved, counters = resume_or_start(args, state, identity, __file__)
-    return network, state if saved is None else saved, counters
+    return network, kept_lag.learner_origin(state if saved is None else saved, counters)
 
 
 def minibatch_ids(key, env_ids, num_minibatches):
@@ -631,22 +657,23 @@ def train(args: Args):
     actor_devices = [jax.local_devices()[i] for i in args.actor_device_ids]
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
-    network, state, counters = init_state(args, sizes)
+    network, origin = init_state(args, sizes)
     run = open_run(
         args=args,
         sizes=sizes,
         script_path=__file__,
-        counters=counters,
+        counters=origin.counters,
         global_learner_devices=global_learner_devices,
         evaluate=evaluate,
         model_card=MODEL_CARD,
+        checkpointing=origin.checkpointing,
     )
-    state = replicate(state, learner_devices)
+    state = replicate(origin.learner, learner_devices)
     run.evaluate_untrained(lambda: jax.device_get(first_replica(state.params)))
     update_fn = make_update(
         args, global_learner_devices, rolled=learner_devices[0].platform != "cpu"
     )
-    first_update = counters["update"] + 1
+    first_update = origin.counters["update"] + 1
     actors = start_actor_threads(
         actor_thread,
         actor_devices,
@@ -656,9 +683,17 @@ def train(args: Args):
         network=network,
         first_update=first_update,
         learner_devices=learner_devices,
+        env_record=origin.env_record,
     )
     with run.learner_loop(actors.threads) as end:
-        actors.send(first_replica(state.params), policy_version=first_update - 1)
+        send_first_params(
+            actors,
+            first_replica(state.params),
+            acting_params=origin.acting_params,
+            first_update=first_update,
+            num_updates=sizes.num_updates,
+            concurrency=args.concurrency,
+        )
         update = first_update - 1  # the updates done, where the loop makes none (a finished run)
         for update in range(first_update, sizes.num_updates + 1):
             rollouts, rollout_queue_get_time = take_rollouts(
@@ -666,11 +701,16 @@ def train(args: Args):
                 update=update,
                 first_update=first_update,
                 concurrency=args.concurrency,
-                on_resume=ON_RESUME,
+                on_resume=on_resume_of(args),
                 stop=run.stop,
             )
             learn_start = time.time()
             state, metrics = update_fn(state, tuple(r.data for r in rollouts), np.int32(update))
+            saved = state
+            if is_jax_env(args.env_id):
+                # Every process's environments after the rollouts, in global env order.
+                record = gathered_rollouts([r.record for r in rollouts], args.distributed)
+                saved = KeptLag(state, actors.last_sent, record)
             jax.block_until_ready(state)
             learner_stats = dict(
                 rollout_queue_get_time=rollout_queue_get_time,
@@ -687,7 +727,7 @@ def train(args: Args):
             if run.evaluation_due(update):
                 params = jax.device_get(first_replica(state.params))
                 run.evaluate_and_log(update, params, optimizer_steps_after(args, update))
-            end.exit_code = run.after_update(state, update)
+            end.exit_code = run.after_update(saved, update)
             if end.exit_code:
                 break
             if update < sizes.num_updates:

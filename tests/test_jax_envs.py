@@ -213,6 +213,10 @@ BREAKOUT = [
 RESUMED = {
     "ppo": ("cleanba_ppo", BREAKOUT),
     "ppo --concurrency": ("cleanba_ppo", [*BREAKOUT, "--concurrency"]),
+    "impala (--concurrency)": (
+        "cleanba_impala",
+        [*BREAKOUT[: BREAKOUT.index("--update-epochs")], "--total-timesteps", "256"],
+    ),
     "sac --concurrency": (
         "cleanba_sac",
         [

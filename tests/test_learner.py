@@ -62,8 +62,8 @@ def initial_state(script, **options):
         **options,
     )
     started = script.init_state(args, script.sizes_of(args, 1))[1]
-    # PPO gives where its run starts (`kept_lag.Origin`), IMPALA its learner state.
-    return args, started.learner if script is cleanba_ppo else started
+    # Where the run starts (`kept_lag.Origin`): its learner state.
+    return args, started.learner
 
 
 def params_after_update(name, rolled, gradient_accumulation_steps=1):
