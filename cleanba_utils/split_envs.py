@@ -261,9 +261,10 @@ def start_splits(
     (the script's `make_env(args, seed, num_envs)`, seeded --seed + env_offset onwards, in
     --env-splits splits), played by `act(params, obs, env_ids, step, step_input) -> (env_actions,
     outputs)` on `device` (the actor thread's), as `compiled_rollout.start` plays them in one
-    program. Their episodes end where `episode_over(terminated, truncated, info)` says (GALA's
-    Atari: at a lost life). A resumed run makes its environments anew (`env_record` must be None:
-    envpool's Atari cannot be brought back)."""
+    program. The episodes logged end where `episode_over(terminated, truncated, info)` says
+    (GALA's Atari: at the game's end, where a lost life terminates for learning). A resumed run
+    makes its environments anew (`env_record` must be None: envpool's Atari cannot be brought
+    back)."""
     assert env_record is None, "envpool's environments stepped in Python keep no record"
     envs = SplitEnvs.of_actor_thread(make_env, args, env_offset)
     policy = jax.jit(act)

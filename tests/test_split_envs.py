@@ -3,11 +3,13 @@
 others take their turn."""
 
 import types
+from collections import deque
 
 import envpool
 import numpy as np
 import pytest
 
+from cleanba_utils import split_envs
 from cleanba_utils.split_envs import SplitEnvs
 
 
@@ -131,3 +133,62 @@ def test_an_actor_threads_environments_are_counted_among_the_runs():
     assert envs.env_ids.dtype == np.int32
     assert made == [(10, 4), (14, 3)]
     np.testing.assert_array_equal(envs.next_obs, make_breakout(10, 7).reset()[0])
+
+
+class Writer:
+    def __init__(self):
+        self.scalars = []
+
+    def add_scalar(self, key, value, step):
+        self.scalars.append((key, float(value), step))
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_start_splits_gives_the_compiled_rollouts_interface(num_splits):
+    """`start_splits`: the policy's step in the compiled rollout's signature on the splits, the
+    steps env-major as the plain loop plays them, the episodes counted and their ends listed, and
+    `after_last` of the observation after the rollout."""
+    import jax.numpy as jnp
+
+    from cleanba_utils.run import Episodes
+
+    num_envs, num_steps = 5, 40
+    expected, last_obs = play_one_instance(num_envs, 2 * num_steps)
+    args = types.SimpleNamespace(seed=10, local_num_envs=num_envs, env_splits=num_splits)
+    args.num_steps = num_steps
+    writer = Writer()
+    run = types.SimpleNamespace(
+        episodes=lambda n: Episodes(writer, deque(maxlen=100), np.zeros(n), np.zeros(n, np.int64))
+    )
+
+    def act(params, obs, env_ids, step, step_input):
+        return (step * 7 + env_ids * 3) % 4, jnp.float32(params) * env_ids
+
+    rollout = split_envs.start_splits(
+        lambda args, seed, n: make_breakout(seed, n),
+        args,
+        run=run,
+        num_envs=num_envs,
+        env_offset=0,
+        env_record=None,
+        act=act,
+        after_last=lambda params, obs: obs.reshape(len(obs), -1).sum(axis=1),
+    )
+    plays = [rollout.play(np.float32(2), update) for update in (1, 2)]
+    steps = [np.concatenate(fields, axis=1) for fields in zip(*[p.steps for p in plays])]
+    obs, actions, outputs, rewards, terminations, truncations, is_reset = steps
+    for step, row in enumerate(expected):
+        for played, field in zip(
+            (obs, actions, rewards, terminations, truncations, is_reset), row, strict=True
+        ):
+            np.testing.assert_array_equal(np.asarray(played)[:, step], field, err_msg=str(step))
+    np.testing.assert_array_equal(
+        outputs, np.broadcast_to(2 * np.arange(num_envs)[:, None], outputs.shape)
+    )
+    np.testing.assert_array_equal(plays[1].next_obs, last_obs)
+    np.testing.assert_array_equal(plays[1].after_last, last_obs.reshape(num_envs, -1).sum(axis=1))
+    ends = [end for p in plays for end in p.episode_ends]
+    ended = sum(int((row[3] | row[4]).sum()) for row in expected)
+    assert ended and len(ends) == ended
+    logged = [value for key, value, _ in writer.scalars if key == "charts/episodic_return"]
+    assert logged == [end.episode_return for end in ends]
