@@ -113,13 +113,21 @@ MISSING = object()
 """an option that a record lacks"""
 
 
+ADDED_OPTIONS = {"env_params": []}
+"""Options added since checkpoints were first written, with the value that does what the versions
+before them did (as `options_record` records it): a checkpoint that does not record one resumes
+with that value (--env-params: none, the envpool environments of those versions)."""
+
+
 def changed_options(saved_args: dict, args: dict, allowed) -> list[str]:
     """`--option saved -> new` for each option of `saved_args` or `args` (two `options_record`
     args) whose values differ, except the `allowed` ones; an option that one of them lacks (another
-    version's) counts as changed."""
+    version's) counts as changed, unless `saved_args` lacks one of `ADDED_OPTIONS` that `args`
+    gives the value the older version had."""
     changes = []
     for name in [*args, *(name for name in saved_args if name not in args)]:
-        if name in allowed or saved_args.get(name, MISSING) == args.get(name, MISSING):
+        saved = saved_args.get(name, ADDED_OPTIONS.get(name, MISSING))
+        if name in allowed or saved == args.get(name, MISSING):
             continue
         saved = option_value(saved_args[name]) if name in saved_args else "(not recorded)"
         new = option_value(args[name]) if name in args else "(no such option)"

@@ -77,6 +77,15 @@ def test_an_option_one_record_lacks_counts_as_changed():
     ]
 
 
+def test_a_checkpoint_from_before_an_added_option_resumes_at_that_options_old_behaviour():
+    # --env-params came with JAX environments: none is what every earlier version did.
+    before = {"gamma": 0.99}
+    assert checkpoints.changed_options(before, {"gamma": 0.99, "env_params": []}, set()) == []
+    assert checkpoints.changed_options(
+        before, {"gamma": 0.99, "env_params": ["max_steps_in_episode=10"]}, set()
+    ) == ["--env-params (not recorded) -> max_steps_in_episode=10"]
+
+
 SIZES = {"num_envs": 8, "steps_per_update": 128, "num_updates": 2}
 RECORD = {
     "script": "cleanba_ppo.py",
