@@ -39,6 +39,8 @@ COSTLIEST_FIRST = [
     "test_original_readme.py",  # 92, 130; 107, 114 with 2 updates (2026-11-26/27, cores shared)
     "test_hub.py",  # 94 (2026-11-26, the cores shared with other jobs)
     "test_sac.py",  # 104
+    "test_jax_envs.py",  # 100 (2026-11-29)
+    "test_small_configs.py",  # 80 (2026-11-29: 14 configurations)
 ]
 
 

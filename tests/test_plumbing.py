@@ -377,7 +377,8 @@ def test_the_compiled_step_gives_what_envpools_python_step_gives(env_id, action_
     first_obs = flat_observation(compiled_envs.reset()[0])
 
     def scan_step(handle, action):
-        handle, *outputs = step(handle, action)
+        # envpool's step ignores the step index, which a JAX environment's keys take.
+        handle, *outputs = step(handle, action, 0)
         return handle, outputs
 
     with jax.enable_x64(True):
