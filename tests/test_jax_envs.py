@@ -158,23 +158,23 @@ def test_the_numpy_interface_steps_as_the_compiled_rollout():
         ("cleanba_ppo", ["--env-id", "jax:json"], "is not an import path"),
         ("cleanba_ppo", ["--env-id", "NoSuchGame-v5"], "is not an envpool environment"),
         (
-            "cleanba_ppo.py",
+            "cleanba_ppo",
             ["--env-id", "gymnax:Breakout-MinAtar", "--env-params", "speed=3"],
             "has no parameter speed",
         ),
         (
-            "cleanba_ppo.py",
+            "cleanba_ppo",
             ["--env-id", "gymnax:Breakout-MinAtar", "--env-params", "max_steps_in_episode=nan"],
             "is not a finite value",
         ),
         (
-            "cleanba_ppo.py",
+            "cleanba_ppo",
             ["--env-id", "gymnax:Breakout-MinAtar", "--env-params", "max_steps_in_episode"],
             "takes NAME=VALUE",
         ),
         ("cleanba_ppo", ["--env-id", "Breakout-v5", "--env-params", "a=1"], "has no effect"),
         (
-            "cleanba_ppo.py",
+            "cleanba_ppo",
             ["--env-id", "gymnax:CartPole-v1", "--env-splits", "2"],
             "has no effect on a JAX environment",
         ),
