@@ -42,13 +42,31 @@ def local_shares(tree, num_local: int, batch_axis: int = 0):
     return jax.tree.map(shares, tree)
 
 
+def _as_words(value: np.ndarray) -> np.ndarray:
+    """A 64-bit array as pairs of 32-bit words (a last axis of 2); any other as it is."""
+    if value.dtype.itemsize != 8:
+        return value
+    return np.ascontiguousarray(value).view(np.uint32).reshape(*value.shape, 2)
+
+
+def _from_words(words: np.ndarray, dtype) -> np.ndarray:
+    if dtype.itemsize != 8:
+        return words
+    return np.ascontiguousarray(words).view(dtype).reshape(words.shape[:-1])
+
+
 def gathered(tree, distributed: bool):
     """Every process's `tree` (environments on the leading axis), concatenated in process order:
-    the whole run's environments, in global order. A collective: every process calls it."""
+    the whole run's environments, in global order, every leaf bit for bit. A collective: every
+    process calls it."""
     if not distributed:
         return tree
-    everyone = multihost_utils.process_allgather(tree)
-    return jax.tree.map(lambda v: np.asarray(v).reshape(-1, *v.shape[2:]), everyone)
+    tree = jax.tree.map(np.asarray, tree)
+    # JAX without 64-bit types would round 64-bit leaves (continuous PPO's float64 discounted
+    # returns, a record's int64 counts) to 32 bits: they cross as pairs of 32-bit words.
+    everyone = multihost_utils.process_allgather(jax.tree.map(_as_words, tree))
+    merged = jax.tree.map(lambda v: np.asarray(v).reshape(-1, *v.shape[2:]), everyone)
+    return jax.tree.map(lambda v, like: _from_words(v, like.dtype), merged, tree)
 
 
 def gathered_rollouts(parts: list, distributed: bool):
