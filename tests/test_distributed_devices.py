@@ -160,22 +160,3 @@ def test_a_collective_that_lost_its_peer_is_told_from_other_errors(error, broken
     peer's connection closes, as seen on the local 2-node cluster."""
     assert distributed.is_broken_run(error) == broken
 
-
-def test_the_gather_across_processes_carries_64_bit_leaves_bit_for_bit():
-    """`devices.gathered` through JAX's process_allgather (one process here, the same call): JAX
-    without 64-bit types rounds float64 and int64 to 32 bits, which a checkpoint's float64
-    discounted returns and int64 counts cannot afford (a resumed distributed continuous PPO run
-    would differ from the uninterrupted one)."""
-    import numpy as np
-
-    from cleanba_utils.devices import gathered
-
-    tree = {
-        "returns": np.array([1 / 3, 2 / 3, 1e300], np.float64),
-        "counts": np.array([2**40, 3], np.int64),
-        "actions": np.arange(6, dtype=np.float32).reshape(3, 2),
-    }
-    gathered_tree = gathered(tree, distributed=True)
-    for name, value in tree.items():
-        assert gathered_tree[name].dtype == value.dtype, name
-        np.testing.assert_array_equal(gathered_tree[name], value)
