@@ -355,6 +355,8 @@ MINATAR_TINY = [
 ]
 
 
+# In the long checks (`-m long`): its runs cost the README's test command about 20 s.
+@pytest.mark.long
 def test_minatar_in_the_compiled_rollout_repeats_its_fingerprint(tmp_path):
     """Each agent's actor plays its JAX environments in one compiled program on the agent's device
     (2 agents, one per device), the small float images through Young & Tian's MinAtar torso, the

@@ -320,6 +320,8 @@ MINATAR_LAYOUTS = {
 }
 
 
+# In the long checks (`-m long`): its runs cost the README's test command about 20 s.
+@pytest.mark.long
 def test_a_layout_changes_a_jax_environments_run_by_rounding_only(tmp_path):
     # Environment g's keys are (seed + g, step) whatever the thread or device that steps it: the
     # same data, and parameters equal up to the sums' rounding (PPO_LAYOUT_ATOL, as on envpool).
