@@ -80,8 +80,9 @@ class Origin(NamedTuple):
 
 
 def learner_origin(learner, counters: dict) -> Origin:
-    """Where a "restart_lag" run starts (a script that keeps only its learner across a resume, as
-    PPO on envpool's environments): its learner state, its counters, nothing else to bring back."""
+    """Where a run starts with its learner alone, nothing else to bring back: a fresh run, or a
+    "restart_lag" run resumed (a script that keeps only its learner across a resume, as PPO on
+    envpool's environments), its checkpoints the learner's first replica."""
     return Origin(
         learner=learner,
         counters=counters,
@@ -125,15 +126,7 @@ def run_origin(
         on_host=saved_on_host, frozen_by=() if replay is None else (replay.lock,)
     )
     if saved is None:
-        return Origin(
-            learner=learner,
-            counters=counters,
-            acting_params=None,
-            env_record=None,
-            pending=None,
-            own=None,
-            checkpointing=checkpointing,
-        )
+        return learner_origin(learner, counters)._replace(checkpointing=checkpointing)
     if replay is not None:
         replay.restore(saved.replay)
     pending = None
