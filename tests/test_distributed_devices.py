@@ -159,4 +159,3 @@ def test_a_collective_that_lost_its_peer_is_told_from_other_errors(error, broken
     """What process_allgather (ValueError) and a pmapped collective (JaxRuntimeError) raise when a
     peer's connection closes, as seen on the local 2-node cluster."""
     assert distributed.is_broken_run(error) == broken
-
