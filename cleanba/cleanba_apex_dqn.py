@@ -20,7 +20,15 @@ import optax
 import rlax
 from flax.training.train_state import TrainState
 
-from cleanba_utils import accelerators, compiled_rollout, distributed, hub, parsing, split_envs
+from cleanba_utils import (
+    accelerators,
+    compiled_rollout,
+    distributed,
+    hub,
+    kept_lag,
+    parsing,
+    split_envs,
+)
 from cleanba_utils.devices import first_replica, gathered_rollouts, local_shares, replicate
 from cleanba_utils.env_ids import is_jax_env
 from cleanba_utils.envs import make_env
@@ -30,10 +38,12 @@ from cleanba_utils.fields import Need, in_range, non_negative, positive
 from cleanba_utils.handoff import (
     OnResume,
     actor_fetches_params,
+    send_first_params,
     start_actor_threads,
     take_rollouts,
 )
 from cleanba_utils.huge_pages import restart_with_huge_pages
+from cleanba_utils.kept_lag import KeptLag
 from cleanba_utils.replay.frame_ring import (
     FrameRing,
     frame_ring_bytes,
@@ -48,9 +58,9 @@ from cleanba_utils.replay.prioritized_learning import (
     learn,
     log_priorities,
 )
-from cleanba_utils.replay.store import ReplayStore, store_bytes
+from cleanba_utils.replay.store import Mark, ReplayStore, store_bytes
 from cleanba_utils.run import open_run, resume_or_start
-from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
+from cleanba_utils.run_args import JAX_ENV, RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put
 from cleanba_utils.torsos import (
@@ -73,8 +83,11 @@ class Args(DeviceArgs):
     eval_every: int = non_negative(100)
     concurrency: bool = True
     resume: bool = False
-    """continue from the newest readable checkpoint of `runs/{run_name}` (the replay restarts empty,
-    and the environments anew from the run's seeds: docs, "What a resumed run is")"""
+    """continue from the newest readable checkpoint of `runs/{run_name}`. On a JAX environment the
+    checkpoint holds the environments' state, the actors' n-step tails and, with
+    --checkpoint-replay, the replay: the resumed run is the uninterrupted one, bit for bit. On
+    envpool's, the replay restarts empty and the environments anew from the run's seeds (docs,
+    "What a resumed run is")"""
 
     env_id: str = "Breakout-v5"
     """the environment: an envpool id (Breakout-v5, CartPole-v1), gymnax:<id> for gymnax's JAX
@@ -151,6 +164,11 @@ class Args(DeviceArgs):
     pipeline: bool = True
     """sample the next batch and write the priorities in a background thread while the update runs;
     --no-pipeline waits for them (the same run, slower)"""
+    checkpoint_replay: bool = True
+    """on a JAX environment, save the replay with every checkpoint (most of its size, and as much
+    memory again while it is written); --no-checkpoint-replay: a resumed run refills an empty replay
+    to --learning-starts before it learns again. On envpool's environments the replay is never
+    saved (see --resume)"""
 
 
 # The options whose default depends on the platform JAX runs on (`None` in `Args`), given their
@@ -170,6 +188,7 @@ NEEDS = {
     ),
     "torso": parsing.IMAGE_OBSERVATIONS,
     "channels": parsing.IMAGE_OBSERVATIONS,
+    "checkpoint_replay": JAX_ENV,
 }
 
 
@@ -224,9 +243,10 @@ def validate_layout(args: Args):
             f"--buffer-size {args.buffer_size} holds fewer transitions than one update inserts "
             f"({sizes.num_envs} envs x {args.num_steps} steps); raise it"
         )
-    parsing.check_memory(
-        args, "buffer_size", replay_bytes(args, sizes.num_envs), MEMORY_RESERVE_BYTES
-    )
+    replay_memory = replay_bytes(args, sizes.num_envs)
+    if saves_replay(args):
+        replay_memory *= 2  # a checkpoint holds a copy
+    parsing.check_memory(args, "buffer_size", replay_memory, MEMORY_RESERVE_BYTES)
 
 
 def default_torso(env_id: str) -> str:
@@ -293,9 +313,21 @@ def network_of(args: Args, num_actions: int) -> Network:
 
 # === Actor ===
 
-# How the policy lag goes on across a resume (cleanba_utils.handoff): restarted, as a
-# resumed run's environments start anew from the run's seeds.
+# How the policy lag goes on across a resume (cleanba_utils.handoff): restarted on envpool's
+# environments, which a resumed run makes anew from the run's seeds; kept on a JAX environment,
+# whose state the checkpoint holds with the parameters sent last, the actors' n-step tails and the
+# replay (`kept_lag`): the resumed run is then the uninterrupted one, bit for bit.
 ON_RESUME: OnResume = "restart_lag"
+ON_RESUME_JAX_ENVS: OnResume = "keep_lag"
+
+
+def on_resume_of(args) -> OnResume:
+    return ON_RESUME_JAX_ENVS if is_jax_env(args.env_id) else ON_RESUME
+
+
+def saves_replay(args) -> bool:
+    """Whether the checkpoints hold the replay: on a JAX environment, with --checkpoint-replay."""
+    return is_jax_env(args.env_id) and args.checkpoint_replay
 
 
 EVAL_EPSILON = 0.01
@@ -321,7 +353,7 @@ class Played(NamedTuple):
 
 class Tail(NamedTuple):
     """The last n steps of an environment's previous rollout, whose transitions wait for the next
-    rollout's rewards (the fields of `Played` that make transitions)."""
+    rollout's rewards (the fields of `Played` that make transitions), env-major (envs, n)."""
 
     actions: np.ndarray
     q_taken: np.ndarray
@@ -330,6 +362,30 @@ class Tail(NamedTuple):
     terminations: np.ndarray
     truncations: np.ndarray
     is_reset: np.ndarray
+
+
+class ActorCarry(NamedTuple):
+    """What an actor thread carries from one rollout to the next, per environment: the n-step
+    `Tail` and the step in its episode of the next observation (`count_episode_steps`). A JAX
+    environment's checkpoint holds every environment's."""
+
+    tail: Tail
+    episode_step: np.ndarray
+
+
+def first_carry(num_envs: int, n: int) -> ActorCarry:
+    """The carry before the first rollout: a tail of padding (reset steps, which start no
+    transition) and episodes at their first step."""
+    tail = Tail(
+        actions=np.zeros((num_envs, n), np.int32),
+        q_taken=np.zeros((num_envs, n), np.float32),
+        q_max=np.zeros((num_envs, n), np.float32),
+        rewards=np.zeros((num_envs, n), np.float32),
+        terminations=np.zeros((num_envs, n), bool),
+        truncations=np.zeros((num_envs, n), bool),
+        is_reset=np.ones((num_envs, n), bool),
+    )
+    return ActorCarry(tail=tail, episode_step=np.zeros(num_envs, np.uint8))
 
 
 class Transitions(NamedTuple):
@@ -352,12 +408,15 @@ class Transitions(NamedTuple):
 
 class Rollout(NamedTuple):
     """What an actor thread puts on its rollout queue: the learner update it is for, the version of
-    the parameters that played it, its transitions, and the seconds the actor spent waiting for
-    parameters, playing, stepping and inferring."""
+    the parameters that played it, its transitions, its environments' record and its `ActorCarry`
+    after it (for a JAX environment's checkpoint: the record is None on envpool's), and the seconds
+    the actor spent waiting for parameters, playing, stepping and inferring."""
 
     update: int
     policy_version: int
     data: Transitions
+    record: Any
+    carry: ActorCarry
     timing: dict
 
 
@@ -423,13 +482,26 @@ def count_episode_steps(episode_step, is_reset):
 
 
 def actor_thread(
-    args, sizes, run, network, first_update, env_offset, device, param_queue, rollout_queue
+    args,
+    sizes,
+    run,
+    network,
+    first_update,
+    env_offset,
+    device,
+    param_queue,
+    rollout_queue,
+    env_record,
+    carry,
 ):
     """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs
     - 1. envpool's environments step in Python beside the policy's inference; a JAX environment's
-    steps and the policy's run in one compiled program. Either way the rollout's n-step
-    transitions and initial priorities are computed here (`rollout_data`)."""
+    steps and the policy's run in one compiled program, continued from their part of `env_record`
+    in a resumed run (None: a fresh run, or envpool's environments). Either way the rollout's
+    n-step transitions and initial priorities are computed here (`rollout_data`), from the
+    thread's part of `carry`, every environment's `ActorCarry`."""
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
+    tail, episode_step = jax.tree.map(lambda every_env: every_env[env_ids], carry)
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     # float32, as the policy's step takes them.
     epsilons = epsilons_of(
@@ -442,7 +514,7 @@ def actor_thread(
         run=run,
         num_envs=sizes.num_envs,
         env_offset=env_offset,
-        env_record=None,
+        env_record=env_record,
         act=functools.partial(policy_step, network, action_key, epsilons),
         device=device,
     )
@@ -451,11 +523,9 @@ def actor_thread(
     # under their own key too.
     lowest_epsilon_quarter = env_ids >= sizes.num_envs - max(1, sizes.num_envs // 4)
 
-    tail = None
-    episode_step = np.zeros(args.local_num_envs, np.uint8)
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
-        if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
+        if actor_fetches_params(update, first_update, args.concurrency, on_resume_of(args)):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
 
@@ -486,16 +556,21 @@ def actor_thread(
             inference_time=rollout.inference_time,
             env_step_time=rollout.env_step_time,
         )
-        queue_put(rollout_queue, Rollout(update, policy_version, data, timing), run.stop)
+        queued = Rollout(
+            update=update,
+            policy_version=policy_version,
+            data=data,
+            record=rollout.record,
+            carry=ActorCarry(tail=tail, episode_step=episode_step),
+            timing=timing,
+        )
+        queue_put(rollout_queue, queued, run.stop)
 
 
-def rollout_data(played: Played, tail: Tail | None, env_ids, gamma: float, n: int):
-    """The rollout's `Transitions` and the new tail (its last n steps). The first rollout's tail is
-    padding: reset steps."""
-    num_envs, length = played.rewards.shape
-    if tail is None:
-        tail = Tail(*[np.zeros((num_envs, n), getattr(played, key).dtype) for key in Tail._fields])
-        tail.is_reset[:] = True
+def rollout_data(played: Played, tail: Tail, env_ids, gamma: float, n: int):
+    """The rollout's `Transitions` and the new tail (its last n steps), after `tail`, the previous
+    rollout's (`first_carry`'s padding before the first)."""
+    length = played.rewards.shape[1]
     window = Tail(
         *[
             np.concatenate([getattr(tail, key), getattr(played, key)], axis=1)
@@ -569,19 +644,78 @@ class Stored(NamedTuple):
     next_obs: np.ndarray
 
 
+class ReplayMark(NamedTuple):
+    """The replay at the end of an update (`Replay.mark`)."""
+
+    transitions: Mark
+    frame_steps: int
+
+
 class Replay(NamedTuple):
     """The transitions in a prioritized FIFO store (`cleanba_utils.replay.store`), their frames in a
-    `FrameRing`. The ring outlives every transition that points into it: a transition lives while
-    fewer than --buffer-size transitions are inserted after it, at most buffer_size // num_envs
-    steps of every environment, so its frames, from stack - 1 steps before it to n steps after, are
-    within buffer_size // num_envs + num_steps + n + stack steps of the newest."""
+    `FrameRing`, both changed under the store's lock. The ring outlives every transition that
+    points into it: a transition lives while fewer than --buffer-size transitions are inserted after
+    it, at most buffer_size // num_envs steps of every environment, so its frames, from stack - 1
+    steps before it to n steps after, are within buffer_size // num_envs + n + stack steps of the
+    newest. The ring holds two rollouts more (`frame_ring_steps`): one that is being inserted, and
+    one inserted after a mark whose snapshot is still to be saved (a checkpoint made by a stop in
+    the middle of an update)."""
 
     transitions: ReplayStore
     frames: FrameRing
 
+    @property
+    def lock(self):
+        return self.transitions.lock
+
+    def mark(self) -> ReplayMark:
+        with self.lock:
+            return ReplayMark(self.transitions.mark(), self.frames.steps)
+
+    def ring_part(self, field: np.ndarray) -> np.ndarray:
+        """The slots of a frame ring's `field` that were written, per environment (envs, steps,
+        ...): a view once the ring has gone round."""
+        ring = self.frames.ring
+        per_env = field.reshape(-1, ring, *field.shape[1:])
+        return per_env[:, : min(self.frames.steps, ring)]
+
+    def snapshot(self) -> dict:
+        """What a checkpoint holds of the replay (`kept_lag`): the store's snapshot and the frame
+        ring's written slots (views, as `ReplayStore.snapshot`'s, once it has gone round)."""
+        with self.lock:
+            return dict(
+                transitions=self.transitions.snapshot(),
+                frames=self.ring_part(self.frames.frames),
+                episode_step=self.ring_part(self.frames.episode_step),
+                frame_steps=self.frames.steps,
+            )
+
+    def snapshot_at(self, mark: ReplayMark) -> dict:
+        """The replay as it was at `mark`: the frames written since overwrote none that a
+        transition of the mark points into, so the ring is saved as it is, with its count of steps
+        at the mark."""
+        with self.lock:
+            return dict(
+                self.snapshot(),
+                transitions=self.transitions.snapshot_at(mark.transitions),
+                frame_steps=mark.frame_steps,
+            )
+
+    def restore(self, snapshot: dict):
+        """Sets an empty replay of the same sizes to a `snapshot`."""
+        self.transitions.restore(snapshot["transitions"])
+        written = snapshot["frames"].shape[1]
+        for field, saved in [
+            (self.frames.frames, snapshot["frames"]),
+            (self.frames.episode_step, snapshot["episode_step"]),
+        ]:
+            field.reshape(-1, self.frames.ring, *field.shape[1:])[:, :written] = saved
+        self.frames.steps = int(snapshot["frame_steps"])
+
 
 def frame_ring_steps(args: Args, num_envs: int) -> int:
-    return args.buffer_size // num_envs + args.num_steps + args.n_step + frame_spec(args.env_id)[0]
+    stack = frame_spec(args.env_id)[0]
+    return args.buffer_size // num_envs + 2 * args.num_steps + args.n_step + stack
 
 
 STORED_EXAMPLE = Stored(
@@ -610,17 +744,18 @@ def replay_insert(replay: Replay, data: Transitions, n: int) -> int:
     """Writes one rollout of every environment (env-major, in global env order): its frames, and its
     transitions in the store in that order, those that are not valid as placeholders (priority 0:
     never sampled). Returns the number of valid transitions."""
-    steps = replay.frames.steps - n + np.arange(data.frames.shape[1])
-    stored = Stored(
-        actions=data.actions.ravel(),
-        returns=data.returns.ravel(),
-        discounts=data.discounts.ravel(),
-        obs=replay.frames.slots(data.env_ids, steps).ravel(),
-        next_obs=replay.frames.slots(data.env_ids, steps + data.offsets).ravel(),
-    )
-    replay.frames.write(data.env_ids, data.frames, data.episode_step)
     priorities = np.where(data.valid, data.priorities + PRIORITY_EPSILON, 0.0)
-    replay.transitions.insert(stored, priorities.ravel())
+    with replay.lock:
+        steps = replay.frames.steps - n + np.arange(data.frames.shape[1])
+        stored = Stored(
+            actions=data.actions.ravel(),
+            returns=data.returns.ravel(),
+            discounts=data.discounts.ravel(),
+            obs=replay.frames.slots(data.env_ids, steps).ravel(),
+            next_obs=replay.frames.slots(data.env_ids, steps + data.offsets).ravel(),
+        )
+        replay.frames.write(data.env_ids, data.frames, data.episode_step)
+        replay.transitions.insert(stored, priorities.ravel())
     return int(data.valid.sum())
 
 
@@ -676,9 +811,12 @@ class QState(TrainState):
     target_params: Any
 
 
-def init_state(args: Args, sizes: Sizes):
-    """The network, and the learner state and counters: fresh, or with --resume from the newest
-    checkpoint."""
+def init_state(args: Args, sizes: Sizes, replay: Replay | None):
+    """The network, and where the run starts (`kept_lag.Origin`): fresh from the seed, or with
+    --resume from the newest checkpoint of the run. On envpool's environments the checkpoint holds
+    the learner state alone; on a JAX environment also the environments' state, the parameters sent
+    last, the actors' carry, the pending priorities and with --checkpoint-replay the replay,
+    restored into `replay` (`ON_RESUME_JAX_ENVS`; None: the learner's start alone is wanted)."""
     probe_env = make_env(args, args.seed, 1)
     network = network_of(args, probe_env.action_space.n)
     params = network.init(
@@ -691,9 +829,33 @@ def init_state(args: Args, sizes: Sizes):
     )
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), rmsprop)
     state = QState.create(apply_fn=network.apply, params=params, target_params=params, tx=optimizer)
+    if is_jax_env(args.env_id):
+        origin = kept_lag.run_origin(
+            args,
+            sizes,
+            __file__,
+            learner=state,
+            acting_params=params,
+            own=first_carry(sizes.num_envs, args.n_step),
+            replay=replay,
+            save_replay=saves_replay(args),
+        )
+        return network, origin
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
     saved, counters = resume_or_start(args, state, identity, __file__)
-    return network, state if saved is None else saved, counters
+    return network, kept_lag.learner_origin(state if saved is None else saved, counters)
+
+
+def actor_carry_of(args: Args, sizes: Sizes, origin: kept_lag.Origin) -> ActorCarry:
+    """Every environment's `ActorCarry` where the actor threads start: a fresh run's, or the
+    checkpoint's. A resumed run whose replay was not saved starts its tails anew (padding): their
+    frames are not in the empty replay."""
+    fresh = first_carry(sizes.num_envs, args.n_step)
+    if origin.own is None:
+        return fresh
+    if saves_replay(args):
+        return origin.own
+    return origin.own._replace(tail=fresh.tail)
 
 
 def learning_rate_of(args: Args, sizes: Sizes):
@@ -815,22 +977,23 @@ def train(args: Args):
     actor_devices = [jax.local_devices()[i] for i in args.actor_device_ids]
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
     global_learner_devices = distributed.global_learner_devices(args.learner_device_ids)
-    network, state, counters = init_state(args, sizes)
+    replay = make_replay(args, sizes.num_envs)
+    network, origin = init_state(args, sizes, replay)
     run = open_run(
         args=args,
         sizes=sizes,
         script_path=__file__,
-        counters=counters,
+        counters=origin.counters,
         global_learner_devices=global_learner_devices,
         evaluate=evaluate,
         model_card=MODEL_CARD,
+        checkpointing=origin.checkpointing,
     )
-    optimizer_steps = int(state.step)
-    state = replicate(state, learner_devices)
+    optimizer_steps = int(origin.learner.step)
+    state = replicate(origin.learner, learner_devices)
     run.evaluate_untrained(lambda: model_params(state))
     update_fn = make_update(args, global_learner_devices)
-    replay = make_replay(args, sizes.num_envs)
-    first_update = counters["update"] + 1
+    first_update = origin.counters["update"] + 1
     actors = start_actor_threads(
         actor_thread,
         actor_devices,
@@ -839,6 +1002,8 @@ def train(args: Args):
         sizes=sizes,
         network=network,
         first_update=first_update,
+        env_record=origin.env_record,
+        carry=actor_carry_of(args, sizes, origin),
     )
     jobs = BackgroundJobs("replay", run.stop, run.failures)
     # One optimizer step per call: prioritized_learning.learn's order with a one-step priority lag.
@@ -852,17 +1017,26 @@ def train(args: Args):
         steps_per_call=1,
     )
     learned = None
-    pending = None
+    pending = origin.pending
+    if pending is not None:
+        pending = pending._replace(td=replicate(pending.td, learner_devices))
     with run.learner_loop([*actors.threads, jobs.thread]) as end:
+        send_first_params(
+            actors,
+            first_replica(state.params),
+            acting_params=origin.acting_params,
+            first_update=first_update,
+            num_updates=sizes.num_updates,
+            concurrency=args.concurrency,
+        )
         update = first_update - 1  # the updates done, where the loop makes none (a finished run)
         for update in range(first_update, sizes.num_updates + 1):
-            actors.send(first_replica(state.params), policy_version=update - 1)
             rollouts, rollout_queue_get_time = take_rollouts(
                 actors.rollout_queues,
                 update=update,
                 first_update=first_update,
                 concurrency=args.concurrency,
-                on_resume=ON_RESUME,
+                on_resume=on_resume_of(args),
                 stop=run.stop,
             )
             learn_start = time.time()
@@ -892,9 +1066,25 @@ def train(args: Args):
             )
             if run.evaluation_due(update):
                 run.evaluate_and_log(update, model_params(state), optimizer_steps)
-            end.exit_code = run.after_update(state, update)
+            saved = state
+            if is_jax_env(args.env_id):
+                # Every process's environments and actor carries, in global env order.
+                record, carry = gathered_rollouts(
+                    [(r.record, r.carry) for r in rollouts], args.distributed
+                )
+                saved = KeptLag(
+                    state,
+                    acting_params=actors.last_sent,
+                    env_record=record,
+                    replay=replay.mark(),
+                    pending=pending,
+                    own=carry,
+                )
+            end.exit_code = run.after_update(saved, update)
             if end.exit_code:
                 break
+            if update < sizes.num_updates:
+                actors.send(first_replica(state.params), policy_version=update)
     run.finish(model_params(state), update, optimizer_steps)
 
 

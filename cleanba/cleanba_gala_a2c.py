@@ -16,7 +16,7 @@ import os
 import queue
 import sys
 import time
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import envpool
 import flax.linen as nn
@@ -31,13 +31,15 @@ from cleanba_utils import (
     accelerators,
     compiled_rollout,
     distributed,
+    env_records,
     hub,
     jax_envs,
+    kept_lag,
     parsing,
     split_envs,
 )
 from cleanba_utils.checkpoints import Checkpointing
-from cleanba_utils.devices import first_replica
+from cleanba_utils.devices import first_replica, gathered_rollouts
 from cleanba_utils.env_ids import is_jax_env
 from cleanba_utils.envs import envpool_num_threads, is_atari
 from cleanba_utils.errors import fail
@@ -54,6 +56,7 @@ from cleanba_utils.gala.consensus import consensus_line, consensus_of, consensus
 from cleanba_utils.gala.mailboxes import Mailbox, Message, broadcast, receive
 from cleanba_utils.handoff import OnResume, actor_fetches_params, take_rollouts
 from cleanba_utils.huge_pages import restart_with_huge_pages
+from cleanba_utils.kept_lag import KeptLag
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.run import open_run, resume_or_start
 from cleanba_utils.run_args import RUN_NEEDS, RunArgs
@@ -409,9 +412,16 @@ def network_of(args: Args, num_actions: int) -> Network:
 
 # === Actor ===
 
-# How the policy lag goes on across a resume (cleanba_utils.handoff): restarted, as a
-# resumed run's environments start anew from the run's seeds.
+# How the policy lag goes on across a resume (cleanba_utils.handoff): restarted on envpool's
+# environments, which a resumed run makes anew from the run's seeds; kept on a JAX environment,
+# whose state the checkpoint holds with every agent's parameters sent last: the resumed run is then
+# the uninterrupted one, bit for bit (--gossip async keeps no checkpoint).
 ON_RESUME: OnResume = "restart_lag"
+ON_RESUME_JAX_ENVS: OnResume = "keep_lag"
+
+
+def on_resume_of(args) -> OnResume:
+    return ON_RESUME_JAX_ENVS if is_jax_env(args.env_id) else ON_RESUME
 
 
 class Transitions(NamedTuple):
@@ -428,13 +438,15 @@ class Transitions(NamedTuple):
 
 class Rollout(NamedTuple):
     """An actor's rollout for `update` by parameters `policy_version`, on its agent's device:
-    `bootstrap_obs` (1, envs, ...) is the observation after the last step; `timing`, the seconds
-    the actor waited for the parameters."""
+    `bootstrap_obs` (1, envs, ...) is the observation after the last step; `record`, its
+    environments' record after it (a JAX environment's state, for a checkpoint to bring them back;
+    None on envpool's); `timing`, the seconds the actor waited for the parameters."""
 
     update: int
     policy_version: int
     transitions: Transitions
     bootstrap_obs: jax.Array
+    record: Any
     timing: dict
 
 
@@ -456,11 +468,12 @@ def policy_step(network, action_key, params, obs, env_ids, step, step_input):
 
 
 def actor_thread(
-    args, sizes, run, network, first_update, agent, device, param_queue, rollout_queue
+    args, sizes, run, network, first_update, agent, device, param_queue, rollout_queue, env_record
 ):
     """Agent `agent`'s actor thread: environments with global indices agent x local_num_envs + 0, 1,
     ... envpool's environments step in Python beside the policy's inference; a JAX environment's
-    steps and the policy's run in one compiled program."""
+    steps and the policy's run in one compiled program, continued from their part of `env_record`
+    in a resumed run (None: a fresh run, or envpool's environments)."""
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     if is_jax_env(args.env_id):
         start_rollout = compiled_rollout.start
@@ -474,14 +487,14 @@ def actor_thread(
         run=run,
         num_envs=sizes.num_envs,
         env_offset=agent * args.local_num_envs,
-        env_record=None,
+        env_record=env_record,
         act=functools.partial(policy_step, network, action_key),
         device=device,
     )
 
     for update in range(first_update, sizes.num_updates + 1):
         param_wait_start = time.time()
-        if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
+        if actor_fetches_params(update, first_update, args.concurrency, on_resume_of(args)):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
         played = envs.play(params, update)
@@ -504,6 +517,7 @@ def actor_thread(
             policy_version=policy_version,
             transitions=jax.device_put(jax.tree.map(agent_first, transitions), device),
             bootstrap_obs=jax.device_put(agent_first(played.next_obs), device),
+            record=played.record,
             timing=dict(param_queue_get_time=param_queue_get_time),
         )
         queue_put(rollout_queue, rollout, run.stop)
@@ -659,9 +673,11 @@ def cosine(a, b):
 
 
 def init_state(args: Args, sizes: Sizes):
-    """The network, every agent's state stacked on a leading axis (host arrays) and the counters,
-    fresh or from the newest checkpoint (--resume). Agents start from different initializations,
-    except allreduce's (one policy)."""
+    """The network, and where the run starts (`kept_lag.Origin`): every agent's state stacked on a
+    leading axis (host arrays) and the counters, fresh or from the newest checkpoint (--resume); on
+    a JAX environment also every agent's parameters sent last and the environments' state
+    (`ON_RESUME_JAX_ENVS`). Agents start from different initializations, except allreduce's (one
+    policy)."""
     probe_env = make_env(args, args.seed, 1)
     network = network_of(args, probe_env.action_space.n)
     obs = probe_env.reset()[0]
@@ -688,8 +704,33 @@ def init_state(args: Args, sizes: Sizes):
         topology=args.topology,
         num_peers=args.num_peers,
     )
-    saved, counters = resume_or_start(args, state, identity, __file__)
-    return network, state if saved is None else saved, counters
+    if not is_jax_env(args.env_id):
+        saved, counters = resume_or_start(args, state, identity, __file__)
+        origin = kept_lag.learner_origin(state if saved is None else saved, counters)
+        # Every agent's state, gathered from every process (a collective).
+        checkpointing = Checkpointing(on_host=gathered_agents, collective=True)
+        return network, origin._replace(checkpointing=checkpointing)
+    template = KeptLag(
+        learner=state,
+        acting_params=state.params,
+        env_record=env_records.empty_record(sizes.num_envs, args.env_id, args.env_params),
+    )
+    saved, counters = resume_or_start(args, template, identity, __file__)
+    checkpointing = Checkpointing(on_host=gathered_kept_lag, collective=True)
+    origin = kept_lag.learner_origin(state, counters)._replace(checkpointing=checkpointing)
+    if saved is None:
+        return network, origin
+    return network, origin._replace(
+        learner=saved.learner, acting_params=saved.acting_params, env_record=saved.env_record
+    )
+
+
+def gathered_kept_lag(kept: KeptLag) -> KeptLag:
+    """The checkpoint of a JAX environment's run: every agent's state and parameters sent last on
+    the host (a collective), with the environments' record."""
+    return kept._replace(
+        learner=gathered_agents(kept.learner), acting_params=gathered_agents(kept.acting_params)
+    )
 
 
 def scaled_learning_rate(args: Args) -> float:
@@ -801,7 +842,9 @@ def agent_devices_of(args: Args) -> AgentDevices:
     )
 
 
-def start_actors(args, sizes, run, network, agent_devices, first_update: int = 1):
+def start_actors(
+    args, sizes, run, network, agent_devices, first_update: int = 1, env_record: Any = None
+):
     """One param queue, one rollout queue and one actor thread per local agent."""
     param_queues = []
     rollout_queues = []
@@ -824,6 +867,7 @@ def start_actors(args, sizes, run, network, agent_devices, first_update: int = 1
             device=device,
             param_queue=param_queues[-1],
             rollout_queue=rollout_queues[-1],
+            env_record=env_record,
         )
         threads.append(thread)
     return param_queues, rollout_queues, threads
@@ -845,12 +889,12 @@ def log_distances(run, global_step: int, consensus, agent_steps: list):
         log_agents(run, global_step, {agent: dict(consensus_distance=distance, steps=steps)})
 
 
-def train_sync(args: Args, sizes: Sizes, run, network, state):
+def train_sync(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin):
     """All agents in lock step, one update over their devices. Returns the consensus average and the
     updates done."""
     agent_devices, global_devices = agent_devices_of(args)
     sharding = agents_sharding(global_devices)
-    state = sharded(state, sharding)
+    state = sharded(origin.learner, sharding)
     update_fn = make_update(args, sharding)
     first_agent = jax.process_index() * len(agent_devices)
     first_update = run.counters["update"] + 1
@@ -861,19 +905,32 @@ def train_sync(args: Args, sizes: Sizes, run, network, state):
         network=network,
         agent_devices=agent_devices,
         first_update=first_update,
+        env_record=origin.env_record,
     )
+
+    def send(params, policy_version: int):
+        """Each local agent's row of `params` (every agent's, sharded) to its actor."""
+        for index, param_queue in enumerate(param_queues):
+            row = agent_slice(params, first_agent + index)
+            queue_put(param_queue, (policy_version, row), run.stop)
+
     with run.learner_loop(threads) as end:
+        # A resumed JAX environment's run with --concurrency first sends the checkpoint's
+        # parameters, which play the actors' next rollout (`handoff.send_first_params`).
+        resumed = first_update > 1
+        if resumed and args.concurrency and origin.acting_params is not None:
+            if first_update <= sizes.num_updates:
+                send(sharded(origin.acting_params, sharding), first_update - 2)
+        send(state.params, first_update - 1)
+        last_sent = state.params
         update = first_update - 1  # the updates done, where the loop makes none (a finished run)
         for update in range(first_update, sizes.num_updates + 1):
-            for index, param_queue in enumerate(param_queues):
-                params = agent_slice(state.params, first_agent + index)
-                queue_put(param_queue, (update - 1, params), run.stop)
             rollouts, rollout_queue_get_time = take_rollouts(
                 rollout_queues,
                 update=update,
                 first_update=first_update,
                 concurrency=args.concurrency,
-                on_resume=ON_RESUME,
+                on_resume=on_resume_of(args),
                 stop=run.stop,
             )
             learn_start = time.time()
@@ -911,9 +968,17 @@ def train_sync(args: Args, sizes: Sizes, run, network, state):
                 # agent has made one optimizer step per update.
                 consensus_params = jax.tree.map(lambda x: x.mean(0), gathered_agents(state.params))
                 run.evaluate_and_log(update, consensus_params, update)
-            end.exit_code = run.after_update(state, update)
+            saved = state
+            if is_jax_env(args.env_id):
+                # Every process's environments after the rollouts, in global env order.
+                record = gathered_rollouts([r.record for r in rollouts], args.distributed)
+                saved = KeptLag(state, acting_params=last_sent, env_record=record)
+            end.exit_code = run.after_update(saved, update)
             if end.exit_code:
                 break
+            if update < sizes.num_updates:
+                send(state.params, policy_version=update)
+                last_sent = state.params
     consensus_params = jax.tree.map(lambda x: x.mean(0), gathered_agents(state.params))
     return consensus_params, update
 
@@ -945,7 +1010,7 @@ def agent_learner(
             update=update,
             first_update=1,
             concurrency=args.concurrency,
-            on_resume=ON_RESUME,
+            on_resume=on_resume_of(args),
             stop=run.stop,
         )
         state, losses = update_fn(state, rollout.transitions, rollout.bootstrap_obs)
@@ -979,9 +1044,10 @@ def agent_learner(
         mailboxes[peer].close(agent)
 
 
-def train_async(args: Args, sizes: Sizes, run, network, state):
+def train_async(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin):
     """A learner thread per agent; the main thread measures the consensus after every n updates of
     all agents."""
+    state = origin.learner
     agent_devices = agent_devices_of(args).local
     board = Board(params=[None] * args.num_agents, updates=[0] * args.num_agents, started=[])
     mailboxes = [Mailbox() for _ in range(args.num_agents)]
@@ -1044,20 +1110,20 @@ def train_async(args: Args, sizes: Sizes, run, network, state):
 
 def train(args: Args):
     sizes = sizes_of(args)
-    network, state, counters = init_state(args, sizes)
+    network, origin = init_state(args, sizes)
     run = open_run(
         args=args,
         sizes=sizes,
         script_path=__file__,
-        counters=counters,
+        counters=origin.counters,
         global_learner_devices=agent_devices_of(args).every,
         evaluate=evaluate,
         model_card=MODEL_CARD,
-        checkpointing=Checkpointing(on_host=gathered_agents, collective=True),
+        checkpointing=origin.checkpointing,
     )
-    run.evaluate_untrained(lambda: jax.tree.map(lambda x: x.mean(0), state.params))
+    run.evaluate_untrained(lambda: jax.tree.map(lambda x: x.mean(0), origin.learner.params))
     train_agents = train_async if args.gossip == "async" else train_sync
-    consensus_params, update = train_agents(args, sizes, run, network, state)
+    consensus_params, update = train_agents(args, sizes, run, network, origin)
     # Each agent has made one optimizer step per update.
     run.finish(consensus_params, update, optimizer_steps=update)
 

@@ -9,11 +9,12 @@ u is played by version u - 1, or u - 2 from the second rollout on with --concurr
 
 A resumed run (its first update `first_update` > 1) goes on in one of two ways, `on_resume`:
 - "restart_lag": as a new run from the checkpoint's parameters: lag 0 for its first rollout, then
-  1. The scripts whose resumed environments start anew (PPO, IMPALA, Ape-X DQN, GALA A2C).
+  1. The scripts whose resumed environments start anew (PPO, IMPALA, Ape-X DQN, GALA A2C on
+  envpool's environments).
 - "keep_lag": as the uninterrupted run, lag 1 across the resume: the learner first sends the
   parameters that played the checkpoint's next rollout (version first_update - 2), and the actor
   fetches before each rollout from then on. The scripts that resume bit for bit (SAC, continuous
-  PPO, Ape-X DPG)."""
+  PPO, Ape-X DPG; every script on a JAX environment)."""
 
 import dataclasses
 import queue

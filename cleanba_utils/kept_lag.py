@@ -1,9 +1,10 @@
 """The bitwise resume of the scripts whose policy lag goes on across a resume (`handoff`'s
-"keep_lag": SAC, continuous PPO and Ape-X DPG). Their checkpoint holds, beside the learner, what
-the uninterrupted run plays next: the parameters sent last (with --concurrency they play the
-actors' next rollout), every environment's record (its resets and its current episode,
-`env_records`, from which `compiled_rollout.start` brings the environments back), the replay with
-its priorities not yet written, and what else is the script's own (Ape-X DPG's n-step tails).
+"keep_lag": SAC, continuous PPO and Ape-X DPG, and every script on a JAX environment). Their
+checkpoint holds, beside the learner, what the uninterrupted run plays next: the parameters sent
+last (with --concurrency they play the actors' next rollout), every environment's record (its
+resets and its current episode, `env_records`, or a JAX environment's state, from which
+`compiled_rollout.start` brings the environments back), the replay with its priorities not yet
+written, and what else is the script's own (Ape-X DPG's and Ape-X DQN's n-step tails).
 
 A script gives `run_origin` the templates of its learner state, its acting parameters and its
 own part, and gets back where the run starts (`Origin`); at the end of each update it hands

@@ -77,9 +77,9 @@ class RunArgs:
     SIGUSR1)"""
     resume: bool = False
     """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is
-    none). SAC, continuous PPO and Ape-X DPG then repeat the uninterrupted run; the other scripts
-    start their environments anew from the run's seeds (docs/checkpoints.md: "What a resumed run
-    is")"""
+    none). SAC, continuous PPO and Ape-X DPG, and every script on a JAX environment, then repeat the
+    uninterrupted run; the other scripts start envpool's environments anew from the run's seeds
+    (docs/checkpoints.md: "What a resumed run is")"""
 
 
 @dataclasses.dataclass
@@ -91,6 +91,11 @@ class DeviceArgs(RunArgs):
     rollout or batch)"""
 
 
+JAX_ENV = Need(
+    lambda args: is_jax_env(args.env_id), "a JAX environment (--env-id gymnax:... or jax:...)"
+)
+"""What an option that acts on a JAX environment alone needs."""
+
 # The options of `RunArgs` that act only with another one.
 RUN_NEEDS = {
     "wandb_project_name": Need(lambda args: args.track, "--track"),
@@ -98,9 +103,7 @@ RUN_NEEDS = {
     "upload_model": Need(lambda args: args.save_model, "--save-model"),
     "hf_entity": Need(lambda args: args.upload_model, "--upload-model"),
     "eval_every": Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
-    "env_params": Need(
-        lambda args: is_jax_env(args.env_id), "a JAX environment (--env-id gymnax:... or jax:...)"
-    ),
+    "env_params": JAX_ENV,
     "coordinator_address": Need(lambda args: args.distributed, "--distributed"),
     "num_processes": Need(lambda args: args.distributed, "--distributed"),
     "process_id": Need(lambda args: args.distributed, "--distributed"),

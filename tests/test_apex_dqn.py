@@ -90,7 +90,7 @@ def test_fifo_eviction_keeps_the_newest_transitions():
     # inserts steps S - 10 .. S - 4 of env 0, then of env 1 (the last 3 wait for their rewards);
     # the store keeps the last 40 inserted, and samples those from step 0 on.
     replay = apex.make_replay(vector_args(buffer_size=40, num_steps=7), num_envs=2)
-    assert replay.frames.stack == 1 and replay.frames.ring == 20 + 7 + 3 + 1
+    assert replay.frames.stack == 1 and replay.frames.ring == 20 + 2 * 7 + 3 + 1
     transitions = replay.transitions
     inserted = []
     for rollout in range(6):
@@ -104,6 +104,43 @@ def test_fifo_eviction_keeps_the_newest_transitions():
         assert kept == sorted((env, step) for env, step in inserted[-40:] if step >= 0), rollout
         _, sample = apex.replay_sample(replay, 256, np.random.default_rng(rollout), 0.4)
         assert (sample.items.returns >= 0).all() and sampleable[sample.slots].all()
+
+
+def test_the_replay_at_a_mark_is_the_replay_that_stopped_there():
+    # What a checkpoint of a JAX environment's run saves (`Replay.snapshot_at`), taken after two
+    # more rollouts were inserted (a stop in the middle of an update): restored into an empty
+    # replay, it samples the batches, frames included, of a replay that never saw them, evicting
+    # transitions (a store of 40 filled by rollouts of 14) and going round the frame ring.
+    args = vector_args(buffer_size=40, num_steps=7)
+
+    def insert(replay, rollout):
+        frames = np.zeros((2, 7, 4), np.float32)
+        frames[..., 0] = 100 * np.arange(2)[:, None] + 7 * rollout + np.arange(7)
+        priorities = np.full((2, 7), 1.0 + rollout, np.float32)
+        insert_marked(replay, [0, 1], 7 * rollout, 7, n=3, priorities=priorities)
+        replay.frames.frames.reshape(2, replay.frames.ring, 4)[
+            :, (7 * rollout + np.arange(7)) % replay.frames.ring
+        ] = frames
+
+    went_on = apex.make_replay(args, num_envs=2)
+    stopped = apex.make_replay(args, num_envs=2)
+    for rollout in range(6):
+        insert(went_on, rollout)
+        insert(stopped, rollout)
+    mark = went_on.mark()
+    for rollout in range(6, 8):
+        insert(went_on, rollout)
+    assert went_on.frames.steps > went_on.frames.ring  # the ring went round since the mark
+    restored = apex.make_replay(args, num_envs=2)
+    restored.restore(went_on.snapshot_at(mark))
+    for seed in range(3):
+        expected, _ = apex.replay_sample(stopped, 64, np.random.default_rng(seed), 0.4)
+        got, _ = apex.replay_sample(restored, 64, np.random.default_rng(seed), 0.4)
+        for field in expected._fields:
+            np.testing.assert_array_equal(getattr(got, field), getattr(expected, field), field)
+    # The later rollouts changed what the replay samples: the comparison can fail.
+    later, _ = apex.replay_sample(went_on, 64, np.random.default_rng(0), 0.4)
+    assert not np.array_equal(later.obs, expected.obs)
 
 
 def test_importance_weights_hand_computed():
@@ -212,9 +249,10 @@ def test_replay_rebuilds_stacked_observations_and_bootstraps_across_rollouts_and
     truth = [episode_stream(rng, 60) for _ in range(num_envs)]
     args = apex.Args(env_id="Breakout-v5", buffer_size=2 * 17, num_steps=length)
     replay = apex.make_replay(args, num_envs)
-    assert replay.frames.stack == 4 and replay.frames.ring == 17 + length + n + 4
+    assert replay.frames.stack == 4 and replay.frames.ring == 17 + 2 * length + n + 4
     transitions = replay.transitions
-    tail, q_values = None, rng.normal(size=(num_envs, 60, 3)).astype(np.float32)
+    tail = apex.first_carry(num_envs, n).tail
+    q_values = rng.normal(size=(num_envs, 60, 3)).astype(np.float32)
     for start in range(0, 60, length):
         cut = lambda key, start=start: np.stack(
             [stream[key][start : start + length] for stream, _ in truth]
@@ -275,7 +313,7 @@ def test_minatar_images_are_stored_whole_and_come_back_unchanged():
     replay = apex.make_replay(args, num_envs)
     rng = np.random.default_rng(4)
     truth = rng.random((num_envs, 30, *frame_shape), dtype=np.float32)  # not 0 or 1, not /255
-    tail = None
+    tail = apex.first_carry(num_envs, n).tail
     for start in range(0, 30, args.num_steps):
         cut = slice(start, start + args.num_steps)
         zeros = np.zeros((num_envs, args.num_steps), np.float32)
@@ -308,7 +346,7 @@ def test_minatar_network_takes_float_images_as_they_are():
     assert (args.torso, args.channels, args.hiddens) == ("minatar", None, (128,))
     atari = apex.parse_args(["--env-id", "Breakout-v5"])
     assert (atari.torso, atari.hiddens) == ("nature", (512,))
-    _, state, _ = apex.init_state(args, apex.sizes_of(args, 1))
+    state = apex.init_state(args, apex.sizes_of(args, 1), replay=None)[1].learner
     shapes = jax.tree.map(lambda x: x.shape, state.params["params"])
     channels = shapes["MinAtarTorso_0"]["Conv_0"]["kernel"][2]
     assert shapes["MinAtarTorso_0"]["Conv_0"]["kernel"] == (3, 3, channels, 16)
@@ -662,7 +700,7 @@ def test_bad_input_is_refused_with_one_line(capsys, args, option):
 
 def test_default_network_and_optimizer_are_the_papers():
     args = apex.Args(env_id="Breakout-v5")
-    _, state, _ = apex.init_state(args, apex.sizes_of(args, 1))
+    state = apex.init_state(args, apex.sizes_of(args, 1), replay=None)[1].learner
     shapes = jax.tree.map(lambda x: x.shape, state.params["params"])
     torso = shapes["NatureTorso_0"]
     assert [torso[f"Conv_{i}"]["kernel"] for i in range(3)] == [

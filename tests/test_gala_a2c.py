@@ -134,7 +134,7 @@ def ring_matrix(num_agents, num_peers):
 
 def initial_agent_params(args):
     """(agents, parameters): every agent's initial parameters, flattened."""
-    _, state, _ = gala.init_state(args, gala.sizes_of(args))
+    state = gala.init_state(args, gala.sizes_of(args))[1].learner
     leaves = [
         np.asarray(x, np.float64).reshape(args.num_agents, -1)
         for x in gala.jax.tree.leaves(state.params)

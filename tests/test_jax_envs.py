@@ -180,6 +180,11 @@ def test_the_numpy_interface_steps_as_the_compiled_rollout():
         ),
         ("cleanba_ppo", ["--env-id", "gymnax:Pendulum-v1"], "has continuous actions"),
         ("cleanba_sac", ["--env-id", "gymnax:Breakout-MinAtar"], "has discrete actions"),
+        (
+            "cleanba_apex_dqn",
+            ["--env-id", "CartPole-v1", "--no-checkpoint-replay"],
+            "has no effect",
+        ),
     ],
 )
 def test_bad_ids_parameters_and_spaces_are_one_line_and_exit_2(capsys, script, args, message):
@@ -231,6 +236,22 @@ RESUMED = {
             *PENDULUM,
             *["--num-steps", "50", "--total-timesteps", "800", "--num-minibatches", "2"],
             *["--update-epochs", "2"],
+        ],
+    ),
+    "apex_dqn --concurrency": (
+        "cleanba_apex_dqn",
+        [
+            *BREAKOUT[: BREAKOUT.index("--num-minibatches")],
+            *["--hiddens", "16", "--total-timesteps", "512", "--learning-starts", "96"],
+            *["--batch-size", "16", "--buffer-size", "256", "--updates-per-rollout", "2"],
+            *["--target-update-period", "3"],
+        ],
+    ),
+    "gala_a2c (--concurrency)": (
+        "cleanba_gala_a2c",
+        [
+            *BREAKOUT[: BREAKOUT.index("--num-actor-threads")],
+            *["--hiddens", "16", "--num-steps", "4", "--total-timesteps", "320"],
         ],
     ),
     "apex_dpg": (

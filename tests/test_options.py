@@ -47,7 +47,11 @@ SCRIPTS = {
     "impala": (cleanba_impala, {**DISCRETE_NEEDS, "eval_every": ["--eval-episodes", "2"]}),
     "apex_dqn": (
         cleanba_apex_dqn,
-        {**DISCRETE_NEEDS, "eval_every": ["--eval-episodes", "2"]},
+        {
+            **DISCRETE_NEEDS,
+            "eval_every": ["--eval-episodes", "2"],
+            "checkpoint_replay": ["--env-id", "gymnax:Breakout-MinAtar"],
+        },
     ),
     "gala_a2c": (
         cleanba_gala_a2c,
