@@ -93,8 +93,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from cleanba_utils import kept_lag
 from cleanba_utils.devices import replicate
-from cleanba_utils.envs import envpool_num_threads, make_env
-from cleanba_utils.microbatches import microbatch_update
+from cleanba_utils.envs import envpool_num_threads, has_image_observations, make_env
+from cleanba_utils.microbatches import microbatch_update, rolls
 
 REPO = Path(__file__).resolve().parents[1]
 INHERITED_ENVIRONMENT = dict(os.environ)
@@ -611,7 +611,9 @@ def learner_main(options):
     )
     with keeping:
         update_fn = script.make_update(
-            args, learner_devices, rolled=learner_devices[0].platform != "cpu"
+            args,
+            learner_devices,
+            rolled=rolls(learner_devices[0].platform, has_image_observations(args.env_id)),
         )
     state = replicate(state, learner_devices)
     update = 0

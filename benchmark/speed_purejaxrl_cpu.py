@@ -206,7 +206,7 @@ def cleanba(setting: str, seed: int) -> dict:
         *["--clip-coef", str(config["CLIP_EPS"]), "--clip-vloss"],
         *["--gradient-accumulation-steps", "1"],
         *["--total-timesteps", str(int(config["TOTAL_TIMESTEPS"])), "--seed", str(seed)],
-        *["--log-frequency", "1", "--run-name", "run"],
+        *["--run-name", "run"],
     ]
     with tempfile.TemporaryDirectory() as folder:
         env = dict(os.environ, PYTHONPATH=str(REPO / "benchmark"))

@@ -41,8 +41,10 @@ from measure import run_measured
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanba_utils.devices import first_replica, replicate
+from cleanba_utils.envs import has_image_observations
 from cleanba_utils.handoff import send_params
 from cleanba_utils.huge_pages import restart_with_huge_pages
+from cleanba_utils.microbatches import rolls
 from cleanba_utils.run import Episodes
 from cleanba_utils.threads import queue_get
 
@@ -144,7 +146,9 @@ def stage_times(script, argv: list[str], repeats: int) -> dict:
     rollouts = tuple(queue_get(q, stop).data for q in rollout_queues)
     stop.set()
     update_fn = script.make_update(
-        args, learner_devices, rolled=learner_devices[0].platform != "cpu"
+        args,
+        learner_devices,
+        rolled=rolls(learner_devices[0].platform, has_image_observations(args.env_id)),
     )
     replicated, _ = update_fn(replicated, rollouts, np.int32(1))
     jax.block_until_ready(replicated)

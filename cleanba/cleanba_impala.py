@@ -33,7 +33,7 @@ from cleanba_utils import (
 )
 from cleanba_utils.devices import first_replica, gathered_rollouts, learner_sharding, replicate
 from cleanba_utils.env_ids import is_jax_env
-from cleanba_utils.envs import make_env
+from cleanba_utils.envs import has_image_observations, make_env
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import in_range, non_negative, positive
@@ -47,7 +47,7 @@ from cleanba_utils.handoff import (
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.kept_lag import KeptLag
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
-from cleanba_utils.microbatches import microbatch_update
+from cleanba_utils.microbatches import microbatch_update, rolls
 from cleanba_utils.run import open_run, resume_or_start
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
@@ -620,7 +620,7 @@ def make_update(args: Args, learner_devices: list, rolled: bool):
 
     # The update's loops, outermost first: for every minibatch, one step per microbatch; the
     # optimizer steps once per minibatch (`optax.MultiSteps`). `microbatch_update` runs the steps in
-    # this order, in a `lax.scan` on GPUs or a Python loop on CPUs.
+    # this order, in a `lax.scan` or a Python loop (`microbatches.rolls`).
     schedule = [
         (minibatch, microbatch)
         for minibatch in range(args.num_minibatches)
@@ -670,9 +670,8 @@ def train(args: Args):
     )
     state = replicate(origin.learner, learner_devices)
     run.evaluate_untrained(lambda: jax.device_get(first_replica(state.params)))
-    update_fn = make_update(
-        args, global_learner_devices, rolled=learner_devices[0].platform != "cpu"
-    )
+    rolled = rolls(learner_devices[0].platform, convolutional=has_image_observations(args.env_id))
+    update_fn = make_update(args, global_learner_devices, rolled=rolled)
     first_update = origin.counters["update"] + 1
     actors = start_actor_threads(
         actor_thread,

@@ -31,7 +31,7 @@ from cleanba_utils import (
 )
 from cleanba_utils.devices import first_replica, gathered_rollouts, learner_sharding, replicate
 from cleanba_utils.env_ids import is_jax_env
-from cleanba_utils.envs import make_env
+from cleanba_utils.envs import has_image_observations, make_env
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import in_range, non_negative, positive
@@ -45,7 +45,7 @@ from cleanba_utils.handoff import (
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.kept_lag import KeptLag
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
-from cleanba_utils.microbatches import microbatch_update
+from cleanba_utils.microbatches import microbatch_update, rolls
 from cleanba_utils.run import open_run, resume_or_start
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
@@ -541,6 +541,16 @@ def make_update(args: Args, learner_devices: list, rolled: bool):
             data.truncations.astype(jnp.float32),
         )
         valid = 1.0 - data.is_reset.astype(jnp.float32)
+        # Every epoch shuffles each environment's steps with a key of its own.
+        epoch_keys = jax.random.fold_in(learner_key, update)
+        shuffled = jax.vmap(
+            lambda epoch: jax.vmap(
+                lambda env_id: jax.random.permutation(
+                    jax.random.fold_in(jax.random.fold_in(epoch_keys, epoch), env_id),
+                    args.num_steps,
+                )
+            )(data.env_ids)
+        )(jnp.arange(args.update_epochs))
         batch = Batch(
             obs=data.obs,
             actions=data.actions,
@@ -550,20 +560,15 @@ def make_update(args: Args, learner_devices: list, rolled: bool):
             advantages=advantages,
             valid=valid,
         )
-        return batch, data.env_ids
+        return batch, shuffled
 
     def microbatch_step(state, prepared, update, epoch, minibatch, microbatch):
         """One microbatch of one minibatch of one epoch: its gradient, summed over the devices,
         accumulated into the minibatch's optimizer step."""
-        batch, env_ids = prepared
-        # Every epoch shuffles each environment's steps with a key of its own; minibatch m takes the
-        # m-th chunk of every environment's shuffled steps, and microbatch k the k-th sub-chunk.
-        epoch_key = jax.random.fold_in(jax.random.fold_in(learner_key, update), epoch)
-        shuffled = jax.vmap(
-            lambda env_id: jax.random.permutation(
-                jax.random.fold_in(epoch_key, env_id), args.num_steps
-            )
-        )(env_ids)
+        batch, every_epoch_shuffled = prepared
+        # Minibatch m takes the m-th chunk of every environment's shuffled steps, and microbatch k
+        # the k-th sub-chunk.
+        shuffled = every_epoch_shuffled[epoch]
         in_minibatch = jax.lax.dynamic_slice_in_dim(
             shuffled, minibatch * minibatch_steps, minibatch_steps, axis=1
         )
@@ -606,7 +611,7 @@ def make_update(args: Args, learner_devices: list, rolled: bool):
 
     # The update's loops, outermost first: for every epoch, for every minibatch, one step per
     # microbatch; the optimizer steps once per minibatch (`optax.MultiSteps`). `microbatch_update`
-    # runs the steps in this order, in a `lax.scan` on GPUs or a Python loop on CPUs.
+    # runs the steps in this order, in a `lax.scan` or a Python loop (`microbatches.rolls`).
     schedule = [
         (epoch, minibatch, microbatch)
         for epoch in range(args.update_epochs)
@@ -657,9 +662,8 @@ def train(args: Args):
     )
     state = replicate(origin.learner, learner_devices)
     run.evaluate_untrained(lambda: jax.device_get(first_replica(state.params)))
-    update_fn = make_update(
-        args, global_learner_devices, rolled=learner_devices[0].platform != "cpu"
-    )
+    rolled = rolls(learner_devices[0].platform, convolutional=has_image_observations(args.env_id))
+    update_fn = make_update(args, global_learner_devices, rolled=rolled)
     first_update = origin.counters["update"] + 1
     actors = start_actor_threads(
         actor_thread,

@@ -9,6 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def rolls(platform: str, convolutional: bool) -> bool:
+    """Whether the update runs its steps in a `lax.scan` (`microbatch_update`'s `rolled`): on GPUs,
+    and on a CPU for a network without convolutions, where a loop of calls costs a dispatch per
+    step. XLA's CPU backend runs convolutions slower inside a loop than outside one, so a CPU's
+    convolutional network loops in Python over one compiled step (an unrolled loop would keep every
+    step's activations alive)."""
+    return platform != "cpu" or not convolutional
+
+
 def microbatch_update(
     prepare,
     microbatch_step,
@@ -27,9 +36,8 @@ def microbatch_update(
     their sum per optimizer step.
 
     Memory holds one microbatch's activations either way. `rolled` runs the steps in a `lax.scan`,
-    which compiles once and fast (GPUs); otherwise a Python loop calls one compiled step, because
-    XLA's CPU backend runs convolutions slower inside a loop than outside one, and an unrolled loop
-    would keep every step's activations alive."""
+    which compiles once and fast; otherwise a Python loop calls one compiled step (`rolls`). The two
+    give the same run up to float rounding."""
     per_optimizer_step = lambda metrics: jax.tree.map(
         lambda m: m.sum(-1) / optimizer_steps, metrics
     )
