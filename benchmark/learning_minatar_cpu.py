@@ -1,21 +1,30 @@
-"""Learning at published budgets on a CPU: Cleanba PPO on gymnax's MinAtar games (10M steps each),
+"""Learning at published budgets on a CPU: Cleanba's discrete scripts on gymnax's MinAtar games,
 stepped inside the actor's compiled rollout, against the published PPO and DQN figures.
 
     python benchmark/learning_minatar_cpu.py                  # every run in order, then the report
     python benchmark/learning_minatar_cpu.py --runs ppo_breakout_s1 ppo_space_invaders_s1
     python benchmark/learning_minatar_cpu.py --report-only    # the report from the runs so far
 
-A finished run is never rerun; one stopped before its end continues from its newest checkpoint
-(every 100 updates), so the runs can be made over several sittings. The runs go one at a time under
-`nice -n 10`, in --work-dir. Writes benchmark/results/learning_minatar_cpu.md (the table, the exact
-commands, the published figures), learning_minatar_cpu.png and learning_minatar_cpu.csv (one row
-per run).
+A finished run is never rerun; one stopped before its end continues from its newest checkpoint, so
+the runs can be made over several sittings (on a JAX environment every script resumes bit for bit).
+The runs go one at a time under `nice -n 10`, in --work-dir. Writes
+benchmark/results/learning_minatar_cpu.md (the table, the exact commands, the published figures),
+learning_minatar_cpu.png and learning_minatar_cpu.csv (one row per run).
 
-Hyperparameters: PureJaxRL's MinAtar settings (`examples/brax_minatar.ipynb`: 64 environments x 128
-steps, 4 epochs of 8 minibatches, lr 5e-3 annealed to 0, clip 0.2, gamma 0.99, GAE lambda 0.95,
-entropy 0.01, value 0.5, gradient norm 0.5), Sync (policy lag 0), with Young & Tian's (2019)
-MinAtar network (one 3x3 convolution of 16 channels, a dense layer of 128: the script's default for
-small images) where PureJaxRL flattens the image into an MLP of 64 x 64.
+The runs, in order:
+- PPO, 10M steps on each game (seeds 1-3 on Breakout and SpaceInvaders), with PureJaxRL's MinAtar
+  settings (`examples/brax_minatar.ipynb`: 64 environments x 128 steps, 4 epochs of 8 minibatches,
+  lr 5e-3 annealed to 0, clip 0.2, gamma 0.99, GAE lambda 0.95, entropy 0.01, value 0.5, gradient
+  norm 0.5), Sync (policy lag 0), with Young & Tian's (2019) MinAtar network (one 3x3 convolution of
+  16 channels, a dense layer of 128: the script's default for small images) where PureJaxRL
+  flattens the image into an MLP of 64 x 64.
+- IMPALA, 10M steps on Breakout and SpaceInvaders, the script's defaults (the paper's: 2 x 64
+  environments, unrolls of 20, 4 minibatches, RMSProp at 6e-4 annealed; lag 1) with the same
+  network.
+- Ape-X DQN, 5M steps on Breakout, Young & Tian's budget (5M frames: MinAtar has no frame skip),
+  the script's defaults (Ape-X's) but its replay: Young & Tian's 100,000 transitions.
+- GALA-A2C, 10M steps on Breakout, its defaults (4 agents x 16 environments, 5-step returns), with
+  sync gossip (the script's default) and with an all-reduce of the gradients.
 """
 
 import argparse
@@ -25,6 +34,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import matplotlib
 
@@ -33,7 +43,7 @@ import matplotlib.pyplot as plt
 from csv_columns import RUN_COLUMNS
 from measure import run_resumable
 
-from cleanba_utils.experiments.hns import collect
+from cleanba_utils.experiments.events import read_scalars, running_mean
 
 REPO = Path(__file__).resolve().parents[1]
 GAMES = {
@@ -49,11 +59,23 @@ PUREJAXRL_SETTINGS = [
     *["--clip-coef", "0.2", "--gamma", "0.99", "--gae-lambda", "0.95", "--ent-coef", "0.01"],
     *["--vf-coef", "0.5", "--max-grad-norm", "0.5", "--gradient-accumulation-steps", "1"],
 ]
-STEPS = 10_000_000
-# The order of the runs: seed 1 of Breakout and SpaceInvaders, the other games, then seeds 2 and 3
-# of the first two.
+YOUNG_TIAN_REPLAY = ["--buffer-size", "100000"]
+
+
+class Run(NamedTuple):
+    script: str
+    mode: str
+    """the CSV's mode column"""
+    game: str
+    seed: int
+    steps: int
+    options: list
+
+
+# The order of the runs: PPO on seed 1 of every game, seeds 2 and 3 of Breakout and
+# SpaceInvaders, then the other scripts.
 RUNS = {
-    f"ppo_{game}_s{seed}": (game, seed)
+    f"ppo_{game}_s{seed}": Run("cleanba_ppo", "sync", game, seed, 10_000_000, PUREJAXRL_SETTINGS)
     for game, seed in [
         ("breakout", 1),
         ("space_invaders", 1),
@@ -66,6 +88,17 @@ RUNS = {
         ("space_invaders", 3),
     ]
 }
+RUNS |= {
+    f"impala_{game}_s1": Run("cleanba_impala", "async", game, 1, 10_000_000, [])
+    for game in ("breakout", "space_invaders")
+}
+RUNS["apex_dqn_breakout_s1"] = Run(
+    "cleanba_apex_dqn", "async", "breakout", 1, 5_000_000, YOUNG_TIAN_REPLAY
+)
+RUNS["gala_gossip_breakout_s1"] = Run("cleanba_gala_a2c", "gossip", "breakout", 1, 10_000_000, [])
+RUNS["gala_allreduce_breakout_s1"] = Run(
+    "cleanba_gala_a2c", "allreduce", "breakout", 1, 10_000_000, ["--topology", "allreduce"]
+)
 LAST_N = 100
 # Published final returns (see the report for what each environment and budget is).
 PUBLISHED = {
@@ -78,38 +111,43 @@ PUBLISHED = {
 
 
 def command_of(name: str) -> list[str]:
-    game, seed = RUNS[name]
+    run = RUNS[name]
     return [
-        "cleanba/cleanba_ppo.py",
-        *["--env-id", f"gymnax:{GAMES[game]}", "--total-timesteps", str(STEPS)],
-        *PUREJAXRL_SETTINGS,
-        *["--seed", str(seed), "--run-name", name, "--checkpoint-every", "100"],
+        f"cleanba/{run.script}.py",
+        *["--env-id", f"gymnax:{GAMES[run.game]}", "--total-timesteps", str(run.steps)],
+        *run.options,
+        *["--seed", str(run.seed), "--run-name", name, "--checkpoint-every", "100"],
         *["--log-frequency", "50"],
     ]
 
 
 def report(work_dir: Path, out_dir: Path, date: str, note: str):
-    _, curve_rows = collect(work_dir / "runs", "episodic_return", LAST_N, {})
     rows = []
     curves = {}
-    for name, (game, seed) in RUNS.items():
-        env_id = f"gymnax:{GAMES[game]}"
-        curve = [r for r in curve_rows if r["env_id"] == env_id and r["seed"] == seed]
-        if not curve:
+    for name, run in RUNS.items():
+        run_dir = work_dir / "runs" / name
+        if not (run_dir / "spec.json").exists():
             continue
-        summary_path = work_dir / "runs" / name / "summary.json"
+        logged = read_scalars(run_dir)
+        if not len(logged.steps):
+            continue
+        env_id = f"gymnax:{GAMES[run.game]}"
+        curve = dict(
+            steps=logged.steps, scores=running_mean(logged.values, LAST_N), env_id=env_id, run=run
+        )
+        summary_path = run_dir / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
-        steps = summary["global_step"] if summary else curve[-1]["global_step"]
-        wall_time_s = summary["wall_time_s"] if summary else curve[-1]["wall_time_s"]
+        steps = summary["global_step"] if summary else int(logged.steps[-1])
+        wall_time_s = summary["wall_time_s"] if summary else float(logged.wall_times[-1])
         curves[name] = curve
         rows.append(
             dict(
-                script="cleanba_ppo",
-                mode="sync",
+                script=run.script,
+                mode=run.mode,
                 env_id=env_id,
-                seed=seed,
+                seed=run.seed,
                 steps=steps,
-                final_return=round(curve[-1]["score"], 2),
+                final_return=round(float(curve["scores"][-1]), 2),
                 eval_return="",
                 sps=int(steps / wall_time_s),
                 wall_time_s=round(wall_time_s),
@@ -125,11 +163,12 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
     axes = axes if len(games) > 1 else [axes]
     for ax, env_id in zip(axes, games):
         for curve in curves.values():
-            if curve[0]["env_id"] == env_id:
+            if curve["env_id"] == env_id:
+                run = curve["run"]
                 ax.plot(
-                    [r["global_step"] for r in curve],
-                    [r["score"] for r in curve],
-                    label=f"seed {curve[0]['seed']}",
+                    curve["steps"],
+                    curve["scores"],
+                    label=f"{run.script.removeprefix('cleanba_')} {run.mode}, seed {run.seed}",
                 )
         ax.set(
             title=env_id.split(":")[1],
@@ -141,11 +180,13 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
     fig.savefig(out_dir / "learning_minatar_cpu.png", dpi=110)
     plt.close(fig)
     table = [
-        f"| game | seed | steps | final return (last {LAST_N}) | SPS | wall time (min) |",
-        "|---|---|---|---|---|---|",
+        f"| script | mode | game | seed | steps | final return (last {LAST_N}) | SPS | "
+        "wall time (min) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     table += [
-        f"| {r['env_id']} | {r['seed']} | {r['steps']:,}{'' if r['finished'] else ' (stopped)'} "
+        f"| {r['script']} | {r['mode']} | {r['env_id']} | {r['seed']} "
+        f"| {r['steps']:,}{'' if r['finished'] else ' (stopped)'} "
         f"| {r['final_return']:.1f} | {r['sps']:,} | {r['wall_time_s'] / 60:.0f} |"
         for r in rows
     ]
@@ -158,7 +199,7 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
     made = [name for name in RUNS if (work_dir / "runs" / name).is_dir()]
     commands = "\n".join("python " + " ".join(command_of(name)) for name in made)
     pending = [name for name in RUNS if name not in made]
-    to_come = f"\n\nNot run yet (the same command, another game or seed): {', '.join(pending)}."
+    to_come = f"\n\nNot run yet: {', '.join(pending)}."
     (out_dir / "learning_minatar_cpu.md").write_text(
         f"# MinAtar learning on a CPU ({date})\n\n"
         f"Machine: {platform.machine()}, 2 CPU cores, 24 GiB, Python "
@@ -185,6 +226,7 @@ def main():
     parser.add_argument("--note", default="", help="a paragraph for the report")
     args = parser.parse_args()
     args.work_dir.mkdir(parents=True, exist_ok=True)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         for name in args.runs:
             if (args.work_dir / "runs" / name / "summary.json").exists():
