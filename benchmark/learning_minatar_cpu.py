@@ -46,6 +46,9 @@ from measure import run_resumable
 from cleanba_utils.experiments.events import read_scalars, running_mean
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+from test_learning import APEX_DPG_PENDULUM, PPO_CONTINUOUS_PENDULUM, SAC_PENDULUM  # noqa: E402
+
 GAMES = {
     "breakout": "Breakout-MinAtar",
     "space_invaders": "SpaceInvaders-MinAtar",
@@ -66,16 +69,24 @@ class Run(NamedTuple):
     script: str
     mode: str
     """the CSV's mode column"""
-    game: str
+    env_id: str
     seed: int
     steps: int
     options: list
+    last_n: int = 100
+    """the episodes whose mean return is the run's score"""
+
+
+def minatar(game: str) -> str:
+    return f"gymnax:{GAMES[game]}"
 
 
 # The order of the runs: PPO on seed 1 of every game, seeds 2 and 3 of Breakout and
 # SpaceInvaders, then the other scripts.
 RUNS = {
-    f"ppo_{game}_s{seed}": Run("cleanba_ppo", "sync", game, seed, 10_000_000, PUREJAXRL_SETTINGS)
+    f"ppo_{game}_s{seed}": Run(
+        "cleanba_ppo", "sync", minatar(game), seed, 10_000_000, PUREJAXRL_SETTINGS
+    )
     for game, seed in [
         ("breakout", 1),
         ("space_invaders", 1),
@@ -89,17 +100,55 @@ RUNS = {
     ]
 }
 RUNS |= {
-    f"impala_{game}_s1": Run("cleanba_impala", "async", game, 1, 10_000_000, [])
+    f"impala_{game}_s1": Run("cleanba_impala", "async", minatar(game), 1, 10_000_000, [])
     for game in ("breakout", "space_invaders")
 }
 RUNS["apex_dqn_breakout_s1"] = Run(
-    "cleanba_apex_dqn", "async", "breakout", 1, 5_000_000, YOUNG_TIAN_REPLAY
+    "cleanba_apex_dqn", "async", minatar("breakout"), 1, 5_000_000, YOUNG_TIAN_REPLAY
 )
-RUNS["gala_gossip_breakout_s1"] = Run("cleanba_gala_a2c", "gossip", "breakout", 1, 10_000_000, [])
+RUNS["gala_gossip_breakout_s1"] = Run(
+    "cleanba_gala_a2c", "gossip", minatar("breakout"), 1, 10_000_000, []
+)
 RUNS["gala_allreduce_breakout_s1"] = Run(
-    "cleanba_gala_a2c", "allreduce", "breakout", 1, 10_000_000, ["--topology", "allreduce"]
+    "cleanba_gala_a2c", "allreduce", minatar("breakout"), 1, 10_000_000, ["--topology", "allreduce"]
 )
-LAST_N = 100
+
+
+def without(options: list[str], *flags: str) -> list[str]:
+    """`options` less the `flags` and their values (which `command_of` sets)."""
+    kept = []
+    skip_value = False
+    for word in options:
+        if skip_value:
+            skip_value = False
+        elif word in flags:
+            skip_value = True
+        else:
+            kept.append(word)
+    return kept
+
+
+# The continuous scripts on Pendulum-v1 at their learning tests' settings (tests/test_learning.py),
+# gymnax's and envpool's side by side: the same task from either source.
+PENDULUM = {
+    "sac": ("cleanba_sac", "async", 20_000, SAC_PENDULUM),
+    "apex_dpg": ("cleanba_apex_dpg", "async", 20_000, APEX_DPG_PENDULUM),
+    "ppo_continuous": ("cleanba_ppo_continuous", "sync", 1_000_000, PPO_CONTINUOUS_PENDULUM),
+}
+RUNS |= {
+    f"{name}_pendulum_{source}_s{seed}": Run(
+        script,
+        mode,
+        env_id,
+        seed,
+        steps,
+        without(options.split(), "--env-id", "--total-timesteps", "--log-frequency"),
+        last_n=20,
+    )
+    for name, (script, mode, steps, options) in PENDULUM.items()
+    for source, env_id in [("gymnax", "gymnax:Pendulum-v1"), ("envpool", "Pendulum-v1")]
+    for seed in (1, 2, 3)
+}
 # Published final returns (see the report for what each environment and budget is).
 PUBLISHED = {
     "Asterix-MinAtar": ("15", "–", "≈ 22–25", "≈ 17 / ≈ 19"),
@@ -114,8 +163,8 @@ def command_of(name: str) -> list[str]:
     run = RUNS[name]
     return [
         f"cleanba/{run.script}.py",
-        *["--env-id", f"gymnax:{GAMES[run.game]}", "--total-timesteps", str(run.steps)],
         *run.options,
+        *["--env-id", run.env_id, "--total-timesteps", str(run.steps)],
         *["--seed", str(run.seed), "--run-name", name, "--checkpoint-every", "100"],
         *["--log-frequency", "50"],
     ]
@@ -131,9 +180,12 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
         logged = read_scalars(run_dir)
         if not len(logged.steps):
             continue
-        env_id = f"gymnax:{GAMES[run.game]}"
+        env_id = run.env_id
         curve = dict(
-            steps=logged.steps, scores=running_mean(logged.values, LAST_N), env_id=env_id, run=run
+            steps=logged.steps,
+            scores=running_mean(logged.values, run.last_n),
+            env_id=env_id,
+            run=run,
         )
         summary_path = run_dir / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
@@ -152,10 +204,11 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
                 sps=int(steps / wall_time_s),
                 wall_time_s=round(wall_time_s),
                 finished=summary is not None,
+                score_episodes=run.last_n,
             )
         )
     with open(out_dir / "learning_minatar_cpu.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[*RUN_COLUMNS, "finished"])
+        writer = csv.DictWriter(f, fieldnames=[*RUN_COLUMNS, "finished", "score_episodes"])
         writer.writeheader()
         writer.writerows(rows)
     games = sorted({r["env_id"] for r in rows})
@@ -171,23 +224,24 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
                     label=f"{run.script.removeprefix('cleanba_')} {run.mode}, seed {run.seed}",
                 )
         ax.set(
-            title=env_id.split(":")[1],
+            title=env_id,
             xlabel="environment steps",
-            ylabel=f"return (mean of last {LAST_N})",
+            ylabel="return (running mean of episodes)",
         )
         ax.legend()
     fig.tight_layout()
     fig.savefig(out_dir / "learning_minatar_cpu.png", dpi=110)
     plt.close(fig)
     table = [
-        f"| script | mode | game | seed | steps | final return (last {LAST_N}) | SPS | "
-        "wall time (min) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| script | mode | environment | seed | steps | final return (mean of the last N "
+        "episodes) | N | SPS | wall time (min) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     table += [
         f"| {r['script']} | {r['mode']} | {r['env_id']} | {r['seed']} "
         f"| {r['steps']:,}{'' if r['finished'] else ' (stopped)'} "
-        f"| {r['final_return']:.1f} | {r['sps']:,} | {r['wall_time_s'] / 60:.0f} |"
+        f"| {r['final_return']:.1f} | {r['score_episodes']} | {r['sps']:,} "
+        f"| {r['wall_time_s'] / 60:.0f} |"
         for r in rows
     ]
     published = [
