@@ -11,7 +11,9 @@ forward pass.
     python benchmark/speed_purejaxrl_cpu.py --purejaxrl /tmp/purejaxrl \
         --purejaxrl-python /tmp/pjvenv/bin/python
 
-Each measurement runs in a process of its own, one at a time. Steps per second leave compilation
+Each measurement runs in a process of its own, one at a time; each program runs --repeats times
+per setting, the two taking turns, and the report gives the median and every run. Steps per second
+leave compilation
 out: PureJaxRL's whole training is one compiled program, compiled first and then timed; Cleanba's
 are measured from the end of its first update to the end of its last (TensorBoard's wall times of
 `charts/SPS`). gymnax 1.0 returns six values from `step`: PureJaxRL's environment is wrapped in
@@ -274,23 +276,46 @@ def main():
     )
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs of each program per setting, taking turns"
+    )
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmark" / "results")
     parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
-    parser.add_argument("--note", default="", help="a paragraph for the report")
+    parser.add_argument(
+        "--note", default="", help="what follows the table: how the machine was shared, analysis"
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write the report again from --out-dir's CSV (another --note), measuring nothing",
+    )
     args = parser.parse_args()
     commit = subprocess.run(
         ["git", "-C", str(args.purejaxrl), "rev-parse", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
+    if args.report_only:
+        with open(args.out_dir / "speed_purejaxrl_cpu.csv", newline="") as f:
+            rows = [
+                dict(row, sps=int(row["sps"]) if row["sps"] else "") for row in csv.DictReader(f)
+            ]
+        args.settings = list(dict.fromkeys(row["setting"] for row in rows))
+        args.repeats = max(int(row["repeat"]) for row in rows if row["repeat"])
+        report(rows, args, commit)
+        return
     rows = []
     for setting in args.settings:
-        print(f"{setting}: PureJaxRL", flush=True)
-        theirs = purejaxrl(args.purejaxrl, args.purejaxrl_python, setting, args.seed)
-        print(f"{setting}: Cleanba PPO", flush=True)
-        ours = cleanba(setting, args.seed)
+        # The two programs take turns, so that a drift of the machine's speed meets both.
+        measurements = []
+        for repeat in range(1, args.repeats + 1):
+            print(f"{setting}: PureJaxRL, run {repeat}", flush=True)
+            theirs = purejaxrl(args.purejaxrl, args.purejaxrl_python, setting, args.seed)
+            measurements.append(("purejaxrl_ppo", repeat, theirs))
+            print(f"{setting}: Cleanba PPO, run {repeat}", flush=True)
+            measurements.append(("cleanba_ppo", repeat, cleanba(setting, args.seed)))
         print(f"{setting}: ceiling", flush=True)
         ceilings = ceiling(setting)
         config = SETTINGS[setting]["config"]
-        for program, measured in (("purejaxrl_ppo", theirs), ("cleanba_ppo", ours)):
+        for program, repeat, measured in measurements:
             rows.append(
                 dict(
                     script=program,
@@ -303,6 +328,7 @@ def main():
                     sps=round(measured["sps"]),
                     wall_time_s=round(measured.get("run_s", measured.get("wall_time_s", 0)), 1),
                     setting=setting,
+                    repeat=repeat,
                     detail=json.dumps({k: round(v, 4) for k, v in measured.items()}),
                 )
             )
@@ -318,50 +344,66 @@ def main():
                 sps="",
                 wall_time_s="",
                 setting=setting,
+                repeat="",
                 detail=json.dumps({k: round(v) for k, v in ceilings.items()}),
             )
         )
-        print(json.dumps(dict(setting=setting, purejaxrl=theirs, cleanba=ours, ceiling=ceilings)))
+        print(json.dumps(dict(setting=setting, measurements=measurements, ceiling=ceilings)))
     args.out_dir.mkdir(parents=True, exist_ok=True)
     with open(args.out_dir / "speed_purejaxrl_cpu.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[*RUN_COLUMNS, "setting", "detail"])
+        writer = csv.DictWriter(f, fieldnames=[*RUN_COLUMNS, "setting", "repeat", "detail"])
         writer.writeheader()
         writer.writerows(rows)
     report(rows, args, commit)
 
 
+def median_run(rows: list) -> dict:
+    """The run of median steps per second (of an odd number; the slower middle one of an even)."""
+    ordered = sorted(rows, key=lambda row: row["sps"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def report(rows, args, commit):
     table = [
-        "| setting | program | steps/s (compile apart) | return at the end | notes |",
-        "|---|---|---|---|---|",
+        "| setting | program | steps/s (compile apart): median of the runs | every run | return "
+        "at the end | notes |",
+        "|---|---|---|---|---|---|",
     ]
     fig, ax = plt.subplots(figsize=(8, 4))
     labels, values = [], []
-    for row in rows:
-        detail = json.loads(row["detail"])
-        if row["script"] == "ceiling":
-            for kind, what in (("random", "random actions"), ("policy", "with the policy")):
-                table.append(
-                    f"| {row['setting']} | environments alone, {what} | {detail[kind]:,} | – "
-                    "| `lax.scan` of the compiled step |"
+    medians = {}
+    for setting in args.settings:
+        for program in ("purejaxrl_ppo", "cleanba_ppo", "ceiling"):
+            runs = [r for r in rows if r["setting"] == setting and r["script"] == program]
+            if program == "ceiling":
+                detail = json.loads(runs[0]["detail"])
+                for kind, what in (("random", "random actions"), ("policy", "with the policy")):
+                    table.append(
+                        f"| {setting} | environments alone, {what} | {detail[kind]:,} | – | – "
+                        "| `lax.scan` of the compiled step |"
+                    )
+                    labels.append(f"{setting}\nceiling ({kind})")
+                    values.append(detail[kind])
+                continue
+            row = median_run(runs)
+            medians[setting, program] = row["sps"]
+            detail = json.loads(row["detail"])
+            if program == "purejaxrl_ppo":
+                notes = f"compile {detail['compile_s']:.1f} s"
+            else:
+                notes = (
+                    f"per update: rollout {detail['rollout_time']:.3f} s, learn "
+                    f"{detail['learn_time']:.3f} s, actor waits for parameters "
+                    f"{detail['param_queue_get_time']:.3f} s; whole run {detail['whole_sps']:,} "
+                    "steps/s"
                 )
-                labels.append(f"{row['setting']}\nceiling ({kind})")
-                values.append(detail[kind])
-            continue
-        if row["script"] == "purejaxrl_ppo":
-            notes = f"compile {detail['compile_s']:.1f} s"
-        else:
-            notes = (
-                f"per update: rollout {detail['rollout_time']:.3f} s, learn "
-                f"{detail['learn_time']:.3f} s, actor waits for parameters "
-                f"{detail['param_queue_get_time']:.3f} s; whole run {detail['whole_sps']:,} steps/s"
+            every = ", ".join(f"{r['sps']:,}" for r in runs)
+            table.append(
+                f"| {setting} | {program} | {row['sps']:,} | {every} | {row['final_return']} "
+                f"| {notes} |"
             )
-        table.append(
-            f"| {row['setting']} | {row['script']} | {row['sps']:,} | {row['final_return']} "
-            f"| {notes} |"
-        )
-        labels.append(f"{row['setting']}\n{row['script']}")
-        values.append(row["sps"])
+            labels.append(f"{setting}\n{program}")
+            values.append(row["sps"])
     ax.barh(labels, values)
     ax.set(xscale="log", xlabel="environment steps per second (log)", title="PPO on 2 CPU cores")
     fig.tight_layout()
@@ -369,9 +411,11 @@ def report(rows, args, commit):
     plt.close(fig)
     ratios = []
     for setting in args.settings:
-        by_program = {r["script"]: r for r in rows if r["setting"] == setting}
-        ratio = by_program["cleanba_ppo"]["sps"] / by_program["purejaxrl_ppo"]["sps"]
-        ratios.append(f"- {setting}: Cleanba PPO at {ratio:.2f}x PureJaxRL's steps per second.")
+        ratio = medians[setting, "cleanba_ppo"] / medians[setting, "purejaxrl_ppo"]
+        ratios.append(
+            f"- {setting}: Cleanba PPO at {ratio:.2f}x PureJaxRL's steps per second (medians of "
+            f"{args.repeats} runs each)."
+        )
     (args.out_dir / "speed_purejaxrl_cpu.md").write_text(
         f"# Cleanba PPO and PureJaxRL side by side on a CPU ({args.date})\n\n"
         f"Machine: {platform.machine()}, 2 CPU cores, Python {platform.python_version()}; "
