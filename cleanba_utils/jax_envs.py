@@ -2,7 +2,9 @@
 `gymnax:Breakout-MinAtar`) and a researcher's own, named by the import path of a class or factory
 (`jax:my_package.my_module:MyEnv`) that returns a `gymnax.environments.environment.Environment` (or
 `(env, params)`). `--env-params NAME=VALUE` sets fields of the environment's parameters (MinAtar's
-`max_steps_in_episode`, Pendulum's `max_torque`).
+`max_steps_in_episode`, Pendulum's `max_torque`), and `sticky_action_prob=P` gives an environment
+with discrete actions sticky actions (`StickyActions`: Young & Tian's MinAtar and Machado et al.'s
+Atari protocol repeat the previous action with a probability, which gymnax's MinAtar does not).
 
 `JaxVectorEnv` plays `num_envs` of them with envpool's conventions, so that every script takes
 them as it takes envpool's environments:
@@ -36,6 +38,80 @@ from cleanba_utils.errors import fail
 ENV_KEY_STREAM = 0x656E76
 """Folded into each environment's key (`jax.random.PRNGKey(seed + i)`), so that its draws never
 coincide with a script's, whose keys start from `PRNGKey(seed)` too."""
+
+
+STICKY_ACTIONS = "sticky_action_prob"
+"""The parameter of `--env-params` that Cleanba adds to every JAX environment with discrete actions
+whose own parameters have no field of that name: the probability that a step repeats the previous
+action (`StickyActions`)."""
+
+
+class StickyState(NamedTuple):
+    inner: Any
+    """the wrapped environment's state"""
+    last_action: Any
+    """the action its last step took (0 after a reset)"""
+
+
+@dataclasses.dataclass(frozen=True)
+class StickyActions:
+    """A gymnax environment whose every step takes, with probability `prob`, the action of the step
+    before instead of the one given (Young & Tian's MinAtar: `sticky_action_prob` 0.1; Machado et
+    al. (2018): 0.25 on Atari), drawn from the step's key. A reset forgets the last action (0)."""
+
+    env: Any
+    prob: float
+
+    @property
+    def default_params(self):
+        return self.env.default_params
+
+    def reset_env(self, key, params):
+        obs, state = self.env.reset_env(key, params)
+        return obs, StickyState(inner=state, last_action=jnp.int32(0))
+
+    def step_env(self, key, state: StickyState, action, params):
+        sticky_key, step_key = jax.random.split(key)
+        repeat = jax.random.uniform(sticky_key) < self.prob
+        action = jnp.where(repeat, state.last_action, action).astype(jnp.int32)
+        obs, inner, reward, done, info = self.env.step_env(step_key, state.inner, action, params)
+        return obs, StickyState(inner=inner, last_action=action), reward, done, info
+
+    def is_truncated(self, state: StickyState, params):
+        is_truncated = getattr(self.env, "is_truncated", None)
+        return jnp.asarray(False) if is_truncated is None else is_truncated(state.inner, params)
+
+    def action_space(self, params=None):
+        return self.env.action_space(params)
+
+    def observation_space(self, params):
+        return self.env.observation_space(params)
+
+
+def with_sticky_actions(env, params, settings: tuple[str, ...], env_id: str):
+    """`(env, settings)`: the environment wrapped in `StickyActions` where `settings` hold
+    `sticky_action_prob=P` (P > 0) and its own parameters no such field, the setting taken out."""
+    own = [field.name for field in dataclasses.fields(params)]
+    sticky = [s for s in settings if s.partition("=")[0] == STICKY_ACTIONS]
+    if STICKY_ACTIONS in own or not sticky:
+        return env, settings
+    text = sticky[-1].partition("=")[2]
+    try:
+        prob = float(text)
+    except ValueError:
+        prob = float("nan")
+    if not 0 <= prob < 1:
+        fail(
+            f"--env-params {sticky[-1]}: {STICKY_ACTIONS} is a probability of repeating the "
+            "previous action, at least 0 and below 1"
+        )
+    if not hasattr(env.action_space(params), "n"):
+        fail(
+            f"--env-params {sticky[-1]}: {env_id} has continuous actions; sticky actions repeat a "
+            "discrete one"
+        )
+    kept = tuple(s for s in settings if s.partition("=")[0] != STICKY_ACTIONS)
+    return (StickyActions(env, prob) if prob > 0 else env), kept
 
 
 class JaxEnv(NamedTuple):
@@ -102,7 +178,7 @@ def with_params(params, settings: tuple[str, ...], env_id: str):
         if name not in names:
             fail(
                 f"--env-params {setting}: {env_id} has no parameter {name}; it has "
-                f"{', '.join(names)}"
+                f"{', '.join(names)}, and {STICKY_ACTIONS} where its actions are discrete"
             )
         try:
             value = _parsed(text, getattr(params, name))
@@ -131,6 +207,7 @@ def load_env(env_id: str, settings: tuple[str, ...] = ()) -> JaxEnv:
         env, params = gymnax.make(name)
     else:
         env, params = _own_env(env_id[len(OWN_JAX_PREFIX) :])
+    env, settings = with_sticky_actions(env, params, tuple(settings), env_id)
     return JaxEnv(env, with_params(params, settings, env_id))
 
 
