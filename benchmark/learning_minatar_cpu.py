@@ -18,11 +18,14 @@ The runs, in order:
   norm 0.5), Sync (policy lag 0), with Young & Tian's (2019) MinAtar network (one 3x3 convolution of
   16 channels, a dense layer of 128: the script's default for small images) where PureJaxRL
   flattens the image into an MLP of 64 x 64.
+- PPO again on every game with MinAtar as Young & Tian (2019) and pgx play it: sticky actions of
+  0.1 (`--env-params sticky_action_prob=0.1`) and no cap on an episode's length.
 - IMPALA, 10M steps on Breakout and SpaceInvaders, the script's defaults (the paper's: 2 x 64
   environments, unrolls of 20, 4 minibatches, RMSProp at 6e-4 annealed; lag 1) with the same
   network.
 - Ape-X DQN, 5M steps on Breakout, Young & Tian's budget (5M frames: MinAtar has no frame skip),
-  the script's defaults (Ape-X's) but its replay: Young & Tian's 100,000 transitions.
+  the script's defaults (Ape-X's) but its replay, Young & Tian's 100,000 transitions, on their
+  environment (sticky actions, no cap).
 - GALA-A2C, 10M steps on Breakout, its defaults (4 agents x 16 environments, 5-step returns), with
   sync gossip (the script's default) and with an all-reduce of the gradients.
 """
@@ -65,6 +68,13 @@ PUREJAXRL_SETTINGS = [
 YOUNG_TIAN_REPLAY = ["--buffer-size", "100000"]
 
 
+def young_tian_env(game: str) -> list[str]:
+    """MinAtar as Young & Tian (2019) played it, and pgx's MinAtar by default: sticky actions of
+    0.1 and no cap on an episode's length (Freeway's 2,500 steps are its game's own end)."""
+    no_cap = [] if game == "freeway" else ["max_steps_in_episode=100000"]
+    return ["--env-params", "sticky_action_prob=0.1", *no_cap]
+
+
 class Run(NamedTuple):
     script: str
     mode: str
@@ -100,11 +110,27 @@ RUNS = {
     ]
 }
 RUNS |= {
+    f"ppo_{game}_sticky_s1": Run(
+        "cleanba_ppo",
+        "sync",
+        minatar(game),
+        1,
+        10_000_000,
+        [*PUREJAXRL_SETTINGS, *young_tian_env(game)],
+    )
+    for game in GAMES
+}
+RUNS |= {
     f"impala_{game}_s1": Run("cleanba_impala", "async", minatar(game), 1, 10_000_000, [])
     for game in ("breakout", "space_invaders")
 }
 RUNS["apex_dqn_breakout_s1"] = Run(
-    "cleanba_apex_dqn", "async", minatar("breakout"), 1, 5_000_000, YOUNG_TIAN_REPLAY
+    "cleanba_apex_dqn",
+    "async",
+    minatar("breakout"),
+    1,
+    5_000_000,
+    [*YOUNG_TIAN_REPLAY, *young_tian_env("breakout")],
 )
 RUNS["gala_gossip_breakout_s1"] = Run(
     "cleanba_gala_a2c", "gossip", minatar("breakout"), 1, 10_000_000, []
