@@ -196,6 +196,67 @@ def command_of(name: str) -> list[str]:
     ]
 
 
+# The published figures that PPO's results compare with at the same environment settings (numbers of
+# `PUBLISHED`): gymnax-blines' and PureJaxRL's on gymnax's MinAtar (no sticky actions, episodes
+# capped), pgx's and Young & Tian's on MinAtar with sticky actions of 0.1 and no cap.
+GYMNAX_SETTINGS = {
+    "Asterix-MinAtar": {"gymnax-blines PPO": 15},
+    "Breakout-MinAtar": {"gymnax-blines PPO": 28, "PureJaxRL PPO": 40},
+    "Freeway-MinAtar": {"gymnax-blines PPO": 58},
+    "Seaquest-MinAtar": {},
+    "SpaceInvaders-MinAtar": {"gymnax-blines PPO": 131, "PureJaxRL PPO": 170},
+}
+STICKY_SETTINGS = {
+    "Asterix-MinAtar": {"pgx PPO (20M)": 22, "Young & Tian AC(λ) (5M)": 19},
+    "Breakout-MinAtar": {"pgx PPO (20M)": 50, "Young & Tian AC(λ) (5M)": 17.5},
+    "Freeway-MinAtar": {"pgx PPO (20M)": 63, "Young & Tian AC(λ) (5M)": 47},
+    "Seaquest-MinAtar": {"pgx PPO (20M)": 54, "Young & Tian AC(λ) (5M)": 16},
+    "SpaceInvaders-MinAtar": {"pgx PPO (20M)": 145, "Young & Tian AC(λ) (5M)": 185},
+}
+YOUNG_TIAN_DQN = {"Breakout-MinAtar": 10}
+
+
+def comparison(rows: list[dict]) -> list[str]:
+    """The written comparison: each finished result beside the published figures of the same
+    environment settings (above or below each), the mean over seeds where there are several."""
+    lines = []
+
+    def finished(script: str, env_id: str, sticky: bool) -> list[float]:
+        return [
+            r["final_return"]
+            for r in rows
+            if r["script"] == script
+            and r["env_id"] == env_id
+            and r["finished"]
+            and r["sticky"] == sticky
+        ]
+
+    def line(what: str, scores: list[float], published: dict) -> str:
+        mean = sum(scores) / len(scores)
+        seeds = f"{len(scores)} seeds" if len(scores) > 1 else "1 seed"
+        beside = "; ".join(
+            f"{'above' if mean >= figure else 'BELOW'} {name}'s {figure}"
+            for name, figure in published.items()
+        )
+        return (
+            f"- {what}: {mean:.1f} ({seeds}): {beside or 'no published figure at these settings'}."
+        )
+
+    for game, published in GYMNAX_SETTINGS.items():
+        scores = finished("cleanba_ppo", f"gymnax:{game}", sticky=False)
+        if scores:
+            lines.append(line(f"PPO, {game}, gymnax's settings", scores, published))
+    for game, published in STICKY_SETTINGS.items():
+        scores = finished("cleanba_ppo", f"gymnax:{game}", sticky=True)
+        if scores:
+            lines.append(line(f"PPO, {game}, sticky actions, no cap", scores, published))
+    for game, figure in YOUNG_TIAN_DQN.items():
+        scores = finished("cleanba_apex_dqn", f"gymnax:{game}", sticky=True)
+        if scores:
+            lines.append(line(f"Ape-X DQN, {game}", scores, {"Young & Tian DQN (5M)": figure}))
+    return lines
+
+
 def report(work_dir: Path, out_dir: Path, date: str, note: str):
     rows = []
     curves = {}
@@ -231,10 +292,13 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
                 wall_time_s=round(wall_time_s),
                 finished=summary is not None,
                 score_episodes=run.last_n,
+                sticky=any(option.startswith("sticky_action_prob=") for option in run.options),
             )
         )
     with open(out_dir / "learning_minatar_cpu.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[*RUN_COLUMNS, "finished", "score_episodes"])
+        writer = csv.DictWriter(
+            f, fieldnames=[*RUN_COLUMNS, "finished", "score_episodes", "sticky"]
+        )
         writer.writeheader()
         writer.writerows(rows)
     games = sorted({r["env_id"] for r in rows})
@@ -289,6 +353,11 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
         + "\n".join(table)
         + (to_come if pending else "")
         + (f"\n\n{note}" if note else "")
+        + "\n\n## Beside the published figures\n\n"
+        "Each finished result beside the published figures of the same environment settings "
+        "(`GYMNAX_SETTINGS`, `STICKY_SETTINGS` and `YOUNG_TIAN_DQN` in the script; pgx's and Young "
+        "& Tian's read from their plots):\n\n"
+        + ("\n".join(comparison(rows)) or "(none finished yet)")
         + "\n\n"
         "## Published figures\n\n" + "\n".join(published) + "\n\n"
         "![MinAtar](learning_minatar_cpu.png)\n"
