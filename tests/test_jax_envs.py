@@ -267,7 +267,18 @@ RESUMED = {
 }
 
 
-@pytest.mark.parametrize("name", list(RESUMED))
+# In the long checks (`-m long`): GALA's four agents' runs cost the README's test command about
+# 30 s of a worker.
+LONG_RESUMES = {"gala_a2c (--concurrency)"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.long) if name in LONG_RESUMES else name
+        for name in RESUMED
+    ],
+)
 def test_a_resumed_run_on_a_jax_environment_is_the_uninterrupted_one(tmp_path, name):
     # The stop falls after update 5 of 8 to 16: within Pendulum's episodes of 200 steps, between
     # Breakout's; the checkpoint holds the environments' state whole.

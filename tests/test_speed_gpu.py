@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from helpers import REPO
 
 # helpers puts benchmark/ on the import path.
@@ -28,6 +29,8 @@ def test_deterministic_ops_are_appended_to_the_users_xla_flags():
     assert speed_gpu.with_deterministic_ops({})["XLA_FLAGS"] == "--xla_gpu_deterministic_ops=true"
 
 
+# In the long checks (`-m long`): its runs cost the README's test command about 65 s of a worker.
+@pytest.mark.long
 def test_small_run_of_every_section(tmp_path):
     result = subprocess.run(
         [
