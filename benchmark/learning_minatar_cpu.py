@@ -360,6 +360,13 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
         + ("\n".join(comparison(rows)) or "(none finished yet)")
         + "\n\n"
         "## Published figures\n\n" + "\n".join(published) + "\n\n"
+        "gymnax-blines' figures are those gymnax 1.0.1's README lists (R: 15, 28, 58, –, 131; "
+        "checked in the installed package's metadata); the others are read from plots "
+        "(PureJaxRL's `examples/brax_minatar.ipynb`, pgx's `examples/minatar-ppo` figures, Young & "
+        "Tian's learning curves) and are approximate. gymnax-blines and PureJaxRL play gymnax's "
+        "MinAtar (no sticky actions, episodes cut at 1,000 steps, Freeway's 2,500); pgx and Young "
+        "& Tian play MinAtar with sticky actions of 0.1 (pgx's MinAtar environments' default) and "
+        "no cap.\n\n"
         "![MinAtar](learning_minatar_cpu.png)\n"
     )
     print((out_dir / "learning_minatar_cpu.md").read_text())
