@@ -32,6 +32,7 @@ from cleanba_utils import (
     compiled_rollout,
     distributed,
     env_records,
+    gymnasium_envs,
     hub,
     jax_envs,
     kept_lag,
@@ -40,7 +41,7 @@ from cleanba_utils import (
 )
 from cleanba_utils.checkpoints import Checkpointing
 from cleanba_utils.devices import first_replica, gathered_rollouts
-from cleanba_utils.env_ids import is_jax_env
+from cleanba_utils.env_ids import is_gymnasium_env, is_jax_env
 from cleanba_utils.envs import envpool_num_threads, is_atari
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
@@ -102,8 +103,10 @@ class Args(RunArgs):
     sampled from π as in training"""
     env_id: str = "Breakout-v5"
     """the environment: an envpool id (Breakout-v5, CartPole-v1), gymnax:<id> for gymnax's JAX
-    environment (gymnax:Breakout-MinAtar, gymnax:CartPole-v1) or jax:<module>:<class> for your own
-    with gymnax's interface (docs/jax_environments.md)"""
+    environment (gymnax:Breakout-MinAtar) or jax:<module>:<class> for your own with gymnax's
+    interface (docs/jax_environments.md), gymnasium:<id> for Gymnasium's (gymnasium:CartPole-v1) or
+    gymnasium:<module>:<class> for your own with Gymnasium's interface
+    (docs/gymnasium_environments.md)"""
     total_timesteps: int = positive(10_000_000)
     """total environment steps (agent steps, not frames) of the run, all agents together"""
     learning_rate: float = non_negative(7e-4)
@@ -313,10 +316,13 @@ def make_env(args: Args, seed: int, num_envs: int):
     """envpool seeds its environment i with `seed + i`. Atari takes the paper's options
     (`GALA_ATARI`), not the Machado et al. (2018) protocol of the other scripts, so that the runs
     compare with the paper's; the logged returns and the evaluation count whole games. A JAX
-    environment (`gymnax:` or `jax:` id) is a `jax_envs.JaxVectorEnv` with --env-params, as
-    `cleanba_utils.envs.make_env` makes it (the paper's Atari options do not apply)."""
+    environment (`gymnax:` or `jax:` id) is a `jax_envs.JaxVectorEnv` with --env-params, and a
+    Gymnasium environment (`gymnasium:` id) a `gymnasium_envs.GymnasiumVectorEnv`, as
+    `cleanba_utils.envs.make_env` makes them (the paper's Atari options do not apply)."""
     if is_jax_env(args.env_id):
         return jax_envs.JaxVectorEnv(args.env_id, args.env_params, seed, num_envs)
+    if is_gymnasium_env(args.env_id):
+        return gymnasium_envs.GymnasiumVectorEnv(args.env_id, seed, num_envs)
     num_threads = envpool_num_threads(
         args.envpool_num_threads, num_envs=num_envs, instances=args.num_agents
     )

@@ -62,8 +62,10 @@ class Args(DeviceArgs):
 
     env_id: str = "Breakout-v5"
     """the environment: an envpool id (Breakout-v5, CartPole-v1), gymnax:<id> for gymnax's JAX
-    environment (gymnax:Breakout-MinAtar, gymnax:CartPole-v1) or jax:<module>:<class> for your own
-    with gymnax's interface (docs/jax_environments.md)"""
+    environment (gymnax:Breakout-MinAtar) or jax:<module>:<class> for your own with gymnax's
+    interface (docs/jax_environments.md), gymnasium:<id> for Gymnasium's (gymnasium:CartPole-v1) or
+    gymnasium:<module>:<class> for your own with Gymnasium's interface
+    (docs/gymnasium_environments.md)"""
     total_timesteps: int = positive(50_000_000)
     """total environment steps (agent steps, not frames) of the run"""
     learning_rate: float = positive(2.5e-4)

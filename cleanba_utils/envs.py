@@ -11,8 +11,8 @@ import envpool
 import jax.numpy as jnp
 import numpy as np
 
-from cleanba_utils import jax_envs
-from cleanba_utils.env_ids import is_jax_env
+from cleanba_utils import gymnasium_envs, jax_envs
+from cleanba_utils.env_ids import is_gymnasium_env, is_jax_env
 
 # gymnasium warns at every start that the CartPole spaces' float64 bounds become float32: nothing
 # for a user to act on.
@@ -36,6 +36,8 @@ def task_spaces(env_id: str, settings: tuple[str, ...] = ()):
     if is_jax_env(env_id):
         env = jax_envs.load_env(env_id, tuple(settings))
         return jax_envs.observation_space(env), jax_envs.action_space(env)
+    if is_gymnasium_env(env_id):
+        return gymnasium_envs.spaces(env_id)
     spec = envpool.make_spec(env_id)
     return spec.observation_space, spec.action_space
 
@@ -48,7 +50,7 @@ def action_space_of(args):
 
 def is_atari(env_id: str) -> bool:
     """envpool's Atari tasks are the ones whose config has sticky actions."""
-    if is_jax_env(env_id):
+    if is_jax_env(env_id) or is_gymnasium_env(env_id):
         return False
     return "repeat_action_probability" in envpool.make_spec(env_id).config._fields
 
@@ -71,9 +73,12 @@ def make_env(args, seed: int, num_envs: int):
     thread's splits (--env-splits, of which one steps at a time) each get that share. Atari
     follows Machado et al. (2018) (`MACHADO_ATARI`); a MuJoCo or dm_control episode ends on
     termination or at the task's time limit (1000 steps), which envpool reports as a truncation.
-    A JAX environment (`gymnax:` or `jax:` id) is a `jax_envs.JaxVectorEnv` with --env-params."""
+    A JAX environment (`gymnax:` or `jax:` id) is a `jax_envs.JaxVectorEnv` with --env-params; a
+    Gymnasium environment (`gymnasium:` id) a `gymnasium_envs.GymnasiumVectorEnv`."""
     if is_jax_env(args.env_id):
         return jax_envs.JaxVectorEnv(args.env_id, args.env_params, seed, num_envs)
+    if is_gymnasium_env(args.env_id):
+        return gymnasium_envs.GymnasiumVectorEnv(args.env_id, seed, num_envs)
     instances = args.num_actor_threads * len(args.actor_device_ids)
     options = MACHADO_ATARI if is_atari(args.env_id) else {}
     return envpool.make(

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from cleanba_utils import run_files
-from cleanba_utils.env_ids import is_jax_env, name_part
+from cleanba_utils.env_ids import is_gymnasium_env, is_jax_env, name_part
 from cleanba_utils.errors import fail
 
 UPLOAD_EVAL_EPISODES = 10
@@ -230,7 +230,11 @@ def model_card(args, card: ModelCard, repo_id: str, spec: dict, results: dict) -
     last_seed = evaluation["first_seed"] + evaluation["episodes"] - 1
     papers = "\n".join(f"- {paper.citation}, {paper.url}" for paper in algorithm.papers)
     papers = papers or "None named by the script."
-    source = "a JAX environment" if is_jax_env(args.env_id) else "envpool"
+    source = "envpool"
+    if is_jax_env(args.env_id):
+        source = "a JAX environment"
+    if is_gymnasium_env(args.env_id):
+        source = "a Gymnasium environment"
     parameters = f", `--env-params {' '.join(args.env_params)}`" if args.env_params else ""
     return f"""# {algorithm.name} playing {args.env_id}
 

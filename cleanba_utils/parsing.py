@@ -13,7 +13,7 @@ import io
 import math
 import os
 
-from cleanba_utils.env_ids import ENV_ID_SCHEME, is_jax_env
+from cleanba_utils.env_ids import ENV_ID_SCHEME, is_gymnasium_env, is_jax_env
 from cleanba_utils.errors import fail
 from cleanba_utils.fields import CHECK, Need
 
@@ -107,13 +107,19 @@ def check_run_options(args):
 
 def check_env_id(args):
     """--env-id names its source (`ENV_ID_SCHEME`): a JAX environment is loaded, its parameters
-    set (--env-params) and its spaces read; an envpool id must be one of envpool's."""
+    set (--env-params) and its spaces read; a Gymnasium environment is made and its spaces read;
+    an envpool id must be one of envpool's."""
     if is_jax_env(args.env_id):
         from cleanba_utils import jax_envs
 
         env = jax_envs.load_env(args.env_id, tuple(args.env_params))
         jax_envs.observation_space(env)
         jax_envs.action_space(env)
+        return
+    if is_gymnasium_env(args.env_id):
+        from cleanba_utils import gymnasium_envs
+
+        gymnasium_envs.spaces(args.env_id)
         return
     import envpool
 
@@ -175,6 +181,13 @@ def check_continuous_actions(args):
     from cleanba_utils.envs import is_continuous
 
     check_env_id(args)
+    if is_gymnasium_env(args.env_id):
+        fail(
+            f"--env-id {args.env_id}: the continuous-control scripts step their environments "
+            "inside a compiled rollout, which a Gymnasium environment cannot enter; train it "
+            "with cleanba/cleanba_ppo.py, cleanba_impala.py, cleanba_apex_dqn.py or "
+            "cleanba_gala_a2c.py (discrete actions), or give an envpool or JAX environment"
+        )
     if not is_continuous(args.env_id):
         fail(
             f"--env-id {args.env_id} has discrete actions and this script acts in continuous "
@@ -187,6 +200,11 @@ def check_discrete_actions(args):
     dm_control) is refused with the script that trains it."""
     from cleanba_utils.envs import is_continuous
 
+    if is_continuous(args.env_id) and is_gymnasium_env(args.env_id):
+        fail(
+            f"--env-id {args.env_id} has continuous actions and this script chooses among discrete "
+            "ones; the continuous-control scripts take envpool's and JAX environments"
+        )
     if is_continuous(args.env_id):
         fail(
             f"--env-id {args.env_id} has continuous actions and this script chooses among discrete "

@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-PACKAGES = ["jax", "jaxlib", "flax", "optax", "rlax", "envpool", "gymnax", "numpy", "tyro"]
+PACKAGES = ["jax", "jaxlib", "flax", "optax", "rlax", "envpool", "gymnax", "gymnasium", "numpy"]
+PACKAGES += ["tyro"]
 MODEL_SUFFIX = ".cleanba_model"
 """the ending of a model file's name (`--save-model`)"""
 

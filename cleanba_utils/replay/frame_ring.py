@@ -1,22 +1,23 @@
 """Observations stored one frame each: a ring of frames per environment, from which a replay
 rebuilds the stacked observations it samples (a stack of k frames stored once, not k times). Only
 envpool's images are stacks of frames (Atari's, channels first); any other observation (a vector, a
-JAX environment's image such as MinAtar's 10x10 channels of features) is stored whole, as one
-frame."""
+JAX environment's image such as MinAtar's 10x10 channels of features, a Gymnasium environment's
+image) is stored whole, as one frame."""
 
 import dataclasses
 
 import numpy as np
 
-from cleanba_utils.env_ids import is_jax_env
+from cleanba_utils.env_ids import is_envpool_env
 from cleanba_utils.envs import task_spaces
 
 
 def stacks_frames(env_id: str) -> bool:
     """Whether the task's observations are stacked frames (frames, height, width): envpool's images
-    (Atari's). A JAX environment stacks none (`jax_envs`): the channels of its image are features
+    (Atari's). A JAX or Gymnasium environment stacks none: the channels of a JAX environment's
+    image are features
     (MinAtar's paddle, ball, trail, bricks), not steps of time."""
-    return not is_jax_env(env_id) and len(task_spaces(env_id)[0].shape) == 3
+    return is_envpool_env(env_id) and len(task_spaces(env_id)[0].shape) == 3
 
 
 def frame_spec(env_id: str):

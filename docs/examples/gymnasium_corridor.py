@@ -1,0 +1,41 @@
+"""A researcher's own Gymnasium environment, as the discrete scripts take it: a class with
+Gymnasium's interface (docs/gymnasium_environments.md). The agent walks a corridor of `length`
+cells towards its far end; reaching it gives reward 1 and ends the episode, which is cut at
+`max_steps` steps.
+
+    PYTHONPATH=docs/examples uv run python cleanba/cleanba_ppo.py \\
+        --env-id gymnasium:gymnasium_corridor:Corridor --hiddens 32 --local-num-envs 8 \\
+        --num-actor-threads 1 --num-steps 32 --total-timesteps 50000
+"""
+
+import gymnasium
+import numpy as np
+
+
+class Corridor(gymnasium.Env):
+    """Actions: 0 steps back, 1 steps forward. Observation: the position, one-hot over the
+    corridor's cells."""
+
+    def __init__(self, length: int = 12, max_steps: int = 50):
+        self.length = length
+        self.max_steps = max_steps
+        self.observation_space = gymnasium.spaces.Box(0.0, 1.0, (length,), np.float32)
+        self.action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        # Seeds `self.np_random` (Cleanba resets environment g with seed + g once, then without a
+        # seed): every draw comes from it, so the run depends on the seed alone.
+        super().reset(seed=seed)
+        self.position = int(self.np_random.integers(0, self.length // 2))
+        self.steps = 0
+        return self.observation(), {}
+
+    def step(self, action):
+        self.position = int(np.clip(self.position + (1 if action == 1 else -1), 0, self.length - 1))
+        self.steps += 1
+        reached = self.position == self.length - 1
+        truncated = self.steps >= self.max_steps and not reached
+        return self.observation(), float(reached), reached, truncated, {}
+
+    def observation(self):
+        return np.eye(self.length, dtype=np.float32)[self.position]

@@ -1,0 +1,208 @@
+"""Gymnasium environments as a source (`--env-id gymnasium:...`): the vector environment against a
+plain loop over single Gymnasium environments (seeds, reset steps, ends, types), images channels
+first, the discrete scripts' runs repeating their fingerprint, and bad ids and spaces refused with
+one line and exit 2."""
+
+import importlib
+
+import gymnasium
+import numpy as np
+import pytest
+from helpers import (
+    PPO_LAYOUT_ATOL,
+    assert_refused,
+    fingerprint_of,
+    load_params,
+    max_abs_difference,
+    run_script,
+)
+
+from cleanba_utils import gymnasium_envs
+
+
+class Blink(gymnasium.Env):
+    """An image environment for the tests (`gymnasium:test_gymnasium_envs:Blink`): a 5x4 RGB image
+    whose pixels are the step count, episodes of 3 steps."""
+
+    observation_space = gymnasium.spaces.Box(0, 255, (5, 4, 3), np.uint8)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.image(), {}
+
+    def image(self):
+        image = np.zeros((5, 4, 3), np.uint8)
+        image[..., 0] = self.t
+        image[0, 0, 1] = 7
+        return image
+
+    def step(self, action):
+        self.t += 1
+        return self.image(), float(action), self.t == 3, False, {}
+
+
+class Listening(gymnasium.Env):
+    """A Dict observation space, which the scripts do not take."""
+
+    observation_space = gymnasium.spaces.Dict({"a": gymnasium.spaces.Discrete(2)})
+    action_space = gymnasium.spaces.Discrete(2)
+
+
+def plain_loop(env_id: str, seed: int, actions) -> list:
+    """One Gymnasium environment stepped by hand, with envpool's reset step after each episode's end
+    (the action ignored, the next episode's first observation, reward 0, no end): (observation
+    acted on, reward, terminated, truncated, is_reset) per step."""
+    env = gymnasium.make(env_id)
+    obs, _ = env.reset(seed=seed)
+    steps = []
+    ended = False
+    for action in actions:
+        if ended:
+            next_obs, _ = env.reset()
+            steps.append((obs, 0.0, False, False, True))
+            ended = False
+        else:
+            next_obs, reward, terminated, truncated, _ = env.step(int(action))
+            steps.append((obs, reward, terminated, truncated, False))
+            ended = terminated or truncated
+        obs = next_obs
+    return steps
+
+
+def test_the_vector_environment_plays_what_a_plain_loop_plays():
+    # CartPole's random episodes end within a few dozen steps: reset steps fall in the 300 steps;
+    # env i is seeded seed + i as envpool's are.
+    seed, num_envs = 7, 3
+    actions = np.random.default_rng(0).integers(0, 2, (300, num_envs))
+    envs = gymnasium_envs.GymnasiumVectorEnv("gymnasium:CartPole-v1", seed, num_envs)
+    obs, info = envs.reset()
+    assert obs.dtype == np.float32 and info["env_id"].tolist() == [0, 1, 2]
+    played = []
+    is_reset = np.zeros(num_envs, bool)
+    for step_actions in actions:
+        envs.send(step_actions)
+        next_obs, rewards, terminations, truncations, _ = envs.recv()
+        assert rewards.dtype == np.float32 and terminations.dtype == bool
+        played.append((obs, rewards, terminations, truncations, is_reset))
+        is_reset = terminations | truncations
+        obs = next_obs
+    for env in range(num_envs):
+        reference = plain_loop("CartPole-v1", seed + env, actions[:, env])
+        for t, (ref, got) in enumerate(zip(reference, played)):
+            np.testing.assert_array_equal(got[0][env], np.float32(ref[0]), err_msg=str(t))
+            assert (got[1][env], got[2][env], got[3][env], got[4][env]) == (
+                np.float32(ref[1]),
+                ref[2],
+                ref[3],
+                ref[4],
+            ), t
+    assert sum(step[4].sum() for step in played) > 10  # reset steps were compared
+
+
+def test_images_come_channels_first_and_keep_their_type():
+    envs = gymnasium_envs.GymnasiumVectorEnv("gymnasium:test_gymnasium_envs:Blink", 0, 2)
+    assert envs.observation_space.shape == (3, 5, 4)
+    assert envs.observation_space.dtype == np.uint8
+    assert envs.action_space == gymnasium.spaces.Discrete(2, dtype=np.int32)
+    obs, _ = envs.reset()
+    assert obs.shape == (2, 3, 5, 4) and obs.dtype == np.uint8
+    obs = envs.step(np.array([1, 0]))[0]
+    assert (obs[:, 0] == 1).all() and (obs[:, 1, 0, 0] == 7).all() and (obs[:, 1, 1:] == 0).all()
+
+
+@pytest.mark.parametrize(
+    "script, args, message",
+    [
+        ("cleanba_ppo", ["--env-id", "gymnasium:NoSuchGame-v0"], "Gymnasium cannot make it"),
+        ("cleanba_ppo", ["--env-id", "gymnasium:no_such_module:Env"], "cannot import"),
+        ("cleanba_ppo", ["--env-id", "gymnasium:json:JSONDecoder"], "not a gymnasium.Env"),
+        (
+            "cleanba_ppo",
+            ["--env-id", "gymnasium:test_gymnasium_envs:Listening"],
+            "FlattenObservation",
+        ),
+        ("cleanba_ppo", ["--env-id", "gymnasium:Pendulum-v1"], "has continuous actions"),
+        ("cleanba_sac", ["--env-id", "gymnasium:Pendulum-v1"], "cannot enter"),
+        ("cleanba_apex_dpg", ["--env-id", "gymnasium:Pendulum-v1"], "cannot enter"),
+    ],
+)
+def test_bad_ids_and_spaces_are_one_line_and_exit_2(capsys, script, args, message):
+    assert_refused(importlib.import_module(f"cleanba.{script}"), args, message, capsys)
+
+
+SMALL = {
+    "cleanba_ppo.py": [
+        *["--hiddens", "16", "--local-num-envs", "4", "--num-actor-threads", "1"],
+        *["--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2"],
+        *["--total-timesteps", "1024"],
+    ],
+    "cleanba_impala.py": [
+        *["--hiddens", "16", "--local-num-envs", "4", "--num-actor-threads", "1"],
+        *["--num-steps", "16", "--num-minibatches", "2", "--total-timesteps", "1024"],
+    ],
+    "cleanba_apex_dqn.py": [
+        *["--hiddens", "16", "16", "--local-num-envs", "4", "--num-steps", "8"],
+        *["--total-timesteps", "2048", "--learning-starts", "256", "--batch-size", "32"],
+        *["--updates-per-rollout", "2", "--buffer-size", "4096"],
+    ],
+    "cleanba_gala_a2c.py": [
+        *["--hiddens", "16", "--local-num-envs", "2", "--num-steps", "4"],
+        *["--total-timesteps", "320"],
+    ],
+}
+
+
+# In the long checks (`-m long`): eight runs cost the README's test command about a minute.
+@pytest.mark.long
+@pytest.mark.parametrize("script", list(SMALL))
+def test_a_discrete_script_on_gymnasium_repeats_its_fingerprint(tmp_path, script):
+    fingerprints = []
+    for run in range(2):
+        result = run_script(
+            script,
+            ["--env-id", "gymnasium:CartPole-v1", *SMALL[script], "--run-name", f"run{run}"],
+            tmp_path,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        fingerprints.append(fingerprint_of(result))
+    assert fingerprints[0] == fingerprints[1]
+
+
+GYMNASIUM_LAYOUTS = {
+    "one_learner": ["--local-num-envs", 8, "--num-actor-threads", 1, "--learner-device-ids", 1],
+    "two_learners": ["--local-num-envs", 8, "--num-actor-threads", 1, "--learner-device-ids", 1, 2],
+    "two_threads": ["--local-num-envs", 4, "--num-actor-threads", 2, "--learner-device-ids", 1],
+}
+
+
+# In the long checks (`-m long`): its runs cost the README's test command about 20 s.
+@pytest.mark.long
+def test_a_layout_changes_a_gymnasium_environments_run_by_rounding_only(tmp_path):
+    # Environment g is reset with seed + g whatever the thread that steps it: the same data, and
+    # parameters equal up to the sums' rounding (PPO_LAYOUT_ATOL, as on envpool).
+    params = {}
+    for name, layout in GYMNASIUM_LAYOUTS.items():
+        args = [
+            *["--env-id", "gymnasium:CartPole-v1", "--hiddens", "16", "--num-steps", "16"],
+            *["--num-minibatches", "2", "--update-epochs", "2", "--total-timesteps", "768"],
+            *["--concurrency", "--save-model", "--actor-device-ids", "0", *layout],
+            *["--run-name", name],
+        ]
+        result = run_script("cleanba_ppo.py", args, tmp_path, devices=4)
+        assert result.returncode == 0, result.stderr[-3000:]
+        params[name] = load_params(tmp_path / "runs" / name / "cleanba_ppo.cleanba_model")
+    for name in ("two_learners", "two_threads"):
+        assert max_abs_difference(params["one_learner"], params[name]) < PPO_LAYOUT_ATOL
+    # Another seed's parameters differ by far more: the tolerance tells a layout from another run.
+    args = [
+        *["--env-id", "gymnasium:CartPole-v1", "--hiddens", "16", "--num-steps", "16"],
+        *["--num-minibatches", "2", "--update-epochs", "2", "--total-timesteps", "768"],
+        *["--concurrency", "--save-model", "--actor-device-ids", "0"],
+        *[*GYMNASIUM_LAYOUTS["one_learner"], "--seed", "2", "--run-name", "seed2"],
+    ]
+    result = run_script("cleanba_ppo.py", args, tmp_path, devices=4)
+    assert result.returncode == 0, result.stderr[-3000:]
+    other_seed = load_params(tmp_path / "runs" / "seed2" / "cleanba_ppo.cleanba_model")
+    assert max_abs_difference(params["one_learner"], other_seed) > 100 * PPO_LAYOUT_ATOL
