@@ -14,20 +14,25 @@ envpool's:
   envpool's reset step, taken as it is;
 - termination and truncation (a `TimeLimit`) as the environment gives them;
 - observations float32 (uint8 images stay uint8), images (height, width, channels) channels first
-  as envpool's Atari frames are; rewards float32; discrete actions int32."""
+  as envpool's Atari frames are; rewards float32; discrete actions int32.
+
+A researcher's own class is checked first by Gymnasium's `env_checker`."""
 
 import functools
 import importlib
+import warnings
 
 import gymnasium
 import numpy as np
+from gymnasium.utils.env_checker import check_env
 
 from cleanba_utils.env_ids import GYMNASIUM_PREFIX
 from cleanba_utils.errors import fail
 
 
-def _factory(env_id: str):
-    """A function that makes one environment of the id (one line and exit 2 where it cannot)."""
+def _own_factory(env_id: str):
+    """The class or factory a `gymnasium:<module>:<name>` id names, or None where the id is one for
+    `gymnasium.make` (one line and exit 2 where the module does not import)."""
     name = env_id[len(GYMNASIUM_PREFIX) :]
     module_name, colon, attribute = name.partition(":")
     if colon:
@@ -41,7 +46,14 @@ def _factory(env_id: str):
         own = getattr(module, attribute, None)
         if callable(own) and not isinstance(own, str):
             return own
-    return lambda: gymnasium.make(name)
+    return None
+
+
+def _factory(env_id: str):
+    """A function that makes one environment of the id."""
+    own = _own_factory(env_id)
+    name = env_id[len(GYMNASIUM_PREFIX) :]
+    return own if own is not None else lambda: gymnasium.make(name)
 
 
 def _made(env_id: str):
@@ -93,12 +105,28 @@ def spaces(env_id: str) -> tuple[gymnasium.Space, gymnasium.Space]:
     an id Gymnasium cannot make or spaces the scripts cannot take."""
     env = _made(env_id)
     try:
-        return (
+        taken = (
             _observation_space(env.observation_space, env_id),
             _action_space(env.action_space, env_id),
         )
     finally:
         env.close()
+    if _own_factory(env_id) is not None:
+        # A researcher's own class then meets Gymnasium's checker (its seeding, the types its reset
+        # and step return); what it finds, or an error of the class's own, is one line.
+        env = _made(env_id)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                check_env(env, skip_render_check=True)
+        except Exception as error:
+            fail(
+                f"--env-id {env_id} fails Gymnasium's environment checker: "
+                f"{type(error).__name__}: {error}"
+            )
+        finally:
+            env.close()
+    return taken
 
 
 def _boundary_obs(obs, space: gymnasium.Space):
