@@ -489,6 +489,8 @@ MINATAR_TINY = [
 ]
 
 
+# In the long checks (`-m long`): its runs cost the README's test command about 20 s.
+@pytest.mark.long
 def test_minatar_in_the_compiled_rollout_repeats_its_fingerprint(tmp_path):
     # A JAX environment's actor plays in one compiled program and its replay stores whole float
     # images; the same seed gives the same run.

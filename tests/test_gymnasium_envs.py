@@ -210,6 +210,8 @@ def test_a_layout_changes_a_gymnasium_environments_run_by_rounding_only(tmp_path
     assert max_abs_difference(params["one_learner"], other_seed) > 100 * PPO_LAYOUT_ATOL
 
 
+# In the long checks (`-m long`): its run costs the README's test command about 15 s.
+@pytest.mark.long
 def test_the_worked_example_of_a_researchers_own_gymnasium_environment_learns(tmp_path):
     """docs/gymnasium_environments.md's command on docs/examples/gymnasium_corridor.py, shortened to
     20k steps: the mean length of the last 100 episodes (from the first half of a corridor of 12

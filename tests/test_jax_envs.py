@@ -267,9 +267,9 @@ RESUMED = {
 }
 
 
-# In the long checks (`-m long`): GALA's four agents' runs cost the README's test command about
-# 30 s of a worker.
-LONG_RESUMES = {"gala_a2c (--concurrency)"}
+# In the long checks (`-m long`): GALA's four agents' runs and Ape-X DQN's cost the README's test
+# command about 30 s of a worker.
+LONG_RESUMES = {"gala_a2c (--concurrency)", "apex_dqn --concurrency"}
 
 
 @pytest.mark.parametrize(

@@ -90,7 +90,18 @@ def start_processes(script: str, args: list, cwd, num_processes: int = 2) -> lis
     ]
 
 
-@pytest.mark.parametrize("script", MULTI_PROCESS_SCRIPTS)
+# In the long checks (`-m long`): SAC's and Ape-X DPG's runs cost the README's test command about
+# 55 s of a worker (the SLURM tests run the continuous scripts across two nodes in it).
+LONG_SCALE_OUT = {"cleanba_sac.py", "cleanba_apex_dpg.py"}
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param(script, marks=[pytest.mark.long] if script in LONG_SCALE_OUT else [])
+        for script in MULTI_PROCESS_SCRIPTS
+    ],
+)
 def test_two_processes_match_one_process_with_two_learner_devices(tmp_path, script):
     tiny, layout_atol = MULTI_PROCESS_SCRIPTS[script]
     start = time.time()
