@@ -250,6 +250,23 @@ def comparison(rows: list[dict]) -> list[str]:
         scores = finished("cleanba_ppo", f"gymnax:{game}", sticky=True)
         if scores:
             lines.append(line(f"PPO, {game}, sticky actions, no cap", scores, published))
+    for script, _, _, _ in PENDULUM.values():
+        by_source = {
+            source: [
+                r["final_return"]
+                for r in rows
+                if r["script"] == script and r["env_id"] == env_id and r["finished"]
+            ]
+            for source, env_id in [("gymnax", "gymnax:Pendulum-v1"), ("envpool", "Pendulum-v1")]
+        }
+        if all(by_source.values()):
+            means = {source: sum(v) / len(v) for source, v in by_source.items()}
+            lines.append(
+                f"- {script}, Pendulum-v1: gymnax's {means['gymnax']:.1f} "
+                f"({len(by_source['gymnax'])} seeds), envpool's {means['envpool']:.1f} "
+                f"({len(by_source['envpool'])} seeds): the same task from either source (a learned "
+                "policy scores about -150 to -200, a random one about -1,200)."
+            )
     for game, figure in YOUNG_TIAN_DQN.items():
         scores = finished("cleanba_apex_dqn", f"gymnax:{game}", sticky=True)
         if scores:
