@@ -378,3 +378,27 @@ def launch(cwd, *args, env=None, timeout=600):
         text=True,
         timeout=timeout,
     )
+
+
+# PPO's layouts of a run on 4 host devices: one learner device, two, and two actor threads.
+PPO_LAYOUTS = {
+    "one_learner": ["--local-num-envs", 8, "--num-actor-threads", 1, "--learner-device-ids", 1],
+    "two_learners": ["--local-num-envs", 8, "--num-actor-threads", 1, "--learner-device-ids", 1, 2],
+    "two_threads": ["--local-num-envs", 4, "--num-actor-threads", 2, "--learner-device-ids", 1],
+}
+
+
+def ppo_params_by_layout(tmp_path, args: list, layouts: dict) -> dict:
+    """PPO's final parameters after `args` (with --concurrency and actors on device 0) in each of
+    `layouts` ({run name: layout options}), on 4 host devices."""
+    params = {}
+    for name, layout in layouts.items():
+        argv = [
+            *args,
+            *["--concurrency", "--save-model", "--actor-device-ids", "0", *layout],
+            *["--run-name", name],
+        ]
+        result = run_script("cleanba_ppo.py", argv, tmp_path, devices=4)
+        assert result.returncode == 0, result.stderr[-3000:]
+        params[name] = load_params(tmp_path / "runs" / name / "cleanba_ppo.cleanba_model")
+    return params

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 from helpers import (
     PPO_LAYOUT_ATOL,
+    PPO_LAYOUTS,
     REPO,
     assert_refused,
     fingerprint_of,
-    load_params,
     max_abs_difference,
+    ppo_params_by_layout,
     run_script,
     scalars,
 )
@@ -172,41 +173,21 @@ def test_a_discrete_script_on_gymnasium_repeats_its_fingerprint(tmp_path, script
     assert fingerprints[0] == fingerprints[1]
 
 
-GYMNASIUM_LAYOUTS = {
-    "one_learner": ["--local-num-envs", 8, "--num-actor-threads", 1, "--learner-device-ids", 1],
-    "two_learners": ["--local-num-envs", 8, "--num-actor-threads", 1, "--learner-device-ids", 1, 2],
-    "two_threads": ["--local-num-envs", 4, "--num-actor-threads", 2, "--learner-device-ids", 1],
-}
-
-
 # In the long checks (`-m long`): its runs cost the README's test command about 20 s.
 @pytest.mark.long
 def test_a_layout_changes_a_gymnasium_environments_run_by_rounding_only(tmp_path):
     # Environment g is reset with seed + g whatever the thread that steps it: the same data, and
     # parameters equal up to the sums' rounding (PPO_LAYOUT_ATOL, as on envpool).
-    params = {}
-    for name, layout in GYMNASIUM_LAYOUTS.items():
-        args = [
-            *["--env-id", "gymnasium:CartPole-v1", "--hiddens", "16", "--num-steps", "16"],
-            *["--num-minibatches", "2", "--update-epochs", "2", "--total-timesteps", "768"],
-            *["--concurrency", "--save-model", "--actor-device-ids", "0", *layout],
-            *["--run-name", name],
-        ]
-        result = run_script("cleanba_ppo.py", args, tmp_path, devices=4)
-        assert result.returncode == 0, result.stderr[-3000:]
-        params[name] = load_params(tmp_path / "runs" / name / "cleanba_ppo.cleanba_model")
-    for name in ("two_learners", "two_threads"):
-        assert max_abs_difference(params["one_learner"], params[name]) < PPO_LAYOUT_ATOL
-    # Another seed's parameters differ by far more: the tolerance tells a layout from another run.
     args = [
         *["--env-id", "gymnasium:CartPole-v1", "--hiddens", "16", "--num-steps", "16"],
         *["--num-minibatches", "2", "--update-epochs", "2", "--total-timesteps", "768"],
-        *["--concurrency", "--save-model", "--actor-device-ids", "0"],
-        *[*GYMNASIUM_LAYOUTS["one_learner"], "--seed", "2", "--run-name", "seed2"],
     ]
-    result = run_script("cleanba_ppo.py", args, tmp_path, devices=4)
-    assert result.returncode == 0, result.stderr[-3000:]
-    other_seed = load_params(tmp_path / "runs" / "seed2" / "cleanba_ppo.cleanba_model")
+    params = ppo_params_by_layout(tmp_path, args, PPO_LAYOUTS)
+    for name in ("two_learners", "two_threads"):
+        assert max_abs_difference(params["one_learner"], params[name]) < PPO_LAYOUT_ATOL
+    # Another seed's parameters differ by far more: the tolerance tells a layout from another run.
+    seed2 = {"seed2": [*PPO_LAYOUTS["one_learner"], "--seed", "2"]}
+    other_seed = ppo_params_by_layout(tmp_path, args, seed2)["seed2"]
     assert max_abs_difference(params["one_learner"], other_seed) > 100 * PPO_LAYOUT_ATOL
 
 

@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 from helpers import (
     PPO_LAYOUT_ATOL,
+    PPO_LAYOUTS,
     REPO,
     assert_refused,
     fingerprint_of,
-    load_params,
     max_abs_difference,
+    ppo_params_by_layout,
     run_script,
     scalars,
 )
@@ -345,28 +346,16 @@ def test_the_worked_example_of_a_researchers_own_environment_learns(tmp_path):
     assert np.mean(lengths[-100:]) < 25
 
 
-MINATAR_LAYOUTS = {
-    "one_learner": ["--local-num-envs", 8, "--num-actor-threads", 1, "--learner-device-ids", 1],
-    "two_learners": ["--local-num-envs", 8, "--num-actor-threads", 1, "--learner-device-ids", 1, 2],
-    "two_threads": ["--local-num-envs", 4, "--num-actor-threads", 2, "--learner-device-ids", 1],
-}
-
-
 # In the long checks (`-m long`): its runs cost the README's test command about 20 s.
 @pytest.mark.long
 def test_a_layout_changes_a_jax_environments_run_by_rounding_only(tmp_path):
     # Environment g's keys are (seed + g, step) whatever the thread or device that steps it: the
     # same data, and parameters equal up to the sums' rounding (PPO_LAYOUT_ATOL, as on envpool).
-    params = {}
-    for name, layout in MINATAR_LAYOUTS.items():
-        args = [
-            *["--env-id", "gymnax:Breakout-MinAtar", "--num-steps", "16", "--concurrency"],
-            *["--num-minibatches", "2", "--update-epochs", "2", "--total-timesteps", "384"],
-            *["--save-model", "--actor-device-ids", "0", *layout, "--run-name", name],
-        ]
-        result = run_script("cleanba_ppo.py", args, tmp_path, devices=4)
-        assert result.returncode == 0, result.stderr[-3000:]
-        params[name] = load_params(tmp_path / "runs" / name / "cleanba_ppo.cleanba_model")
+    args = [
+        *["--env-id", "gymnax:Breakout-MinAtar", "--num-steps", "16"],
+        *["--num-minibatches", "2", "--update-epochs", "2", "--total-timesteps", "384"],
+    ]
+    params = ppo_params_by_layout(tmp_path, args, PPO_LAYOUTS)
     for name in ("two_learners", "two_threads"):
         assert max_abs_difference(params["one_learner"], params[name]) < PPO_LAYOUT_ATOL
 
