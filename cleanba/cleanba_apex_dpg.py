@@ -27,7 +27,15 @@ import optax
 from flax import struct
 from flax.training.train_state import TrainState
 
-from cleanba_utils import compiled_rollout, distributed, handoff, hub, kept_lag, parsing
+from cleanba_utils import (
+    compiled_rollout,
+    distributed,
+    handoff,
+    hub,
+    kept_lag,
+    parsing,
+    split_envs,
+)
 from cleanba_utils.devices import (
     first_replica,
     gathered_rollouts,
@@ -35,6 +43,7 @@ from cleanba_utils.devices import (
     local_shares,
     replicate,
 )
+from cleanba_utils.env_ids import is_gymnasium_env
 from cleanba_utils.env_records import EnvRecord
 from cleanba_utils.envs import action_space_of, flat_observation, make_env, observation_size
 from cleanba_utils.errors import fail
@@ -402,7 +411,12 @@ def actor_thread(
     noise_stds = functools.partial(
         noise_stds_of, num_envs=sizes.num_envs, std=args.noise_std, alpha=args.noise_alpha
     )
-    envs = compiled_rollout.start(
+    # Gymnasium's environments step in Python beside the policy (`split_envs`), keeping their
+    # record for the checkpoint; envpool's and JAX environments step with it in one program.
+    start_rollout = compiled_rollout.start
+    if is_gymnasium_env(args.env_id):
+        start_rollout = functools.partial(split_envs.start_splits, keep_record=True)
+    envs = start_rollout(
         make_env,
         args,
         run=run,

@@ -43,8 +43,9 @@ import optax
 import rlax
 from flax.training.train_state import TrainState
 
-from cleanba_utils import compiled_rollout, distributed, hub, kept_lag, parsing
+from cleanba_utils import compiled_rollout, distributed, hub, kept_lag, parsing, split_envs
 from cleanba_utils.devices import first_replica, gathered_rollouts, learner_sharding, replicate
+from cleanba_utils.env_ids import is_gymnasium_env
 from cleanba_utils.env_records import EnvRecord
 from cleanba_utils.envs import action_space_of, flat_observation, make_env
 from cleanba_utils.errors import fail
@@ -400,7 +401,12 @@ def actor_thread(
         discounted_return = np.array(discounted_returns[own_envs])
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
     action_space = action_space_of(args)
-    envs = compiled_rollout.start(
+    # Gymnasium's environments step in Python beside the policy (`split_envs`), keeping their
+    # record for the checkpoint; envpool's and JAX environments step with it in one program.
+    start_rollout = compiled_rollout.start
+    if is_gymnasium_env(args.env_id):
+        start_rollout = functools.partial(split_envs.start_splits, keep_record=True)
+    envs = start_rollout(
         make_env,
         args,
         run=run,

@@ -33,8 +33,10 @@ from cleanba_utils import (
     hub,
     kept_lag,
     parsing,
+    split_envs,
 )
 from cleanba_utils.devices import first_replica, gathered_rollouts, local_shares, replicate
+from cleanba_utils.env_ids import is_gymnasium_env
 from cleanba_utils.env_records import EnvRecord
 from cleanba_utils.envs import action_space_of, flat_observation, make_env, observation_size
 from cleanba_utils.errors import fail
@@ -348,7 +350,12 @@ def actor_thread(
     run). Update u's rollout is played by parameters version u - 1, or u - 2 with --concurrency
     (`actor_fetches_params`)."""
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
-    envs = compiled_rollout.start(
+    # Gymnasium's environments step in Python beside the policy (`split_envs`), keeping their
+    # record for the checkpoint; envpool's and JAX environments step with it in one program.
+    start_rollout = compiled_rollout.start
+    if is_gymnasium_env(args.env_id):
+        start_rollout = functools.partial(split_envs.start_splits, keep_record=True)
+    envs = start_rollout(
         make_env,
         args,
         run=run,

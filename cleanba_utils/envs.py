@@ -74,11 +74,14 @@ def make_env(args, seed: int, num_envs: int):
     follows Machado et al. (2018) (`MACHADO_ATARI`); a MuJoCo or dm_control episode ends on
     termination or at the task's time limit (1000 steps), which envpool reports as a truncation.
     A JAX environment (`gymnax:` or `jax:` id) is a `jax_envs.JaxVectorEnv` with --env-params; a
-    Gymnasium environment (`gymnasium:` id) a `gymnasium_envs.GymnasiumVectorEnv`."""
+    Gymnasium environment (`gymnasium:` id) a `gymnasium_envs.GymnasiumVectorEnv` in
+    --vectorization-mode."""
     if is_jax_env(args.env_id):
         return jax_envs.JaxVectorEnv(args.env_id, args.env_params, seed, num_envs)
     if is_gymnasium_env(args.env_id):
-        return gymnasium_envs.GymnasiumVectorEnv(args.env_id, seed, num_envs)
+        return gymnasium_envs.GymnasiumVectorEnv(
+            args.env_id, seed, num_envs, args.vectorization_mode
+        )
     instances = args.num_actor_threads * len(args.actor_device_ids)
     options = MACHADO_ATARI if is_atari(args.env_id) else {}
     return envpool.make(

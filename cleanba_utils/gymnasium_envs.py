@@ -3,10 +3,11 @@
 imports the module registering it) or a researcher's own environment class or factory with
 Gymnasium's interface, named by its import path (`gymnasium:my_package.envs:MyEnv`).
 
-`GymnasiumVectorEnv` plays `num_envs` of them, stepped one after another in this process
-(Gymnasium's `SyncVectorEnv`), with envpool's interface and conventions, so that the scripts whose
-actors step their environments in Python (PPO, IMPALA, Ape-X DQN, GALA-A2C) take them as they take
-envpool's:
+`GymnasiumVectorEnv` plays `num_envs` of them with envpool's interface and conventions, so that
+the actors step them in Python as they step envpool's (`split_envs`): one after another in this
+process (Gymnasium's `SyncVectorEnv`, `--vectorization-mode sync`) or each in a worker process of
+its own (`AsyncVectorEnv`, `async`; the workers started by forkserver, never fork, beside JAX's
+threads, so a researcher's class must be importable by its module's name). Its conventions:
 - environment i of an instance made with seed s is reset with seed s + i, as envpool seeds its
   environment i: the run's environment g is the same whatever the layout;
 - an episode's end is followed by a reset step, which ignores the action and returns the next
@@ -16,7 +17,11 @@ envpool's:
 - observations float32 (uint8 images stay uint8), images (height, width, channels) channels first
   as envpool's Atari frames are; rewards float32; discrete actions int32.
 
-A researcher's own class is checked first by Gymnasium's `env_checker`."""
+A researcher's own class is checked first by Gymnasium's `env_checker`.
+
+Environments whose steps are deterministic given their actions (Gymnasium's MuJoCo tasks) can be
+brought back to where a checkpoint left them as envpool's MuJoCo tasks are (`env_records`): made
+with the same seeds, reset as often, their current episode's actions replayed (`restore`)."""
 
 import functools
 import importlib
@@ -50,10 +55,10 @@ def _own_factory(env_id: str):
 
 
 def _factory(env_id: str):
-    """A function that makes one environment of the id."""
+    """A function that makes one environment of the id (picklable, for worker processes)."""
     own = _own_factory(env_id)
     name = env_id[len(GYMNASIUM_PREFIX) :]
-    return own if own is not None else lambda: gymnasium.make(name)
+    return own if own is not None else functools.partial(gymnasium.make, name)
 
 
 def _made(env_id: str):
@@ -129,6 +134,68 @@ def spaces(env_id: str) -> tuple[gymnasium.Space, gymnasium.Space]:
     return taken
 
 
+@functools.cache
+def episode_cap(env_id: str) -> int | None:
+    """The environment's time limit (its spec's `max_episode_steps`: a registered id's, or one your
+    factory makes with `gymnasium.make`), or None where it has none."""
+    env = _made(env_id)
+    try:
+        return env.spec.max_episode_steps if env.spec is not None else None
+    finally:
+        env.close()
+
+
+REPLAYED_REWARDS = "cleanba_replayed_rewards"
+REPLAYED_END = "cleanba_replayed_end"
+
+
+class _BroughtBack(gymnasium.Wrapper):
+    """An environment that its first reset (the one with the run's seed) brings to where a record
+    left it: `resets` resets more, then its current episode's `actions` replayed. That reset's info
+    holds the replayed rewards (`REPLAYED_REWARDS`) and whether the last replayed step ended the
+    episode (`REPLAYED_END`); if it did, the next step is a reset step, as the vector environment's
+    autoreset would have made it."""
+
+    def __init__(self, env, resets: int, actions: np.ndarray):
+        super().__init__(env)
+        self._resets = resets
+        self._actions = actions
+        self._brought_back = False
+        self._reset_next = False
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        if self._brought_back:
+            return obs, info
+        self._brought_back = True
+        for _ in range(self._resets):
+            obs, info = self.env.reset()
+        rewards = []
+        ended = False
+        for action in self._actions:
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            rewards.append(reward)
+            ended = terminated or truncated
+        self._reset_next = ended
+        # A tuple: the vector environment gathers it in an array of objects (an array it would
+        # take for one of a shape that every environment shares).
+        return obs, {**info, REPLAYED_REWARDS: tuple(rewards), REPLAYED_END: ended}
+
+    def step(self, action):
+        if self._reset_next:
+            self._reset_next = False
+            obs, info = self.env.reset()
+            return obs, 0.0, False, False, info
+        return self.env.step(action)
+
+
+def _brought_back(factory, resets: int, actions: np.ndarray):
+    return _BroughtBack(factory(), resets, actions)
+
+
+VECTORIZATION_MODES = ("sync", "async")
+
+
 def _boundary_obs(obs, space: gymnasium.Space):
     obs = np.asarray(obs)
     if obs.ndim == 4:
@@ -136,42 +203,84 @@ def _boundary_obs(obs, space: gymnasium.Space):
     return np.ascontiguousarray(obs, space.dtype)
 
 
+def _vector_env(factories: list, mode: str):
+    """Gymnasium's vector environment of `factories` in `mode`, its autoreset envpool's reset
+    step."""
+    if mode == "sync":
+        return gymnasium.vector.SyncVectorEnv(
+            factories, autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP
+        )
+    # forkserver: a worker never inherits the threads (JAX's, the actors') of the process that
+    # starts it, whose locks a forked child could find held.
+    return gymnasium.vector.AsyncVectorEnv(
+        factories, autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP, context="forkserver"
+    )
+
+
 class GymnasiumVectorEnv:
     """`num_envs` environments of a `gymnasium:` id with envpool's interface (`reset`, `step`,
     `send`/`recv`, `action_space`, `observation_space`, `close`), environment i reset with seed
-    `seed + i`."""
+    `seed + i`, stepped in this process (`mode` "sync") or in worker processes ("async")."""
 
-    def __init__(self, env_id: str, seed: int, num_envs: int):
+    def __init__(self, env_id: str, seed: int, num_envs: int, mode: str = "sync"):
         self.observation_space, self.action_space = spaces(env_id)
-        factory = _factory(env_id)
-        self.envs = gymnasium.vector.SyncVectorEnv(
-            [factory] * num_envs, autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP
-        )
+        self.factory = _factory(env_id)
+        self.mode = mode
+        self.envs = _vector_env([self.factory] * num_envs, mode)
         self.num_envs = num_envs
         self.seed = seed
         self.env_ids = np.arange(num_envs, dtype=np.int32)
         self._sent = None
 
+    def restore(self, resets: np.ndarray, episode_actions: list[np.ndarray]):
+        """Makes the environments anew and brings environment i to where a record left it: reset
+        with seed `seed + i`, then `resets[i]` times more, then `episode_actions[i]` replayed.
+        Returns (observations, ended: the environments whose next step is a reset step, and per
+        environment the replayed rewards)."""
+        self.envs.close()
+        self.envs = _vector_env(
+            [
+                functools.partial(_brought_back, self.factory, int(count), actions)
+                for count, actions in zip(resets, episode_actions)
+            ],
+            self.mode,
+        )
+        obs, info = self.envs.reset(seed=self.seed)
+        ended = np.asarray(info[REPLAYED_END], bool)
+        rewards = [np.asarray(replayed, np.float32) for replayed in info[REPLAYED_REWARDS]]
+        return _boundary_obs(obs, self.observation_space), ended, rewards
+
     def reset(self):
         obs, _ = self.envs.reset(seed=self.seed)
         return _boundary_obs(obs, self.observation_space), {"env_id": self.env_ids.copy()}
 
-    def step(self, actions):
-        actions = np.asarray(actions).astype(self.envs.single_action_space.dtype)
-        obs, rewards, terminations, truncations, _ = self.envs.step(actions)
-        info = {"env_id": self.env_ids.copy()}
+    def _taken(self, stepped):
+        obs, rewards, terminations, truncations, _ = stepped
         return (
             _boundary_obs(obs, self.observation_space),
             np.asarray(rewards, np.float32),
             np.asarray(terminations, bool),
             np.asarray(truncations, bool),
-            info,
+            {"env_id": self.env_ids.copy()},
         )
 
+    def _given(self, actions):
+        return np.asarray(actions).astype(self.envs.single_action_space.dtype)
+
+    def step(self, actions):
+        return self._taken(self.envs.step(self._given(actions)))
+
     def send(self, actions):
-        self._sent = actions
+        """Starts a step: the worker processes step while the caller goes on (async); in this
+        process the step is taken at `recv` (sync)."""
+        if self.mode == "async":
+            self.envs.step_async(self._given(actions))
+        else:
+            self._sent = actions
 
     def recv(self):
+        if self.mode == "async":
+            return self._taken(self.envs.step_wait())
         return self.step(self._sent)
 
     def close(self):

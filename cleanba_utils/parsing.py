@@ -181,13 +181,6 @@ def check_continuous_actions(args):
     from cleanba_utils.envs import is_continuous
 
     check_env_id(args)
-    if is_gymnasium_env(args.env_id):
-        fail(
-            f"--env-id {args.env_id}: the continuous-control scripts step their environments "
-            "inside a compiled rollout, which a Gymnasium environment cannot enter; train it "
-            "with cleanba/cleanba_ppo.py, cleanba_impala.py, cleanba_apex_dqn.py or "
-            "cleanba_gala_a2c.py (discrete actions), or give an envpool or JAX environment"
-        )
     if not is_continuous(args.env_id):
         fail(
             f"--env-id {args.env_id} has discrete actions and this script acts in continuous "
@@ -200,11 +193,6 @@ def check_discrete_actions(args):
     dm_control) is refused with the script that trains it."""
     from cleanba_utils.envs import is_continuous
 
-    if is_continuous(args.env_id) and is_gymnasium_env(args.env_id):
-        fail(
-            f"--env-id {args.env_id} has continuous actions and this script chooses among discrete "
-            "ones; the continuous-control scripts take envpool's and JAX environments"
-        )
     if is_continuous(args.env_id):
         fail(
             f"--env-id {args.env_id} has continuous actions and this script chooses among discrete "

@@ -7,8 +7,9 @@ redeclares a field where its default or its meaning differs (the option keeps it
 again."""
 
 import dataclasses
+from typing import Literal
 
-from cleanba_utils.env_ids import is_jax_env
+from cleanba_utils.env_ids import is_gymnasium_env, is_jax_env
 from cleanba_utils.fields import Need, non_negative, positive
 
 
@@ -53,6 +54,12 @@ class RunArgs:
     """a JAX environment's parameters (`gymnax:` or `jax:` --env-id), NAME=VALUE each: fields of
     its `EnvParams` (MinAtar: max_steps_in_episode=1000; Pendulum-v1: max_torque=2.0), recorded in
     spec.json"""
+    vectorization_mode: Literal["sync", "async"] = "sync"
+    """how a Gymnasium environment's copies (`gymnasium:` --env-id) step: one after another in the
+    actor thread (sync: Gymnasium's SyncVectorEnv), or each in a worker process of its own (async:
+    its AsyncVectorEnv, the workers started by forkserver, so a class of yours must be importable by
+    its module's name). The default is measured in docs/gymnasium_environments.md; results do not
+    depend on it"""
     envpool_num_threads: int | None = positive(None)
     """worker threads of each envpool instance (default: the CPUs shared equally among the
     instances); results do not depend on it"""
@@ -96,6 +103,10 @@ JAX_ENV = Need(
 )
 """What an option that acts on a JAX environment alone needs."""
 
+GYMNASIUM_ENV = Need(
+    lambda args: is_gymnasium_env(args.env_id), "a Gymnasium environment (--env-id gymnasium:...)"
+)
+
 # The options of `RunArgs` that act only with another one.
 RUN_NEEDS = {
     "wandb_project_name": Need(lambda args: args.track, "--track"),
@@ -104,6 +115,7 @@ RUN_NEEDS = {
     "hf_entity": Need(lambda args: args.upload_model, "--upload-model"),
     "eval_every": Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
     "env_params": JAX_ENV,
+    "vectorization_mode": GYMNASIUM_ENV,
     "coordinator_address": Need(lambda args: args.distributed, "--distributed"),
     "num_processes": Need(lambda args: args.distributed, "--distributed"),
     "process_id": Need(lambda args: args.distributed, "--distributed"),
@@ -147,6 +159,7 @@ RESUMABLE_CHANGES = frozenset(
         # the same computation scheduled otherwise: envpool's workers, microbatches whose gradients
         # sum to the minibatch's, Ape-X's replay work in a background thread or not
         "envpool_num_threads",
+        "vectorization_mode",
         "env_splits",
         # a GPU's kernels: the same computation, its sums in another order
         "nondeterministic_gpu_ops",

@@ -14,6 +14,7 @@ splits.
 the script's policy step in the same signature, the steps env-major, the episodes counted here."""
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -22,7 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cleanba_utils import env_records
 from cleanba_utils.env_ids import is_jax_env
+from cleanba_utils.env_records import EnvRecord
 from cleanba_utils.evaluation_episodes import ended
 from cleanba_utils.rollout_steps import EpisodeEnd, PlayedRollout, Steps
 
@@ -93,13 +96,14 @@ class SplitEnvs:
     @classmethod
     def of_actor_thread(cls, make_env: Callable, args, env_offset: int) -> "SplitEnvs":
         """An actor thread's environments: global indices env_offset .. env_offset +
-        --local-num-envs - 1 (`env_ids`), in --env-splits splits, made by the script's
-        `make_env(args, seed, num_envs)` from the run's seed."""
+        --local-num-envs - 1 (`env_ids`), in --env-splits splits (one for a script without the
+        option: the continuous scripts), made by the script's `make_env(args, seed, num_envs)`
+        from the run's seed."""
         envs = cls(
             lambda seed, num_envs: make_env(args, seed, num_envs),
             seed=args.seed + env_offset,
             num_envs=args.local_num_envs,
-            num_splits=args.env_splits,
+            num_splits=getattr(args, "env_splits", 1),
         )
         envs.env_ids = envs.env_ids + np.int32(env_offset)
         return envs
@@ -107,6 +111,18 @@ class SplitEnvs:
     @property
     def next_obs(self):
         return _join(self.split_obs)
+
+    def bring_back(self, record: EnvRecord, on_step: Callable):
+        """Brings every split's environments to where `record` (the thread's) left them
+        (`env_records.fast_forward`); `on_step(env_ids, reward, terminated, truncated)` sees each
+        replayed step, its environments counted among the thread's."""
+        for split, (instance, envs) in enumerate(zip(self.instances, self.env_slices)):
+            shifted = lambda env_ids, *step, first=envs.start: on_step(env_ids + first, *step)
+            obs, is_reset = env_records.fast_forward(
+                instance, env_records.part(record, envs), on_step=shifted
+            )
+            self.split_obs[split] = obs
+            self.is_reset[envs] = is_reset
 
     def play(self, first_step: int, num_steps: int, act: Callable, record: Callable) -> Played:
         """Plays steps `first_step` .. `first_step + num_steps - 1` of every environment. At step
@@ -172,17 +188,20 @@ class SplitRollout:
     rollout's interface: `play(params, update) -> rollout_steps.PlayedRollout`."""
 
     envs: SplitEnvs
-    policy: Callable
-    """the script's `act`, jitted"""
+    split_policies: list
+    """per split, the script's `act` jitted with the split's environment indices (NumPy, a
+    constant of the program, as in a compiled rollout): `policy(params, obs, step, step_input)`"""
     after_last: Callable | None
     episodes: Any
     episode_over: Callable
     device: Any
-    split_env_ids: list
     stack: Callable
     num_steps: int
     num_envs: int
     """the run's environments (global steps count them)"""
+    record: EnvRecord | None = None
+    """the environments' record (`env_records`), kept step by step where the script's checkpoints
+    bring them back (the continuous scripts on Gymnasium's environments), else None"""
 
     def play(self, params, update: int, step_inputs=None) -> PlayedRollout:
         """The rollout of `update` with `params`, its steps' policy steps (update - 1) x
@@ -197,11 +216,13 @@ class SplitRollout:
             obs = jax.device_put(obs, self.device)
             step_input = None if step_inputs is None else step_inputs[step - first_step]
             actions, outputs = jax.device_get(
-                self.policy(params, obs, self.split_env_ids[split], step, step_input)
+                self.split_policies[split](params, obs, step, step_input)
             )
             return actions, (obs, outputs)
 
         def record(step, played):
+            if self.record is not None:
+                env_records.record_step(self.record, played.actions, played.is_reset)
             done = self.episode_over(played.terminations, played.truncations, played.info)
             # Atari's clipped rewards are for learning: the episodes' returns are envpool's
             # unclipped ones.
@@ -238,11 +259,15 @@ class SplitRollout:
             steps=steps,
             next_obs=next_obs,
             after_last=after_last,
-            record=None,
+            record=None if self.record is None else env_records.copy_of(self.record),
             episode_ends=episode_ends,
             inference_time=played.inference_time,
             env_step_time=played.env_step_time,
         )
+
+
+def _acting_on(act: Callable, env_ids: np.ndarray, params, obs, step, step_input):
+    return act(params, obs, env_ids, step, step_input)
 
 
 def start_splits(
@@ -256,29 +281,42 @@ def start_splits(
     after_last: Callable | None = None,
     device=None,
     episode_over: Callable = ended,
+    keep_record: bool = False,
 ) -> SplitRollout:
     """The environments env_offset .. env_offset + --local-num-envs - 1 of the run's `num_envs`
     (the script's `make_env(args, seed, num_envs)`, seeded --seed + env_offset onwards, in
     --env-splits splits), played by `act(params, obs, env_ids, step, step_input) -> (env_actions,
     outputs)` on `device` (the actor thread's), as `compiled_rollout.start` plays them in one
     program. The episodes logged end where `episode_over(terminated, truncated, info)` says
-    (GALA's Atari: at the game's end, where a lost life terminates for learning). A resumed run
-    makes its environments anew (`env_record` must be None: envpool's Atari cannot be brought
-    back)."""
-    assert env_record is None, "envpool's environments stepped in Python keep no record"
+    (GALA's Atari: at the game's end, where a lost life terminates for learning).
+
+    With `keep_record` (a script whose checkpoints bring the environments back: the continuous
+    scripts on Gymnasium's environments) the rollouts keep the environments' record, and a resumed
+    run (`env_record`, the thread's part of the checkpoint's) brings them back to it; else a
+    resumed run makes them anew (envpool's Atari cannot be brought back)."""
+    assert keep_record or env_record is None, "a record is kept only with keep_record"
     envs = SplitEnvs.of_actor_thread(make_env, args, env_offset)
-    policy = jax.jit(act)
+    episodes = run.episodes(args.local_num_envs)
+    record = None
+    if keep_record and env_record is None:
+        record = env_records.empty_record(args.local_num_envs, args.env_id, args.env_params)
+    elif keep_record:
+        record = env_records.part(env_record, slice(env_offset, env_offset + args.local_num_envs))
+        envs.bring_back(record, on_step=episodes.replayed_step)
     return SplitRollout(
         envs=envs,
-        policy=policy,
+        split_policies=[
+            jax.jit(functools.partial(_acting_on, act, envs.env_ids[split]))
+            for split in envs.env_slices
+        ],
         after_last=None if after_last is None else jax.jit(after_last),
-        episodes=run.episodes(args.local_num_envs),
+        episodes=episodes,
         episode_over=episode_over,
         device=device,
-        split_env_ids=[jax.device_put(envs.env_ids[s], device) for s in envs.env_slices],
         # The observations stay on the actor's device, where inference put them, stacked there
         # env-major.
         stack=jax.jit(lambda observations: jnp.stack(observations, axis=1)),
         num_steps=args.num_steps,
         num_envs=num_envs,
+        record=record,
     )

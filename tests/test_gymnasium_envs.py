@@ -1,9 +1,14 @@
-"""Gymnasium environments as a source (`--env-id gymnasium:...`): the vector environment against a
-plain loop over single Gymnasium environments (seeds, reset steps, ends, types), images channels
-first, the discrete scripts' runs repeating their fingerprint, and bad ids and spaces refused with
-one line and exit 2."""
+"""Gymnasium environments as a source (`--env-id gymnasium:...`): the vector environment, in this
+process and in worker processes, against a plain loop over single Gymnasium environments (seeds,
+reset steps, ends, types), images channels first, environments brought back from their record, the
+scripts' runs repeating their fingerprint, a resumed run of the continuous scripts against the
+uninterrupted one, and bad ids and spaces refused with one line and exit 2."""
 
 import importlib
+import json
+import os
+import subprocess
+import sys
 
 import gymnasium
 import numpy as np
@@ -19,8 +24,9 @@ from helpers import (
     run_script,
     scalars,
 )
+from test_jax_envs import RESUME_DRIVER
 
-from cleanba_utils import gymnasium_envs
+from cleanba_utils import env_records, gymnasium_envs
 
 
 class Blink(gymnasium.Env):
@@ -74,12 +80,13 @@ def plain_loop(env_id: str, seed: int, actions) -> list:
     return steps
 
 
-def test_the_vector_environment_plays_what_a_plain_loop_plays():
+@pytest.mark.parametrize("mode", gymnasium_envs.VECTORIZATION_MODES)
+def test_the_vector_environment_plays_what_a_plain_loop_plays(mode):
     # CartPole's random episodes end within a few dozen steps: reset steps fall in the 300 steps;
     # env i is seeded seed + i as envpool's are.
     seed, num_envs = 7, 3
     actions = np.random.default_rng(0).integers(0, 2, (300, num_envs))
-    envs = gymnasium_envs.GymnasiumVectorEnv("gymnasium:CartPole-v1", seed, num_envs)
+    envs = gymnasium_envs.GymnasiumVectorEnv("gymnasium:CartPole-v1", seed, num_envs, mode)
     obs, info = envs.reset()
     assert obs.dtype == np.float32 and info["env_id"].tolist() == [0, 1, 2]
     played = []
@@ -102,6 +109,60 @@ def test_the_vector_environment_plays_what_a_plain_loop_plays():
                 ref[4],
             ), t
     assert sum(step[4].sum() for step in played) > 10  # reset steps were compared
+    envs.close()
+
+
+def random_steps_until_some_end(envs, record, rng, at_least: int):
+    """Random actions, each step added to `record`, until a step at least `at_least` steps in that
+    ends some environments' episodes and not the others': the record then holds episodes midway
+    and episodes whose next step is a reset step. Returns the last observations and reset flags."""
+    envs.reset()
+    is_reset = np.zeros(envs.num_envs, bool)
+    for step in range(10_000):
+        actions = rng.uniform(-1, 1, (envs.num_envs, *envs.action_space.shape)).astype(np.float32)
+        env_records.record_step(record, actions, is_reset)
+        obs, _, terminations, truncations, _ = envs.step(actions)
+        is_reset = terminations | truncations
+        if step >= at_least and 0 < is_reset.sum() < envs.num_envs:
+            return obs, is_reset
+    raise AssertionError("no step ended some episodes and not the others")
+
+
+@pytest.mark.parametrize("mode", gymnasium_envs.VECTORIZATION_MODES)
+def test_mujoco_environments_brought_back_from_their_record_step_as_the_originals(mode):
+    # Hopper's random episodes fall within a few dozen steps: after 100 steps each environment has
+    # been reset several times, and the record's last step ends some episodes.
+    env_id, seed, num_envs = "gymnasium:Hopper-v5", 5, 3
+    rng = np.random.default_rng(1)
+    envs = gymnasium_envs.GymnasiumVectorEnv(env_id, seed, num_envs, mode)
+    record = env_records.empty_record(num_envs, env_id)
+    obs, is_reset = random_steps_until_some_end(envs, record, rng, at_least=100)
+    assert (record.resets >= 2).all()
+    again = gymnasium_envs.GymnasiumVectorEnv(env_id, seed, num_envs, mode)
+    replayed = []
+    obs_again, is_reset_again = env_records.fast_forward(
+        again, env_records.copy_of(record), on_step=lambda *step: replayed.append(step)
+    )
+    np.testing.assert_array_equal(obs_again, obs)
+    np.testing.assert_array_equal(is_reset_again, is_reset)
+    assert len(replayed) == record.episode_lengths.sum()
+    for _ in range(60):
+        actions = rng.uniform(-1, 1, (num_envs, 3)).astype(np.float32)
+        for a, b in zip(envs.step(actions)[:4], again.step(actions)[:4]):
+            np.testing.assert_array_equal(a, b)
+    envs.close()
+    again.close()
+
+
+def test_an_environment_without_a_time_limit_keeps_no_record_and_is_made_anew():
+    env_id = "gymnasium:test_gymnasium_envs:Blink"
+    record = env_records.empty_record(2, env_id)
+    assert not env_records.kept(record)
+    env_records.record_step(record, np.ones((2, 1), np.float32), np.zeros(2, bool))
+    envs = gymnasium_envs.GymnasiumVectorEnv(env_id, 0, 2)
+    obs, is_reset = env_records.fast_forward(envs, record)
+    np.testing.assert_array_equal(obs, envs.reset()[0])
+    assert not is_reset.any()
 
 
 def test_images_come_channels_first_and_keep_their_type():
@@ -127,8 +188,8 @@ def test_images_come_channels_first_and_keep_their_type():
             "FlattenObservation",
         ),
         ("cleanba_ppo", ["--env-id", "gymnasium:Pendulum-v1"], "has continuous actions"),
-        ("cleanba_sac", ["--env-id", "gymnasium:Pendulum-v1"], "cannot enter"),
-        ("cleanba_apex_dpg", ["--env-id", "gymnasium:Pendulum-v1"], "cannot enter"),
+        ("cleanba_sac", ["--env-id", "gymnasium:CartPole-v1"], "has discrete actions"),
+        ("cleanba_apex_dpg", ["--env-id", "gymnasium:CartPole-v1"], "has discrete actions"),
     ],
 )
 def test_bad_ids_and_spaces_are_one_line_and_exit_2(capsys, script, args, message):
@@ -242,3 +303,59 @@ def test_an_own_class_that_ignores_its_seed_is_one_line(capsys):
         "environment checker",
         capsys,
     )
+
+
+HOPPER = ["--env-id", "gymnasium:Hopper-v5", "--local-num-envs", "2", "--log-frequency", "1"]
+RESUMED = {
+    "ppo_continuous": (
+        "cleanba_ppo_continuous",
+        [
+            *HOPPER,
+            *["--num-steps", "40", "--total-timesteps", "640", "--num-minibatches", "2"],
+            *["--update-epochs", "2", "--hiddens", "16", "16"],
+        ],
+    ),
+    "sac --concurrency": (
+        "cleanba_sac",
+        [
+            *HOPPER,
+            *["--num-steps", "25", "--total-timesteps", "500", "--learning-starts", "150"],
+            *["--hiddens", "16", "16", "--batch-size", "16", "--buffer-size", "1000"],
+            "--concurrency",
+        ],
+    ),
+    "apex_dpg": (
+        "cleanba_apex_dpg",
+        [
+            *HOPPER,
+            *["--num-steps", "25", "--total-timesteps", "600", "--learning-starts", "200"],
+            *["--random-steps", "100", "--batch-size", "16", "--buffer-size", "1000"],
+            *["--critic-hiddens", "16", "16", "--actor-hiddens", "16", "16"],
+            "--checkpoint-replay",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(RESUMED))
+def test_a_resumed_run_on_gymnasiums_mujoco_is_the_uninterrupted_one(tmp_path, name):
+    # Hopper's random episodes last a few dozen steps: at the stop (after update 5 of 8 to 10) each
+    # environment has been reset and is midway through an episode or about to reset. The
+    # checkpoint's record brings them back: their resets and current episodes replayed.
+    script, argv = RESUMED[name]
+    result = subprocess.run(
+        [sys.executable, "-c", RESUME_DRIVER, script, json.dumps(argv), str(REPO / "tests"), "5"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "resumed.preempted.json").read_text()) == 143
+    assert "resuming resumed from update 5" in result.stdout
+    summaries = [
+        json.loads((tmp_path / "runs" / run / "summary.json").read_text())
+        for run in ("whole", "resumed")
+    ]
+    assert summaries[0]["params_fingerprint"] == summaries[1]["params_fingerprint"]

@@ -1,11 +1,13 @@
-"""A researcher's own Gymnasium environment, as the discrete scripts take it: a class with
+"""A researcher's own Gymnasium environment, as every Cleanba script takes it: a class with
 Gymnasium's interface (docs/gymnasium_environments.md). The agent walks a corridor of `length`
 cells towards its far end; reaching it gives reward 1 and ends the episode, which is cut at
-`max_steps` steps.
+`max_steps` steps. `Corridor` acts in discrete steps, `ContinuousCorridor` in a real.
 
     PYTHONPATH=docs/examples uv run python cleanba/cleanba_ppo.py \\
         --env-id gymnasium:gymnasium_corridor:Corridor --hiddens 32 --local-num-envs 8 \\
         --num-actor-threads 1 --num-steps 32 --total-timesteps 50000
+    PYTHONPATH=docs/examples uv run python cleanba/cleanba_sac.py \\
+        --env-id gymnasium:gymnasium_corridor:ContinuousCorridor --total-timesteps 20000
 """
 
 import gymnasium
@@ -39,3 +41,15 @@ class Corridor(gymnasium.Env):
 
     def observation(self):
         return np.eye(self.length, dtype=np.float32)[self.position]
+
+
+class ContinuousCorridor(Corridor):
+    """The same walk for the continuous-control scripts (SAC, continuous PPO, Ape-X DPG): the
+    action is a real in [-1, 1], a step forward where it is positive and back otherwise."""
+
+    def __init__(self, length: int = 12, max_steps: int = 50):
+        super().__init__(length, max_steps)
+        self.action_space = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def step(self, action):
+        return super().step(1 if action[0] > 0 else 0)
