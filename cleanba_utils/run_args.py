@@ -84,9 +84,10 @@ class RunArgs:
     SIGUSR1)"""
     resume: bool = False
     """continue from the newest readable checkpoint of `runs/{run_name}` (start fresh if there is
-    none). SAC, continuous PPO and Ape-X DPG, and every script on a JAX environment, then repeat the
-    uninterrupted run; the other scripts start envpool's environments anew from the run's seeds
-    (docs/checkpoints.md: "What a resumed run is")"""
+    none). SAC, continuous PPO and Ape-X DPG (on envpool's tasks and on Gymnasium's with a time
+    limit), and every script on a JAX environment, then repeat the uninterrupted run; the other
+    scripts start their environments anew from the run's seeds (docs/checkpoints.md: "What a
+    resumed run is")"""
 
 
 @dataclasses.dataclass

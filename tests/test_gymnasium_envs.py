@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium
 import numpy as np
@@ -189,6 +190,7 @@ def test_images_come_channels_first_and_keep_their_type():
         ),
         ("cleanba_ppo", ["--env-id", "gymnasium:Pendulum-v1"], "has continuous actions"),
         ("cleanba_sac", ["--env-id", "gymnasium:CartPole-v1"], "has discrete actions"),
+        ("cleanba_ppo", ["--env-id", "CartPole-v1", "--vectorization-mode", "async"], "no effect"),
         ("cleanba_apex_dpg", ["--env-id", "gymnasium:CartPole-v1"], "has discrete actions"),
     ],
 )
@@ -216,18 +218,42 @@ SMALL = {
         *["--total-timesteps", "320"],
     ],
 }
+CONTINUOUS_SMALL = {
+    "cleanba_ppo_continuous.py": [
+        *["--hiddens", "16", "16", "--local-num-envs", "4", "--num-steps", "16"],
+        *["--num-minibatches", "2", "--update-epochs", "2", "--total-timesteps", "512"],
+    ],
+    "cleanba_sac.py": [
+        *["--hiddens", "16", "16", "--local-num-envs", "4", "--num-steps", "16"],
+        *["--total-timesteps", "512", "--learning-starts", "128", "--batch-size", "16"],
+        *["--buffer-size", "1000"],
+    ],
+    "cleanba_apex_dpg.py": [
+        *["--critic-hiddens", "16", "16", "--actor-hiddens", "16", "16", "--local-num-envs", "4"],
+        *["--num-actor-threads", "1", "--num-steps", "8", "--total-timesteps", "512"],
+        *["--learning-starts", "64", "--random-steps", "48", "--buffer-size", "256"],
+        *["--batch-size", "16"],
+    ],
+}
 
 
-# In the long checks (`-m long`): eight runs cost the README's test command about a minute.
+# In the long checks (`-m long`): fourteen runs cost the README's test command about two minutes.
+# The continuous scripts play the worked example's ContinuousCorridor, a researcher's own class.
 @pytest.mark.long
-@pytest.mark.parametrize("script", list(SMALL))
-def test_a_discrete_script_on_gymnasium_repeats_its_fingerprint(tmp_path, script):
+@pytest.mark.parametrize("script", [*SMALL, *CONTINUOUS_SMALL])
+def test_a_script_on_gymnasium_repeats_its_fingerprint(tmp_path, script):
+    if script in SMALL:
+        args = ["--env-id", "gymnasium:CartPole-v1", *SMALL[script]]
+    else:
+        corridor = "gymnasium:gymnasium_corridor:ContinuousCorridor"
+        args = ["--env-id", corridor, *CONTINUOUS_SMALL[script]]
     fingerprints = []
     for run in range(2):
         result = run_script(
             script,
-            ["--env-id", "gymnasium:CartPole-v1", *SMALL[script], "--run-name", f"run{run}"],
+            [*args, "--run-name", f"run{run}"],
             tmp_path,
+            extra_env={"PYTHONPATH": str(REPO / "docs" / "examples")},
         )
         assert result.returncode == 0, result.stderr[-3000:]
         fingerprints.append(fingerprint_of(result))
@@ -262,23 +288,27 @@ def test_the_worked_example_of_a_researchers_own_gymnasium_environment_learns(tm
     9.70, 10.13, 9.77; a frozen learner (learning rate 1e-12), seeds 1..10: 45.65, 42.66, 42.68,
     42.95, 43.29, 43.88, 44.99, 42.21, 44.19, 42.62. Threshold 25: 15 above the worst seed, 17 below
     the best frozen run."""
+    lengths = worked_example_lengths(tmp_path, "cleanba/cleanba_ppo.py")
+    assert np.mean(lengths[-100:]) < 25
+
+
+def worked_example_lengths(tmp_path, script: str) -> list[float]:
+    """The episodes' lengths of docs/gymnasium_environments.md's command of `script`, shortened to
+    20k steps."""
     page = (REPO / "docs" / "gymnasium_environments.md").read_text()
-    command = page[page.index("PYTHONPATH=docs/examples uv run python") :].split("```")[0]
-    argv = command.replace("\\\n", " ").split()[4:]
-    assert argv[0] == "cleanba/cleanba_ppo.py"
+    block = page[page.index("PYTHONPATH=docs/examples uv run python") :].split("```")[0]
+    commands = [line.split()[4:] for line in block.replace("\\\n", " ").splitlines() if line]
+    (argv,) = [command for command in commands if command[0] == script]
     steps = argv.index("--total-timesteps")
     argv = [*argv[1:steps], *argv[steps + 2 :], "--total-timesteps", "20000"]
     result = run_script(
-        "cleanba_ppo.py",
+        Path(script).name,
         [*argv, "--run-name", "corridor"],
         tmp_path,
         extra_env={"PYTHONPATH": str(REPO / "docs" / "examples")},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    lengths = [
-        value for _, value in scalars(tmp_path / "runs" / "corridor", "charts/episodic_length")
-    ]
-    assert np.mean(lengths[-100:]) < 25
+    return [value for _, value in scalars(tmp_path / "runs" / "corridor", "charts/episodic_length")]
 
 
 class Unseeded(gymnasium.Env):
