@@ -23,8 +23,12 @@ Environments whose steps are deterministic given their actions (Gymnasium's MuJo
 brought back to where a checkpoint left them as envpool's MuJoCo tasks are (`env_records`): made
 with the same seeds, reset as often, their current episode's actions replayed (`restore`)."""
 
+import contextlib
+import contextvars
+import dataclasses
 import functools
 import importlib
+import os
 import warnings
 
 import gymnasium
@@ -54,11 +58,14 @@ def _own_factory(env_id: str):
     return None
 
 
-def _factory(env_id: str):
-    """A function that makes one environment of the id (picklable, for worker processes)."""
+def _factory(env_id: str, **kwargs):
+    """A function that makes one environment of the id (picklable, for worker processes), with
+    `kwargs` (`render_mode`) where given."""
     own = _own_factory(env_id)
     name = env_id[len(GYMNASIUM_PREFIX) :]
-    return own if own is not None else functools.partial(gymnasium.make, name)
+    if own is not None:
+        return functools.partial(own, **kwargs) if kwargs else own
+    return functools.partial(gymnasium.make, name, **kwargs)
 
 
 def _made(env_id: str):
@@ -196,6 +203,98 @@ def _brought_back(factory, resets: int, actions: np.ndarray):
 VECTORIZATION_MODES = ("sync", "async")
 
 
+@dataclasses.dataclass
+class Film:
+    """The film of an evaluation's first episode (`filming`): where its mp4 goes, and its frames
+    (time, height, width, 3) once the episode has ended."""
+
+    path: str
+    frames: np.ndarray | None = None
+    fps: int = 30
+
+
+FILMING: contextvars.ContextVar = contextvars.ContextVar("filming", default=None)
+"""The `Film` that a `GymnasiumVectorEnv` made in this thread's context films, or None"""
+
+
+@contextlib.contextmanager
+def filming(film: Film | None):
+    """Within it, a `GymnasiumVectorEnv` made in this thread (a script's `evaluate`) films its
+    first environment's first episode into `film` (None: none)."""
+    token = FILMING.set(film)
+    try:
+        yield film
+    finally:
+        FILMING.reset(token)
+
+
+def check_filmable(env_id: str):
+    """--capture-video: the environment renders `rgb_array` frames, and moviepy writes them (one
+    line and exit 2 otherwise)."""
+    try:
+        import moviepy  # noqa: F401
+    except ImportError:
+        fail(
+            "--capture-video writes its films with moviepy, which is not installed: install the "
+            "video extra (`uv sync --extra video`, or `pip install 'cleanba[video]'`)"
+        )
+    try:
+        env = _factory(env_id, render_mode="rgb_array")()
+    except TypeError as error:
+        fail(
+            f"--capture-video: --env-id {env_id} cannot be made with render_mode='rgb_array' "
+            f"({error}); give your class Gymnasium's `render_mode` argument"
+        )
+    try:
+        modes = env.metadata.get("render_modes", [])
+        if "rgb_array" not in modes:
+            fail(
+                f"--capture-video: --env-id {env_id} renders {modes or 'nothing'}, not rgb_array "
+                "frames"
+            )
+    finally:
+        env.close()
+
+
+class _Filmed(gymnasium.Wrapper):
+    """An environment made with render_mode="rgb_array" whose first episode's frames (after its
+    reset and each step) go to `film`, written as an mp4 when the episode ends."""
+
+    def __init__(self, env, film: Film):
+        super().__init__(env)
+        self._film = film
+        self._frames = None
+
+    def reset(self, *, seed=None, options=None):
+        result = self.env.reset(seed=seed, options=options)
+        if self._film.frames is None:
+            self._frames = [self.env.render()]
+        return result
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if self._frames is not None:
+            self._frames.append(self.env.render())
+            if terminated or truncated:
+                self._film.frames = np.stack(self._frames)
+                self._film.fps = int(self.env.metadata.get("render_fps") or 30)
+                self._frames = None
+                _write_film(self._film)
+        return obs, reward, terminated, truncated, info
+
+
+def _write_film(film: Film):
+    from moviepy import ImageSequenceClip
+
+    os.makedirs(os.path.dirname(film.path) or ".", exist_ok=True)
+    clip = ImageSequenceClip(list(film.frames), fps=film.fps)
+    clip.write_videofile(film.path, logger=None)
+
+
+def _filmed(factory, film: Film):
+    return _Filmed(factory(), film)
+
+
 def _boundary_obs(obs, space: gymnasium.Space):
     obs = np.asarray(obs)
     if obs.ndim == 4:
@@ -225,8 +324,16 @@ class GymnasiumVectorEnv:
     def __init__(self, env_id: str, seed: int, num_envs: int, mode: str = "sync"):
         self.observation_space, self.action_space = spaces(env_id)
         self.factory = _factory(env_id)
+        factories = [self.factory] * num_envs
+        film = FILMING.get()
+        if film is not None:
+            # The filmed environment steps in this process, which hands its frames on.
+            factories[0] = functools.partial(
+                _filmed, _factory(env_id, render_mode="rgb_array"), film
+            )
+            mode = "sync"
         self.mode = mode
-        self.envs = _vector_env([self.factory] * num_envs, mode)
+        self.envs = _vector_env(factories, mode)
         self.num_envs = num_envs
         self.seed = seed
         self.env_ids = np.arange(num_envs, dtype=np.int32)

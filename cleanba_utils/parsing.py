@@ -88,6 +88,10 @@ def check_run_options(args):
             f"got {args.process_id}"
         )
     check_env_id(args)
+    if args.capture_video:
+        from cleanba_utils.gymnasium_envs import check_filmable
+
+        check_filmable(args.env_id)
     env_splits = getattr(args, "env_splits", None)
     if env_splits and env_splits > 1 and is_jax_env(args.env_id):
         fail(

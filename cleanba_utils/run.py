@@ -18,7 +18,15 @@ import jax
 import numpy as np
 from tensorboardX import SummaryWriter
 
-from cleanba_utils import accelerators, devices, distributed, hub, run_files, signals
+from cleanba_utils import (
+    accelerators,
+    devices,
+    distributed,
+    gymnasium_envs,
+    hub,
+    run_files,
+    signals,
+)
 from cleanba_utils.checkpoints import (
     FIRST_REPLICA,
     OPTIONS_RECORD,
@@ -181,12 +189,23 @@ class Run:
         of the evaluation seed (the run's + 1,000,000), in the process that logs. Their mean return
         is logged as charts/eval_return and the learner's optimizer steps so far as charts/opt_step,
         both at the update's global step, and kept for summary.json (in the run folder too: a
-        resumed run's summary lists the evaluations made before its checkpoint)."""
+        resumed run's summary lists the evaluations made before its checkpoint). With
+        --capture-video the first episode is filmed (`gymnasium_envs.filming`): an mp4 in the run
+        folder and videos/eval in TensorBoard."""
         if not self.is_main:
             return
         args = self.args
         global_step = update * self.sizes.steps_per_update
-        returns = self.evaluate(params, args, args.eval_episodes, args.seed + EVAL_SEED_OFFSET)
+        film = None
+        if args.capture_video:
+            path = os.path.join(self.dir, "videos", f"eval_{global_step:012d}.mp4")
+            film = gymnasium_envs.Film(path)
+        with gymnasium_envs.filming(film):
+            returns = self.evaluate(params, args, args.eval_episodes, args.seed + EVAL_SEED_OFFSET)
+        if film is not None and film.frames is not None:
+            # (batch, time, channels, height, width), as tensorboardX takes a video.
+            video = np.transpose(film.frames[None], (0, 1, 4, 2, 3))
+            self.writer.add_video("videos/eval", video, global_step, fps=film.fps)
         mean_return = float(np.mean(returns))
         self.log(
             {"charts/eval_return": mean_return, "charts/opt_step": optimizer_steps}, global_step

@@ -48,6 +48,10 @@ class RunArgs:
     eval_every: int = non_negative(0)
     """evaluate every this many updates, and the untrained policy at step 0 (0: only after the
     last); evaluation never changes the run"""
+    capture_video: bool = False
+    """film the first episode of each evaluation (--eval-episodes) of a Gymnasium environment that
+    renders rgb_array frames: `runs/{run_name}/videos/eval_{global step}.mp4`, and videos/eval in
+    TensorBoard (which --track syncs to Weights & Biases); needs the video extra (moviepy)"""
     log_frequency: int = positive(10)
     """print and log losses every this many updates"""
     env_params: tuple[str, ...] = ()
@@ -117,6 +121,10 @@ RUN_NEEDS = {
     "eval_every": Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
     "env_params": JAX_ENV,
     "vectorization_mode": GYMNASIUM_ENV,
+    "capture_video": Need(
+        lambda args: is_gymnasium_env(args.env_id) and args.eval_episodes > 0,
+        "a Gymnasium environment (--env-id gymnasium:...) and --eval-episodes",
+    ),
     "coordinator_address": Need(lambda args: args.distributed, "--distributed"),
     "num_processes": Need(lambda args: args.distributed, "--distributed"),
     "process_id": Need(lambda args: args.distributed, "--distributed"),
@@ -144,6 +152,7 @@ RESUMABLE_CHANGES = frozenset(
         # evaluation plays environments of its own and never changes the run
         "eval_episodes",
         "eval_every",
+        "capture_video",
         # checkpoints save the run, they do not change it
         "checkpoint_every",
         "resume",

@@ -191,6 +191,15 @@ def test_images_come_channels_first_and_keep_their_type():
         ("cleanba_ppo", ["--env-id", "gymnasium:Pendulum-v1"], "has continuous actions"),
         ("cleanba_sac", ["--env-id", "gymnasium:CartPole-v1"], "has discrete actions"),
         ("cleanba_ppo", ["--env-id", "CartPole-v1", "--vectorization-mode", "async"], "no effect"),
+        ("cleanba_ppo", ["--env-id", "gymnasium:CartPole-v1", "--capture-video"], "no effect"),
+        (
+            "cleanba_ppo",
+            [
+                *["--env-id", "gymnasium:test_gymnasium_envs:Blink", "--capture-video"],
+                *["--eval-episodes", "1"],
+            ],
+            "render_mode",
+        ),
         ("cleanba_apex_dpg", ["--env-id", "gymnasium:CartPole-v1"], "has discrete actions"),
     ],
 )
@@ -402,3 +411,35 @@ def test_a_resumed_run_on_gymnasiums_mujoco_is_the_uninterrupted_one(tmp_path, n
         for run in ("whole", "resumed")
     ]
     assert summaries[0]["params_fingerprint"] == summaries[1]["params_fingerprint"]
+
+
+def test_capture_video_films_the_first_evaluation_episode_and_changes_nothing(tmp_path):
+    # The worked example renders its corridor: each evaluation's first episode becomes an mp4 and a
+    # TensorBoard video; the run's parameters are those of the run without films.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = [
+        *["--env-id", "gymnasium:gymnasium_corridor:Corridor", "--hiddens", "16"],
+        *["--local-num-envs", "4", "--num-actor-threads", "1", "--num-steps", "16"],
+        *["--num-minibatches", "2", "--update-epochs", "1", "--total-timesteps", "256"],
+        *["--eval-episodes", "2", "--eval-every", "2"],
+    ]
+    examples = {"PYTHONPATH": str(REPO / "docs" / "examples")}
+    filmed = run_script(
+        "cleanba_ppo.py",
+        [*args, "--capture-video", "--run-name", "filmed"],
+        tmp_path,
+        extra_env=examples,
+    )
+    assert filmed.returncode == 0, filmed.stderr[-3000:]
+    plain = run_script(
+        "cleanba_ppo.py", [*args, "--run-name", "plain"], tmp_path, extra_env=examples
+    )
+    assert fingerprint_of(filmed) == fingerprint_of(plain)
+    films = sorted((tmp_path / "runs" / "filmed" / "videos").glob("*.mp4"))
+    # Evaluations at steps 0, 128 and 256 (4 updates of 64 steps, every 2 updates).
+    assert [f.name for f in films] == [f"eval_{step:012d}.mp4" for step in (0, 128, 256)]
+    assert all(f.stat().st_size > 0 for f in films)
+    events = EventAccumulator(str(tmp_path / "runs" / "filmed"), size_guidance={"images": 0})
+    events.Reload()
+    assert [video.step for video in events.Images("videos/eval")] == [0, 128, 256]

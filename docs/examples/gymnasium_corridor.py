@@ -18,9 +18,12 @@ class Corridor(gymnasium.Env):
     """Actions: 0 steps back, 1 steps forward. Observation: the position, one-hot over the
     corridor's cells."""
 
-    def __init__(self, length: int = 12, max_steps: int = 50):
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+
+    def __init__(self, length: int = 12, max_steps: int = 50, render_mode: str | None = None):
         self.length = length
         self.max_steps = max_steps
+        self.render_mode = render_mode
         self.observation_space = gymnasium.spaces.Box(0.0, 1.0, (length,), np.float32)
         self.action_space = gymnasium.spaces.Discrete(2)
 
@@ -42,13 +45,21 @@ class Corridor(gymnasium.Env):
     def observation(self):
         return np.eye(self.length, dtype=np.float32)[self.position]
 
+    def render(self):
+        """The corridor as an RGB image (--capture-video films it): the walker's cell white, the
+        end green, 16 pixels a cell."""
+        cells = np.zeros((self.length, 3), np.uint8)
+        cells[-1] = (0, 160, 0)
+        cells[self.position] = (255, 255, 255)
+        return np.repeat(np.repeat(cells[None], 16, axis=0), 16, axis=1)
+
 
 class ContinuousCorridor(Corridor):
     """The same walk for the continuous-control scripts (SAC, continuous PPO, Ape-X DPG): the
     action is a real in [-1, 1], a step forward where it is positive and back otherwise."""
 
-    def __init__(self, length: int = 12, max_steps: int = 50):
-        super().__init__(length, max_steps)
+    def __init__(self, length: int = 12, max_steps: int = 50, render_mode: str | None = None):
+        super().__init__(length, max_steps, render_mode)
         self.action_space = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
 
     def step(self, action):
