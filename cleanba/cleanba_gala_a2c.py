@@ -323,7 +323,7 @@ def make_env(args: Args, seed: int, num_envs: int):
         return jax_envs.JaxVectorEnv(args.env_id, args.env_params, seed, num_envs)
     if is_gymnasium_env(args.env_id):
         return gymnasium_envs.GymnasiumVectorEnv(
-            args.env_id, seed, num_envs, args.vectorization_mode
+            args.env_id, seed, num_envs, args.vectorization_mode, args.frame_stack
         )
     num_threads = envpool_num_threads(
         args.envpool_num_threads, num_envs=num_envs, instances=args.num_agents

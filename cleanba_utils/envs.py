@@ -75,12 +75,12 @@ def make_env(args, seed: int, num_envs: int):
     termination or at the task's time limit (1000 steps), which envpool reports as a truncation.
     A JAX environment (`gymnax:` or `jax:` id) is a `jax_envs.JaxVectorEnv` with --env-params; a
     Gymnasium environment (`gymnasium:` id) a `gymnasium_envs.GymnasiumVectorEnv` in
-    --vectorization-mode."""
+    --vectorization-mode, its images stacked by --frame-stack."""
     if is_jax_env(args.env_id):
         return jax_envs.JaxVectorEnv(args.env_id, args.env_params, seed, num_envs)
     if is_gymnasium_env(args.env_id):
         return gymnasium_envs.GymnasiumVectorEnv(
-            args.env_id, seed, num_envs, args.vectorization_mode
+            args.env_id, seed, num_envs, args.vectorization_mode, args.frame_stack
         )
     instances = args.num_actor_threads * len(args.actor_device_ids)
     options = MACHADO_ATARI if is_atari(args.env_id) else {}

@@ -296,10 +296,31 @@ def _filmed(factory, film: Film):
 
 
 def _boundary_obs(obs, space: gymnasium.Space):
+    """The environments' observations as the scripts take them: images channels first, a stack of
+    frames (envs, frames, height, width, channels) as its frames' channels one after another."""
     obs = np.asarray(obs)
     if obs.ndim == 4:
         obs = np.transpose(obs, (0, 3, 1, 2))
+    if obs.ndim == 5:
+        obs = np.transpose(obs, (0, 1, 4, 2, 3)).reshape(len(obs), *space.shape)
     return np.ascontiguousarray(obs, space.dtype)
+
+
+def _stacked(factory, frame_stack: int):
+    return gymnasium.wrappers.FrameStackObservation(factory(), frame_stack)
+
+
+def stacked_space(space: gymnasium.Space, frame_stack: int) -> gymnasium.Space:
+    """The observation space of `frame_stack` stacked images of `space` (channels first)."""
+    if frame_stack == 1:
+        return space
+    shape = (space.shape[0] * frame_stack, *space.shape[1:])
+    return gymnasium.spaces.Box(
+        np.full(shape, space.low.flat[0], space.dtype),
+        np.full(shape, space.high.flat[0], space.dtype),
+        shape,
+        space.dtype,
+    )
 
 
 def _vector_env(factories: list, mode: str):
@@ -319,18 +340,26 @@ def _vector_env(factories: list, mode: str):
 class GymnasiumVectorEnv:
     """`num_envs` environments of a `gymnasium:` id with envpool's interface (`reset`, `step`,
     `send`/`recv`, `action_space`, `observation_space`, `close`), environment i reset with seed
-    `seed + i`, stepped in this process (`mode` "sync") or in worker processes ("async")."""
+    `seed + i`, stepped in this process (`mode` "sync") or in worker processes ("async"). With
+    `frame_stack` > 1 an image observation is the last `frame_stack` images (Gymnasium's
+    `FrameStackObservation`, the first image repeated before it), their channels one after
+    another."""
 
-    def __init__(self, env_id: str, seed: int, num_envs: int, mode: str = "sync"):
-        self.observation_space, self.action_space = spaces(env_id)
+    def __init__(
+        self, env_id: str, seed: int, num_envs: int, mode: str = "sync", frame_stack: int = 1
+    ):
+        observation_space, self.action_space = spaces(env_id)
+        self.observation_space = stacked_space(observation_space, frame_stack)
         self.factory = _factory(env_id)
+        filmed_factory = _factory(env_id, render_mode="rgb_array")
+        if frame_stack > 1:
+            self.factory = functools.partial(_stacked, self.factory, frame_stack)
+            filmed_factory = functools.partial(_stacked, filmed_factory, frame_stack)
         factories = [self.factory] * num_envs
         film = FILMING.get()
         if film is not None:
             # The filmed environment steps in this process, which hands its frames on.
-            factories[0] = functools.partial(
-                _filmed, _factory(env_id, render_mode="rgb_array"), film
-            )
+            factories[0] = functools.partial(_filmed, filmed_factory, film)
             mode = "sync"
         self.mode = mode
         self.envs = _vector_env(factories, mode)

@@ -177,6 +177,44 @@ def test_images_come_channels_first_and_keep_their_type():
     assert (obs[:, 0] == 1).all() and (obs[:, 1, 0, 0] == 7).all() and (obs[:, 1, 1:] == 0).all()
 
 
+def test_stacked_images_are_the_last_images_channels_one_after_another():
+    # Blink's red channel counts the steps (0, 1, 2, then a new episode): a stack of 3 holds the
+    # last three images, the first repeated at a reset (Gymnasium's FrameStackObservation), each
+    # image's 3 channels in turn.
+    envs = gymnasium_envs.GymnasiumVectorEnv(
+        "gymnasium:test_gymnasium_envs:Blink", 0, 2, frame_stack=3
+    )
+    assert envs.observation_space.shape == (9, 5, 4)
+    obs, _ = envs.reset()
+    assert obs.shape == (2, 9, 5, 4) and obs.dtype == np.uint8
+    assert obs[0, ::3, 0, 1].tolist() == [0, 0, 0]
+    assert (obs[:, 1::3, 0, 0] == 7).all()
+    for _ in (1, 2):
+        obs = envs.step(np.array([0, 0]))[0]
+    assert obs[0, ::3, 0, 1].tolist() == [0, 1, 2]
+    obs = envs.step(np.array([0, 0]))[0]  # the episode's last step (t = 3)
+    assert obs[0, ::3, 0, 1].tolist() == [1, 2, 3]
+    obs = envs.step(np.array([0, 0]))[0]  # the reset step
+    assert obs[0, ::3, 0, 1].tolist() == [0, 0, 0]
+
+
+def test_a_script_takes_a_stack_of_a_gymnasium_environments_images(tmp_path):
+    result = run_script(
+        "cleanba_ppo.py",
+        [
+            *["--env-id", "gymnasium:test_gymnasium_envs:Blink", "--frame-stack", "4"],
+            *["--channels", "4", "4", "4", "--hiddens", "8", "--local-num-envs", "2"],
+            *["--num-actor-threads", "1", "--num-steps", "4", "--num-minibatches", "1"],
+            *["--update-epochs", "1", "--total-timesteps", "16"],
+        ],
+        tmp_path,
+        extra_env={"PYTHONPATH": str(REPO / "tests")},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    spec = json.loads(next((tmp_path / "runs").glob("*/spec.json")).read_text())
+    assert spec["args"]["frame_stack"] == 4
+
+
 @pytest.mark.parametrize(
     "script, args, message",
     [
@@ -192,6 +230,7 @@ def test_images_come_channels_first_and_keep_their_type():
         ("cleanba_sac", ["--env-id", "gymnasium:CartPole-v1"], "has discrete actions"),
         ("cleanba_ppo", ["--env-id", "CartPole-v1", "--vectorization-mode", "async"], "no effect"),
         ("cleanba_ppo", ["--env-id", "gymnasium:CartPole-v1", "--capture-video"], "no effect"),
+        ("cleanba_ppo", ["--env-id", "gymnasium:CartPole-v1", "--frame-stack", "4"], "no effect"),
         (
             "cleanba_ppo",
             [
