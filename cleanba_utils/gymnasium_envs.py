@@ -28,7 +28,9 @@ import contextvars
 import dataclasses
 import functools
 import importlib
+import importlib.metadata
 import os
+import sys
 import warnings
 
 import gymnasium
@@ -139,6 +141,32 @@ def spaces(env_id: str) -> tuple[gymnasium.Space, gymnasium.Space]:
         finally:
             env.close()
     return taken
+
+
+def environment_versions(env_id: str) -> dict[str, str]:
+    """The versions of the packages that make the environment, for spec.json: the installed
+    distributions of the modules of its class and its base classes (MuJoCo's too for Gymnasium's
+    MuJoCo tasks); a module that no installed distribution holds (a class on PYTHONPATH) as "not
+    installed"."""
+    env = _made(env_id)
+    try:
+        classes = type(env.unwrapped).__mro__
+    finally:
+        env.close()
+    tops = dict.fromkeys(c.__module__.split(".")[0] for c in classes)
+    distributions = importlib.metadata.packages_distributions()
+    versions = {}
+    for top in tops:
+        if top in sys.stdlib_module_names or top == "builtins":
+            continue
+        names = distributions.get(top)
+        if not names:
+            versions[top] = "not installed"
+        for name in names or ():
+            versions[name] = importlib.metadata.version(name)
+    if any(c.__module__.startswith("gymnasium.envs.mujoco") for c in classes):
+        versions["mujoco"] = importlib.metadata.version("mujoco")
+    return versions
 
 
 @functools.cache

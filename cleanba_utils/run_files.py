@@ -82,12 +82,17 @@ def git_sha(path: str):
 
 def run_description(args, sizes, run_name: str, script_path: str) -> dict:
     """Enough to rerun the run: every argument, the derived sizes, the code version, the library
-    versions, the XLA flags its backend started with (on a GPU, whether its operations are
-    deterministic) and the options whose default is the platform's (`accelerators`)."""
+    versions (for a Gymnasium environment, also those of the packages that make it), the XLA flags
+    its backend started with (on a GPU, whether its operations are deterministic) and the options
+    whose default is the platform's (`accelerators`)."""
     import jax
 
-    from cleanba_utils import accelerators
+    from cleanba_utils import accelerators, gymnasium_envs
+    from cleanba_utils.env_ids import is_gymnasium_env
 
+    versions = {p: importlib.metadata.version(p) for p in PACKAGES}
+    if is_gymnasium_env(args.env_id):
+        versions |= gymnasium_envs.environment_versions(args.env_id)
     return dict(
         run_name=run_name,
         script=os.path.basename(script_path),
@@ -96,7 +101,7 @@ def run_description(args, sizes, run_name: str, script_path: str) -> dict:
         sizes=dataclasses.asdict(sizes),
         git_sha=git_sha(script_path),
         python=platform.python_version(),
-        versions={p: importlib.metadata.version(p) for p in PACKAGES},
+        versions=versions,
         devices=[str(d) for d in jax.devices()],
         xla_flags=os.environ.get("XLA_FLAGS", ""),
         platform_defaults=accelerators.platform_defaults(),

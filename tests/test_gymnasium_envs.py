@@ -213,6 +213,19 @@ def test_a_script_takes_a_stack_of_a_gymnasium_environments_images(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     spec = json.loads(next((tmp_path / "runs").glob("*/spec.json")).read_text())
     assert spec["args"]["frame_stack"] == 4
+    # spec.json names the packages that make the environment: here a module on PYTHONPATH.
+    assert spec["versions"]["test_gymnasium_envs"] == "not installed"
+    assert spec["versions"]["gymnasium"] == gymnasium.__version__
+
+
+def test_spec_json_records_the_mujoco_that_a_mujoco_task_runs_on():
+    import importlib.metadata
+
+    versions = gymnasium_envs.environment_versions("gymnasium:Hopper-v5")
+    assert versions == {
+        "gymnasium": gymnasium.__version__,
+        "mujoco": importlib.metadata.version("mujoco"),
+    }
 
 
 @pytest.mark.parametrize(
