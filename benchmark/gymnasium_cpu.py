@@ -43,7 +43,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from csv_columns import RUN_COLUMNS
 from learning_minatar_cpu import PUREJAXRL_SETTINGS
-from measure import command_line, run_resumable
+from measure import run_resumable
 
 from cleanba_utils.experiments.events import read_scalars, running_mean
 
@@ -218,7 +218,7 @@ def summary_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def report(work_dir: Path, out_dir: Path, date: str, note: str, argv: list[str]):
+def report(work_dir: Path, out_dir: Path, date: str, note: str):
     rows = []
     curves = {}
     for name, run in RUNS.items():
@@ -287,9 +287,9 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str, argv: list[str])
     (out_dir / "gymnasium_cpu.md").write_text(
         f"# Gymnasium's environments on a CPU ({date})\n\n"
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python "
-        f"{platform.python_version()}. Made by `{command_line(argv)}` (under `uv run --with "
-        "minatar==1.0.15`), which runs, from the repository root, one at a time under `nice -n "
-        "10`, with `PYTHONPATH=benchmark` for the MinAtar factory:"
+        f"{platform.python_version()}. Made by `uv run --with minatar==1.0.15 python "
+        "benchmark/gymnasium_cpu.py`, which runs, from the repository root, one at a time under "
+        "`nice -n 10`, with `PYTHONPATH=benchmark` for the MinAtar factory:"
         f"\n\n```\n{commands}\n```\n\n"
         "## Speed: envpool, Gymnasium sync and async\n\n"
         f"{speed_section}\n\n"
@@ -333,7 +333,7 @@ def main():
                 print(f"{name}: already run", flush=True)
             else:
                 run_resumable(name, command_of(name), args.work_dir, REPO)
-    report(args.work_dir, args.out_dir, args.date, args.note, sys.argv)
+    report(args.work_dir, args.out_dir, args.date, args.note)
 
 
 if __name__ == "__main__":
