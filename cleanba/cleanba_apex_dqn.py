@@ -60,7 +60,7 @@ from cleanba_utils.replay.prioritized_learning import (
 )
 from cleanba_utils.replay.store import Mark, ReplayStore, store_bytes
 from cleanba_utils.run import open_run, resume_or_start
-from cleanba_utils.run_args import JAX_ENV, RUN_NEEDS, DeviceArgs
+from cleanba_utils.run_args import GYMNASIUM_IMAGES, JAX_ENV, RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put
 from cleanba_utils.torsos import (
@@ -117,6 +117,11 @@ class Args(DeviceArgs):
     a CPU, where inference would take the cores the environments step on, and for a JAX
     environment (its steps run inside the compiled rollout); the results are the same up to float
     rounding"""
+    frame_stack: int = positive(1)
+    """a Gymnasium environment's image observation as its last this many images (`gymnasium:`
+    --env-id of images; Gymnasium's FrameStackObservation, their channels one after another), as
+    envpool stacks Atari's last 4 frames: where a network needs motion that one image does not
+    show. 1: the image alone"""
     num_steps: int = positive(32)
     """the number of steps each environment runs per rollout (one update of the learner)"""
     gamma: float = in_range(0.99, 0, 1, low_open=True)
@@ -184,6 +189,7 @@ PLATFORM_DEFAULTS = {
 # set away from its default where its need does not hold.
 NEEDS = {
     **RUN_NEEDS,
+    "frame_stack": GYMNASIUM_IMAGES,
     "importance_sampling_exponent": Need(
         lambda args: args.priority_exponent > 0,
         "--priority-exponent above 0 (uniform sampling weights every item 1)",

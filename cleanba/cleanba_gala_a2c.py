@@ -60,7 +60,7 @@ from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.kept_lag import KeptLag
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.run import open_run, resume_or_start
-from cleanba_utils.run_args import RUN_NEEDS, RunArgs
+from cleanba_utils.run_args import GYMNASIUM_IMAGES, RUN_NEEDS, RunArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import POLL_SECONDS, Stopped, queue_get, queue_put, start_thread
 from cleanba_utils.torsos import (
@@ -130,6 +130,11 @@ class Args(RunArgs):
     a CPU, where inference would take the cores the environments step on, and for a JAX
     environment (its steps run inside the compiled rollout); the results are the same up to float
     rounding"""
+    frame_stack: int = positive(1)
+    """a Gymnasium environment's image observation as its last this many images (`gymnasium:`
+    --env-id of images; Gymnasium's FrameStackObservation, their channels one after another), as
+    envpool stacks Atari's last 4 frames: where a network needs motion that one image does not
+    show. 1: the image alone"""
     num_steps: int = positive(5)
     """the number of steps each environment runs per rollout: the horizon of the bootstrapped
     returns"""
@@ -195,6 +200,7 @@ PLATFORM_DEFAULTS = {
 # set away from its default where its need does not hold.
 NEEDS = {
     **RUN_NEEDS,
+    "frame_stack": GYMNASIUM_IMAGES,
     "eval_actions": Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
     "eval_every": Need(
         lambda args: args.eval_episodes > 0 and lock_step(args),
@@ -323,7 +329,7 @@ def make_env(args: Args, seed: int, num_envs: int):
         return jax_envs.JaxVectorEnv(args.env_id, args.env_params, seed, num_envs)
     if is_gymnasium_env(args.env_id):
         return gymnasium_envs.GymnasiumVectorEnv(
-            args.env_id, seed, num_envs, args.vectorization_mode, args.frame_stack
+            args.env_id, seed, num_envs, args.vectorization_mode, getattr(args, "frame_stack", 1)
         )
     num_threads = envpool_num_threads(
         args.envpool_num_threads, num_envs=num_envs, instances=args.num_agents

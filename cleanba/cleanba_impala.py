@@ -49,7 +49,7 @@ from cleanba_utils.kept_lag import KeptLag
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.microbatches import microbatch_update, rolls
 from cleanba_utils.run import open_run, resume_or_start
-from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
+from cleanba_utils.run_args import GYMNASIUM_IMAGES, RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put
 from cleanba_utils.torsos import MinAtarTorso, resolve_image_defaults
@@ -86,6 +86,11 @@ class Args(DeviceArgs):
     a CPU, where inference would take the cores the environments step on, and for a JAX
     environment (its steps run inside the compiled rollout); the results are the same up to float
     rounding"""
+    frame_stack: int = positive(1)
+    """a Gymnasium environment's image observation as its last this many images (`gymnasium:`
+    --env-id of images; Gymnasium's FrameStackObservation, their channels one after another), as
+    envpool stacks Atari's last 4 frames: where a network needs motion that one image does not
+    show. 1: the image alone"""
     num_steps: int = positive(20)
     """the number of steps each environment runs per rollout"""
     gamma: float = in_range(0.99, 0, 1, low_open=True)
@@ -129,6 +134,7 @@ PLATFORM_DEFAULTS = {
 # set away from its default where its need does not hold.
 NEEDS = {
     **RUN_NEEDS,
+    "frame_stack": GYMNASIUM_IMAGES,
     "channels": parsing.IMAGE_OBSERVATIONS,
 }
 

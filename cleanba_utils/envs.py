@@ -80,7 +80,7 @@ def make_env(args, seed: int, num_envs: int):
         return jax_envs.JaxVectorEnv(args.env_id, args.env_params, seed, num_envs)
     if is_gymnasium_env(args.env_id):
         return gymnasium_envs.GymnasiumVectorEnv(
-            args.env_id, seed, num_envs, args.vectorization_mode, args.frame_stack
+            args.env_id, seed, num_envs, args.vectorization_mode, getattr(args, "frame_stack", 1)
         )
     instances = args.num_actor_threads * len(args.actor_device_ids)
     options = MACHADO_ATARI if is_atari(args.env_id) else {}

@@ -257,8 +257,8 @@ def filming(film: Film | None):
 
 
 def check_filmable(env_id: str):
-    """--capture-video: the environment renders `rgb_array` frames, and moviepy writes them (one
-    line and exit 2 otherwise)."""
+    """--capture-video: the environment renders `rgb_array` frames here (classic control needs
+    pygame, MuJoCo an OpenGL context), and moviepy writes them (one line and exit 2 otherwise)."""
     try:
         import moviepy  # noqa: F401
     except ImportError:
@@ -279,6 +279,19 @@ def check_filmable(env_id: str):
             fail(
                 f"--capture-video: --env-id {env_id} renders {modes or 'nothing'}, not rgb_array "
                 "frames"
+            )
+        env.reset(seed=0)
+        try:
+            frame = np.asarray(env.render())
+        except Exception as error:
+            fail(
+                f"--capture-video: --env-id {env_id} cannot render a frame here "
+                f"({type(error).__name__}: {error})"
+            )
+        if frame.ndim != 3 or frame.shape[2] != 3:
+            fail(
+                f"--capture-video: --env-id {env_id} renders frames of shape {frame.shape}, not "
+                "(height, width, 3)"
             )
     finally:
         env.close()

@@ -64,11 +64,6 @@ class RunArgs:
     its AsyncVectorEnv, the workers started by forkserver, so a class of yours must be importable by
     its module's name). The default is measured in docs/gymnasium_environments.md; results do not
     depend on it"""
-    frame_stack: int = positive(1)
-    """a Gymnasium environment's image observation as its last this many images (`gymnasium:`
-    --env-id of images; Gymnasium's FrameStackObservation, their channels one after another), as
-    envpool stacks Atari's last 4 frames: where a network needs motion that one image does not
-    show. 1: the image alone"""
     envpool_num_threads: int | None = positive(None)
     """worker threads of each envpool instance (default: the CPUs shared equally among the
     instances); results do not depend on it"""
@@ -114,6 +109,13 @@ def observes_gymnasium_images(args) -> bool:
     return is_gymnasium_env(args.env_id) and observes_images(args)
 
 
+GYMNASIUM_IMAGES = Need(
+    observes_gymnasium_images,
+    "a Gymnasium environment of image observations (--env-id gymnasium:...)",
+)
+"""What --frame-stack (the discrete scripts') needs."""
+
+
 JAX_ENV = Need(
     lambda args: is_jax_env(args.env_id), "a JAX environment (--env-id gymnax:... or jax:...)"
 )
@@ -132,10 +134,6 @@ RUN_NEEDS = {
     "eval_every": Need(lambda args: args.eval_episodes > 0, "--eval-episodes"),
     "env_params": JAX_ENV,
     "vectorization_mode": GYMNASIUM_ENV,
-    "frame_stack": Need(
-        observes_gymnasium_images,
-        "a Gymnasium environment of image observations (--env-id gymnasium:...)",
-    ),
     "capture_video": Need(
         lambda args: is_gymnasium_env(args.env_id) and args.eval_episodes > 0,
         "a Gymnasium environment (--env-id gymnasium:...) and --eval-episodes",

@@ -6,8 +6,10 @@ What each option needs is written here from the scripts' behaviour (which code r
 independently of the tables the scripts' validation reads."""
 
 import dataclasses
+import sys
 import types
 import typing
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -24,6 +26,9 @@ from cleanba import (
 )
 from cleanba_utils import fields
 
+# The worked example's module, which --capture-video's need names.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "examples"))
+
 ATARI = ["--env-id", "Breakout-v5"]
 TRACK = ["--track"]
 DISTRIBUTED = ["--distributed", "--coordinator-address", "127.0.0.1:1"]
@@ -39,9 +44,24 @@ RUN_NEEDS = {
     "upload_model": ["--save-model"],
     "hf_entity": ["--upload-model", "--save-model"],
 }
-# --env-params acts on a JAX environment's parameters.
-DISCRETE_NEEDS = {**RUN_NEEDS, "env_params": ["--env-id", "gymnax:Breakout-MinAtar"]}
-CONTINUOUS_NEEDS = {**RUN_NEEDS, "env_params": ["--env-id", "gymnax:Pendulum-v1"]}
+# --env-params acts on a JAX environment's parameters; --vectorization-mode on a Gymnasium
+# environment's; --capture-video films a Gymnasium environment's evaluations (the worked example
+# renders); --frame-stack stacks a Gymnasium environment's images (the discrete scripts').
+CORRIDOR = "gymnasium:gymnasium_corridor:Corridor"
+DISCRETE_NEEDS = {
+    **RUN_NEEDS,
+    "env_params": ["--env-id", "gymnax:Breakout-MinAtar"],
+    "vectorization_mode": ["--env-id", "gymnasium:CartPole-v1"],
+    "capture_video": ["--env-id", CORRIDOR, "--eval-episodes", "1"],
+    "frame_stack": ["--env-id", "gymnasium:test_gymnasium_envs:Blink"],
+}
+CONTINUOUS_NEEDS = {
+    **RUN_NEEDS,
+    "env_params": ["--env-id", "gymnax:Pendulum-v1"],
+    "vectorization_mode": ["--env-id", "gymnasium:Pendulum-v1"],
+    "capture_video": ["--env-id", f"{CORRIDOR.removesuffix('Corridor')}ContinuousCorridor"],
+}
+CONTINUOUS_NEEDS["capture_video"] += ["--eval-episodes", "1"]
 SCRIPTS = {
     "ppo": (cleanba_ppo, {**DISCRETE_NEEDS, "eval_every": ["--eval-episodes", "2"]}),
     "impala": (cleanba_impala, {**DISCRETE_NEEDS, "eval_every": ["--eval-episodes", "2"]}),

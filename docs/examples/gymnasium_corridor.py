@@ -10,6 +10,8 @@ cells towards its far end; reaching it gives reward 1 and ends the episode, whic
         --env-id gymnasium:gymnasium_corridor:ContinuousCorridor --total-timesteps 20000
 """
 
+from typing import ClassVar
+
 import gymnasium
 import numpy as np
 
@@ -18,7 +20,7 @@ class Corridor(gymnasium.Env):
     """Actions: 0 steps back, 1 steps forward. Observation: the position, one-hot over the
     corridor's cells."""
 
-    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+    metadata: ClassVar[dict] = {"render_modes": ["rgb_array"], "render_fps": 10}
 
     def __init__(self, length: int = 12, max_steps: int = 50, render_mode: str | None = None):
         self.length = length
