@@ -88,7 +88,7 @@ def check_run_options(args):
             f"got {args.process_id}"
         )
     check_env_id(args)
-    if args.capture_video and is_gymnasium_env(args.env_id):
+    if args.capture_video and is_gymnasium_env(args.env_id) and args.eval_episodes > 0:
         from cleanba_utils.gymnasium_envs import check_filmable
 
         check_filmable(args.env_id)

@@ -104,9 +104,9 @@ class DeviceArgs(RunArgs):
 
 
 def observes_gymnasium_images(args) -> bool:
-    from cleanba_utils.parsing import observes_images
+    from cleanba_utils.envs import has_image_observations
 
-    return is_gymnasium_env(args.env_id) and observes_images(args)
+    return is_gymnasium_env(args.env_id) and has_image_observations(args.env_id)
 
 
 GYMNASIUM_IMAGES = Need(

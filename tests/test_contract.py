@@ -77,5 +77,7 @@ def test_the_keep_lag_scripts_leave_their_resume_to_the_library():
     ]
     for module in keep_lag:
         source = (REPO / module.__file__).read_text()
-        assert "kept_lag.run_origin(" in source and "compiled_rollout.start(" in source
+        assert "kept_lag.run_origin(" in source and "compiled_rollout.start" in source
+        # Gymnasium's environments: the library's Python rollout keeps their records.
+        assert "split_envs.start_splits, keep_record=True" in source
         assert [name for name in own_plumbing if name in source] == [], module.__name__
