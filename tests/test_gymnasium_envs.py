@@ -321,6 +321,23 @@ def test_a_script_on_gymnasium_repeats_its_fingerprint(tmp_path, script):
     assert fingerprints[0] == fingerprints[1]
 
 
+# In the long checks (`-m long`): four runs cost the README's test command about 40 s. With the
+# fingerprint test above (the continuous scripts on ContinuousCorridor, the discrete ones on
+# CartPole-v1) and the resume test (Hopper-v5), every script runs on a registered id and on the
+# worked example.
+@pytest.mark.long
+@pytest.mark.parametrize("script", list(SMALL))
+def test_a_discrete_script_trains_on_the_worked_example(tmp_path, script):
+    result = run_script(
+        script,
+        ["--env-id", "gymnasium:gymnasium_corridor:Corridor", *SMALL[script]],
+        tmp_path,
+        extra_env={"PYTHONPATH": str(REPO / "docs" / "examples")},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert scalars(next((tmp_path / "runs").iterdir()), "charts/episodic_return")
+
+
 # In the long checks (`-m long`): its runs cost the README's test command about 20 s.
 @pytest.mark.long
 def test_a_layout_changes_a_gymnasium_environments_run_by_rounding_only(tmp_path):
