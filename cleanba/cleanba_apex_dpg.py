@@ -61,7 +61,7 @@ from cleanba_utils.replay.prioritized_learning import (
 )
 from cleanba_utils.replay.store import ReplayStore, store_bytes
 from cleanba_utils.rollout_steps import Steps
-from cleanba_utils.run import open_run
+from cleanba_utils.run import LearnerTimes, open_run
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put
@@ -291,7 +291,7 @@ class Rollout(NamedTuple):
     data: Transitions
     record: EnvRecord
     tail: Steps
-    timing: dict
+    timing: handoff.ActorTimes
 
 
 class CriticValues(NamedTuple):
@@ -396,7 +396,7 @@ def actor_thread(
     sizes,
     run,
     networks,
-    first_update,
+    lag,
     env_offset,
     device,
     param_queue,
@@ -404,9 +404,10 @@ def actor_thread(
     env_record,
     tails,
 ):
-    """One actor thread, global envs from env_offset in a compiled rollout, resumed from their
-    part of a checkpoint's `env_record` and `tails` (None: a fresh run). Update u is played by
-    version u - 1, or u - 2 with --concurrency (`cleanba_utils.handoff`)."""
+    """One actor thread, global envs from env_offset in a compiled rollout (Gymnasium's: in
+    Python), resumed from their part of a checkpoint's `env_record` and `tails` (None: a fresh
+    run). Update u is played by version u - 1, or u - 2 with --concurrency (`lag`, a
+    `handoff.LagRule`)."""
     noise_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     noise_stds = functools.partial(
         noise_stds_of, num_envs=sizes.num_envs, std=args.noise_std, alpha=args.noise_alpha
@@ -430,9 +431,9 @@ def actor_thread(
     else:
         own_envs = slice(env_offset, env_offset + args.local_num_envs)
         tail = jax.tree.map(lambda field: np.array(field[own_envs]), tails)
-    for update in range(first_update, sizes.num_updates + 1):
+    for update in lag.updates():
         param_wait_start = time.time()
-        if handoff.actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
+        if lag.actor_fetches_params(update):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
         rollout_start = time.time()
@@ -446,7 +447,7 @@ def actor_thread(
             data=data,
             record=played.record,
             tail=tail,
-            timing=dict(
+            timing=handoff.ActorTimes(
                 param_queue_get_time=param_queue_get_time,
                 rollout_time=time.time() - rollout_start,
                 env_step_time=played.env_step_time,
@@ -714,21 +715,12 @@ def model_params(state: LearnerState) -> dict:
     return jax.device_get(first_replica(state.params()))
 
 
-def update_learner(
-    args, sizes, run, actors, first_update, jobs, replay, update_fn, sample, learner, update
-):
+def update_learner(args, sizes, run, actors, jobs, replay, update_fn, sample, learner, update):
     """Takes the rollouts of `update` (`take_rollouts` checks which policy played them) and inserts
     them into the replay; once it holds --learning-starts transitions, makes --updates-per-rollout
     optimizer steps (`learn`). Logs the update (`Run.log_update`) with Ape-X DPG's statistics, the
     priorities (an O(N) pass) every --log-frequency. Returns the learner."""
-    rollouts, rollout_queue_get_time = handoff.take_rollouts(
-        actors.rollout_queues,
-        update=update,
-        first_update=first_update,
-        concurrency=args.concurrency,
-        on_resume=ON_RESUME,
-        stop=run.stop,
-    )
+    rollouts, rollout_queue_get_time = actors.take_rollouts(update)
     learn_start = time.time()
     # Every process's rollouts in global env order: each process holds the whole replay.
     parts = [(r.data, r.record, r.tail) for r in rollouts]
@@ -762,8 +754,6 @@ def update_learner(
     learned = learner.learned
     stats = dict(
         insert_time=insert_time,
-        learn_time=learn_time,
-        rollout_queue_get_time=rollout_queue_get_time,
         noise_std_min=stds.min(),
         noise_std_max=stds.max(),
         **({} if learned is None else learned.stats),
@@ -772,7 +762,8 @@ def update_learner(
         update,
         rollouts=rollouts,
         metrics=None if learned is None else learned.metrics,
-        learner_stats=stats,
+        learner_times=LearnerTimes(rollout_queue_get_time, learn_time),
+        stats=stats,
         optimizer_steps=learner.optimizer_steps,
         replay_size=replay_size,
     )
@@ -800,15 +791,20 @@ def train(args: Args):
     learner = first_learner(origin, learner_devices)
     run.evaluate_untrained(lambda: model_params(learner.state))
     update_fn = make_update(args, global_learner_devices)
-    first_update = origin.counters["update"] + 1
+    lag = handoff.LagRule(
+        first_update=origin.counters["update"] + 1,
+        num_updates=sizes.num_updates,
+        concurrency=args.concurrency,
+        on_resume=ON_RESUME,
+    )
     actors = handoff.start_actor_threads(
         actor_thread,
         [jax.local_devices()[i] for i in args.actor_device_ids],
         args=args,
         run=run,
+        lag=lag,
         sizes=sizes,
         networks=networks,
-        first_update=first_update,
         env_record=origin.env_record,
         tails=origin.own,
     )
@@ -819,23 +815,15 @@ def train(args: Args):
         sizes,
         run=run,
         actors=actors,
-        first_update=first_update,
         jobs=jobs,
         replay=replay,
         update_fn=update_fn,
         sample=functools.partial(sample_batches, args, replay, learner_devices),
     )
     with run.learner_loop([*actors.threads, jobs.thread]) as end:
-        handoff.send_first_params(
-            actors,
-            params=first_replica(learner.state.params()),
-            acting_params=origin.acting_params,
-            first_update=first_update,
-            num_updates=sizes.num_updates,
-            concurrency=args.concurrency,
-        )
-        update = first_update - 1  # the updates done, where the loop makes none (a finished run)
-        for update in range(first_update, sizes.num_updates + 1):
+        actors.send_first(first_replica(learner.state.params()), acting_params=origin.acting_params)
+        update = lag.first_update - 1  # the updates done, where the loop makes none (finished)
+        for update in lag.updates():
             learner = learn_update(learner=learner, update=update)
             if run.evaluation_due(update):
                 run.evaluate_and_log(update, model_params(learner.state), learner.optimizer_steps)

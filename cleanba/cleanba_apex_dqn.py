@@ -35,15 +35,10 @@ from cleanba_utils.envs import make_env
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import Need, in_range, non_negative, positive
-from cleanba_utils.handoff import (
-    OnResume,
-    actor_fetches_params,
-    send_first_params,
-    start_actor_threads,
-    take_rollouts,
-)
+from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, start_actor_threads
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.kept_lag import KeptLag
+from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.replay.frame_ring import (
     FrameRing,
     frame_ring_bytes,
@@ -59,16 +54,13 @@ from cleanba_utils.replay.prioritized_learning import (
     log_priorities,
 )
 from cleanba_utils.replay.store import Mark, ReplayStore, store_bytes
-from cleanba_utils.run import open_run, resume_or_start
+from cleanba_utils.run import LearnerTimes, open_run, resume_or_start
 from cleanba_utils.run_args import GYMNASIUM_IMAGES, JAX_ENV, RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put
 from cleanba_utils.torsos import (
     MINATAR_HIDDENS,
     TORSO_CHANNELS,
-    ImpalaTorso,
-    MinAtarTorso,
-    NatureTorso,
     check_torso_channels,
     observes_small_images,
 )
@@ -277,6 +269,63 @@ def default_hiddens(env_id: str) -> tuple[int, ...]:
 # === Network ===
 
 
+class NatureTorso(nn.Module):
+    """The convolutions of the Nature DQN (Mnih et al., 2015), also the torso of the Dueling DDQN
+    agent and of Dhariwal et al.'s (2017) A2C: 8x8 stride 4, 4x4 stride 2, 3x3 stride 1, no
+    padding, ReLU."""
+
+    channels: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, x):
+        for channels, size, stride in zip(self.channels, (8, 4, 3), (4, 2, 1)):
+            conv = nn.Conv(
+                channels,
+                (size, size),
+                strides=(stride, stride),
+                padding="VALID",
+            )
+            x = nn.relu(conv(x))
+        return x.reshape(x.shape[0], -1)
+
+
+class MinAtarTorso(nn.Module):
+    """Young & Tian's (2019) MinAtar network's torso: a 3x3 convolution of stride 1, no padding, per
+    entry of `channels` (theirs: one of 16), ReLU; flattened."""
+
+    channels: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, x):
+        for channels in self.channels:
+            x = nn.relu(nn.Conv(channels, (3, 3), padding="VALID")(x))
+        return x.reshape(x.shape[0], -1)
+
+
+class ResidualBlock(nn.Module):
+    channels: int
+
+    @nn.compact
+    def __call__(self, x):
+        y = nn.Conv(self.channels, (3, 3))(nn.relu(x))
+        y = nn.Conv(self.channels, (3, 3))(nn.relu(y))
+        return x + y
+
+
+class ImpalaTorso(nn.Module):
+    """The IMPALA ResNet: per stack, a convolution, a max pool and two residual blocks."""
+
+    channels: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, x):
+        for channels in self.channels:
+            x = nn.Conv(channels, (3, 3))(x)
+            x = max_pool_3x3_stride_2(x)
+            x = ResidualBlock(channels)(ResidualBlock(channels)(x))
+        return nn.relu(x).reshape(x.shape[0], -1)
+
+
 TORSOS = {"nature": NatureTorso, "impala": ImpalaTorso, "minatar": MinAtarTorso}
 
 
@@ -425,7 +474,7 @@ class Rollout(NamedTuple):
     data: Transitions
     record: Any
     carry: ActorCarry
-    timing: dict
+    timing: ActorTimes
 
 
 def epsilons_of(env_ids, num_envs: int, base: float, alpha: float) -> np.ndarray:
@@ -494,7 +543,7 @@ def actor_thread(
     sizes,
     run,
     network,
-    first_update,
+    lag,
     env_offset,
     device,
     param_queue,
@@ -502,12 +551,12 @@ def actor_thread(
     env_record,
     carry,
 ):
-    """One actor thread: environments with global indices env_offset .. env_offset + local_num_envs
-    - 1. envpool's environments step in Python beside the policy's inference; a JAX environment's
-    steps and the policy's run in one compiled program, continued from their part of `env_record`
-    in a resumed run (None: a fresh run, or envpool's environments). Either way the rollout's
-    n-step transitions and initial priorities are computed here (`rollout_data`), from the
-    thread's part of `carry`, every environment's `ActorCarry`."""
+    """One actor thread, playing the updates of `lag`: environments with global indices env_offset
+    .. env_offset + local_num_envs - 1. envpool's environments step in Python beside the policy's
+    inference; a JAX environment's steps and the policy's run in one compiled program, continued
+    from their part of `env_record` in a resumed run (None: a fresh run, or envpool's environments).
+    Either way the rollout's n-step transitions and initial priorities are computed here
+    (`rollout_data`), from the thread's part of `carry`, every environment's `ActorCarry`."""
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
     tail, episode_step = jax.tree.map(lambda every_env: every_env[env_ids], carry)
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
@@ -531,9 +580,9 @@ def actor_thread(
     # under their own key too.
     lowest_epsilon_quarter = env_ids >= sizes.num_envs - max(1, sizes.num_envs // 4)
 
-    for update in range(first_update, sizes.num_updates + 1):
+    for update in lag.updates():
         param_wait_start = time.time()
-        if actor_fetches_params(update, first_update, args.concurrency, on_resume_of(args)):
+        if lag.actor_fetches_params(update):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
 
@@ -558,7 +607,7 @@ def actor_thread(
         data, tail = rollout_data(
             played=played, tail=tail, env_ids=env_ids, gamma=args.gamma, n=args.n_step
         )
-        timing = dict(
+        timing = ActorTimes(
             param_queue_get_time=param_queue_get_time,
             rollout_time=time.time() - rollout_start,
             inference_time=rollout.inference_time,
@@ -944,19 +993,21 @@ def log_update(
     update,
     rollouts,
     replay_size,
-    learner_stats,
+    learner_times,
+    insert_time,
     learned,
     optimizer_steps,
     read_priorities,
 ):
-    """`Run.log_update` with Ape-X's own statistics: the exploration rates and the last batch's
-    importance weights every update, the priorities (an O(N) pass) every --log-frequency. `learned`
-    is that of the last update that learned (None before the first)."""
+    """`Run.log_update` with Ape-X's own statistics: the seconds inserting the rollouts, the
+    exploration rates and the last batch's importance weights every update, the priorities (an O(N)
+    pass) every --log-frequency. `learned` is that of the last update that learned (None before the
+    first)."""
     epsilons = epsilons_of(
         np.arange(sizes.num_envs), sizes.num_envs, args.epsilon_base, args.epsilon_alpha
     )
     stats = dict(
-        learner_stats,
+        insert_time=insert_time,
         epsilon_min=epsilons.min(),
         epsilon_max=epsilons.max(),
         **({} if learned is None else learned.stats),
@@ -966,7 +1017,8 @@ def log_update(
         update,
         rollouts=rollouts,
         metrics=None if learned is None else learned.metrics,
-        learner_stats=stats,
+        learner_times=learner_times,
+        stats=stats,
         optimizer_steps=optimizer_steps,
         learning_rate=schedule(optimizer_steps) if callable(schedule) else schedule,
         replay_size=replay_size,
@@ -1001,15 +1053,20 @@ def train(args: Args):
     state = replicate(origin.learner, learner_devices)
     run.evaluate_untrained(lambda: model_params(state))
     update_fn = make_update(args, global_learner_devices)
-    first_update = origin.counters["update"] + 1
+    lag = LagRule(
+        first_update=origin.counters["update"] + 1,
+        num_updates=sizes.num_updates,
+        concurrency=args.concurrency,
+        on_resume=on_resume_of(args),
+    )
     actors = start_actor_threads(
         actor_thread,
         actor_devices,
         args=args,
         run=run,
+        lag=lag,
         sizes=sizes,
         network=network,
-        first_update=first_update,
         env_record=origin.env_record,
         carry=actor_carry_of(args, sizes, origin),
     )
@@ -1029,24 +1086,10 @@ def train(args: Args):
     if pending is not None:
         pending = pending._replace(td=replicate(pending.td, learner_devices))
     with run.learner_loop([*actors.threads, jobs.thread]) as end:
-        send_first_params(
-            actors,
-            first_replica(state.params),
-            acting_params=origin.acting_params,
-            first_update=first_update,
-            num_updates=sizes.num_updates,
-            concurrency=args.concurrency,
-        )
-        update = first_update - 1  # the updates done, where the loop makes none (a finished run)
-        for update in range(first_update, sizes.num_updates + 1):
-            rollouts, rollout_queue_get_time = take_rollouts(
-                actors.rollout_queues,
-                update=update,
-                first_update=first_update,
-                concurrency=args.concurrency,
-                on_resume=on_resume_of(args),
-                stop=run.stop,
-            )
+        actors.send_first(first_replica(state.params), acting_params=origin.acting_params)
+        update = lag.first_update - 1  # the updates done, where the loop makes none (finished)
+        for update in lag.updates():
+            rollouts, rollout_queue_get_time = actors.take_rollouts(update)
             learn_start = time.time()
             replay_size = insert_rollouts(args, jobs=jobs, replay=replay, rollouts=rollouts)
             insert_time = time.time() - learn_start
@@ -1055,9 +1098,8 @@ def train(args: Args):
                     state=state, first_step=optimizer_steps, pending=pending
                 )
                 optimizer_steps += args.updates_per_rollout
-            learner_stats = dict(
+            learner_times = LearnerTimes(
                 rollout_queue_get_time=rollout_queue_get_time,
-                insert_time=insert_time,
                 learn_time=time.time() - learn_start,
             )
             log_update(
@@ -1067,7 +1109,8 @@ def train(args: Args):
                 update=update,
                 rollouts=rollouts,
                 replay_size=replay_size,
-                learner_stats=learner_stats,
+                learner_times=learner_times,
+                insert_time=insert_time,
                 learned=learned,
                 optimizer_steps=optimizer_steps,
                 read_priorities=lambda: jobs.wait(jobs.submit(replay.transitions.priorities)),

@@ -16,6 +16,7 @@ import os
 import queue
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 import envpool
@@ -55,18 +56,16 @@ from cleanba_utils.gala.agent_arrays import (
 )
 from cleanba_utils.gala.consensus import consensus_line, consensus_of, consensus_stats
 from cleanba_utils.gala.mailboxes import Mailbox, Message, broadcast, receive
-from cleanba_utils.handoff import OnResume, actor_fetches_params, take_rollouts
+from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, take_rollouts
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.kept_lag import KeptLag
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
-from cleanba_utils.run import open_run, resume_or_start
+from cleanba_utils.run import LearnerTimes, open_run, resume_or_start
 from cleanba_utils.run_args import GYMNASIUM_IMAGES, RUN_NEEDS, RunArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import POLL_SECONDS, Stopped, queue_get, queue_put, start_thread
 from cleanba_utils.torsos import (
     MINATAR_HIDDENS,
-    MinAtarTorso,
-    NatureTorso,
     check_torso_channels,
     observes_small_images,
     torso_channels,
@@ -357,6 +356,41 @@ def episode_over(terminated, truncated, info):
 # === Network ===
 
 
+class NatureTorso(nn.Module):
+    """The convolutions of the Nature DQN (Mnih et al., 2015), also the torso of the Dueling DDQN
+    agent and of Dhariwal et al.'s (2017) A2C: 8x8 stride 4, 4x4 stride 2, 3x3 stride 1, no
+    padding, ReLU."""
+
+    channels: tuple[int, ...]
+    kernel_init: Callable = nn.linear.default_kernel_init
+
+    @nn.compact
+    def __call__(self, x):
+        for channels, size, stride in zip(self.channels, (8, 4, 3), (4, 2, 1)):
+            conv = nn.Conv(
+                channels,
+                (size, size),
+                strides=(stride, stride),
+                padding="VALID",
+                kernel_init=self.kernel_init,
+            )
+            x = nn.relu(conv(x))
+        return x.reshape(x.shape[0], -1)
+
+
+class MinAtarTorso(nn.Module):
+    """Young & Tian's (2019) MinAtar network's torso: a 3x3 convolution of stride 1, no padding, per
+    entry of `channels` (theirs: one of 16), ReLU; flattened."""
+
+    channels: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, x):
+        for channels in self.channels:
+            x = nn.relu(nn.Conv(channels, (3, 3), padding="VALID")(x))
+        return x.reshape(x.shape[0], -1)
+
+
 class ConvSequence(nn.Module):
     """A convolution, a max pool and two residual blocks of two convolutions: a stack of the IMPALA
     ResNet."""
@@ -461,7 +495,7 @@ class Rollout(NamedTuple):
     transitions: Transitions
     bootstrap_obs: jax.Array
     record: Any
-    timing: dict
+    timing: ActorTimes
 
 
 def sample_actions(logits, key, step, env_ids):
@@ -482,12 +516,13 @@ def policy_step(network, action_key, params, obs, env_ids, step, step_input):
 
 
 def actor_thread(
-    args, sizes, run, network, first_update, agent, device, param_queue, rollout_queue, env_record
+    args, sizes, run, network, lag, agent, device, param_queue, rollout_queue, env_record
 ):
-    """Agent `agent`'s actor thread: environments with global indices agent x local_num_envs + 0, 1,
-    ... envpool's environments step in Python beside the policy's inference; a JAX environment's
-    steps and the policy's run in one compiled program, continued from their part of `env_record`
-    in a resumed run (None: a fresh run, or envpool's environments)."""
+    """Agent `agent`'s actor thread, playing the updates of `lag`: environments with global indices
+    agent x local_num_envs + 0, 1, ... envpool's environments step in Python beside the policy's
+    inference; a JAX environment's steps and the policy's run in one compiled program, continued
+    from their part of `env_record` in a resumed run (None: a fresh run, or envpool's
+    environments)."""
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     if is_jax_env(args.env_id):
         start_rollout = compiled_rollout.start
@@ -506,9 +541,9 @@ def actor_thread(
         device=device,
     )
 
-    for update in range(first_update, sizes.num_updates + 1):
+    for update in lag.updates():
         param_wait_start = time.time()
-        if actor_fetches_params(update, first_update, args.concurrency, on_resume_of(args)):
+        if lag.actor_fetches_params(update):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
         played = envs.play(params, update)
@@ -532,7 +567,7 @@ def actor_thread(
             transitions=jax.device_put(jax.tree.map(agent_first, transitions), device),
             bootstrap_obs=jax.device_put(agent_first(played.next_obs), device),
             record=played.record,
-            timing=dict(param_queue_get_time=param_queue_get_time),
+            timing=ActorTimes(param_queue_get_time=param_queue_get_time),
         )
         queue_put(rollout_queue, rollout, run.stop)
 
@@ -856,10 +891,9 @@ def agent_devices_of(args: Args) -> AgentDevices:
     )
 
 
-def start_actors(
-    args, sizes, run, network, agent_devices, first_update: int = 1, env_record: Any = None
-):
-    """One param queue, one rollout queue and one actor thread per local agent."""
+def start_actors(args, sizes, run, network, agent_devices, lag: LagRule, env_record: Any = None):
+    """One param queue, one rollout queue and one actor thread per local agent, playing the updates
+    of `lag`."""
     param_queues = []
     rollout_queues = []
     threads = []
@@ -876,7 +910,7 @@ def start_actors(
             sizes=sizes,
             run=run,
             network=network,
-            first_update=first_update,
+            lag=lag,
             agent=agent,
             device=device,
             param_queue=param_queues[-1],
@@ -911,14 +945,19 @@ def train_sync(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin):
     state = sharded(origin.learner, sharding)
     update_fn = make_update(args, sharding)
     first_agent = jax.process_index() * len(agent_devices)
-    first_update = run.counters["update"] + 1
+    lag = LagRule(
+        first_update=run.counters["update"] + 1,
+        num_updates=sizes.num_updates,
+        concurrency=args.concurrency,
+        on_resume=on_resume_of(args),
+    )
     param_queues, rollout_queues, threads = start_actors(
         args=args,
         sizes=sizes,
         run=run,
         network=network,
         agent_devices=agent_devices,
-        first_update=first_update,
+        lag=lag,
         env_record=origin.env_record,
     )
 
@@ -930,23 +969,16 @@ def train_sync(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin):
 
     with run.learner_loop(threads) as end:
         # A resumed JAX environment's run with --concurrency first sends the checkpoint's
-        # parameters, which play the actors' next rollout (`handoff.send_first_params`).
-        resumed = first_update > 1
+        # parameters, which play the actors' next rollout (`handoff.ActorThreads.send_first`).
+        resumed = lag.first_update > 1
         if resumed and args.concurrency and origin.acting_params is not None:
-            if first_update <= sizes.num_updates:
-                send(sharded(origin.acting_params, sharding), first_update - 2)
-        send(state.params, first_update - 1)
+            if lag.first_update <= sizes.num_updates:
+                send(sharded(origin.acting_params, sharding), lag.first_update - 2)
+        send(state.params, lag.first_update - 1)
         last_sent = state.params
-        update = first_update - 1  # the updates done, where the loop makes none (a finished run)
-        for update in range(first_update, sizes.num_updates + 1):
-            rollouts, rollout_queue_get_time = take_rollouts(
-                rollout_queues,
-                update=update,
-                first_update=first_update,
-                concurrency=args.concurrency,
-                on_resume=on_resume_of(args),
-                stop=run.stop,
-            )
+        update = lag.first_update - 1  # the updates done, where the loop makes none (finished)
+        for update in lag.updates():
+            rollouts, rollout_queue_get_time = take_rollouts(rollout_queues, update, lag, run.stop)
             learn_start = time.time()
             transitions = jax.tree.map(
                 lambda *slices: from_slices(slices, sharding), *[r.transitions for r in rollouts]
@@ -957,23 +989,24 @@ def train_sync(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin):
                 state, transitions, bootstrap_obs, with_similarity
             )
             consensus = jax.device_get(first_replica(consensus))
-            learner_stats = dict(
-                consensus_stats(consensus),
-                learn_time=time.time() - learn_start,
+            learner_times = LearnerTimes(
                 rollout_queue_get_time=rollout_queue_get_time,
+                learn_time=time.time() - learn_start,
             )
+            stats = consensus_stats(consensus)
             if with_similarity:
-                learner_stats["gradient_similarity"] = jax.device_get(first_replica(similarity))
+                stats["gradient_similarity"] = jax.device_get(first_replica(similarity))
             run.log_update(
                 update,
                 rollouts=rollouts,
                 metrics=losses._asdict(),
-                learner_stats=learner_stats,
+                learner_times=learner_times,
+                stats=stats,
                 optimizer_steps=update,
                 learning_rate=scaled_learning_rate(args),
                 details=consensus_line(consensus),
             )
-            steps = (update - first_update + 1) * sizes.steps_per_update // args.num_agents
+            steps = (update - lag.first_update + 1) * sizes.steps_per_update // args.num_agents
             log_distances(
                 run, update * sizes.steps_per_update, consensus, [steps] * args.num_agents
             )
@@ -1008,7 +1041,7 @@ class Board:
 
 
 def agent_learner(
-    args, sizes, run, agent, device, state, board, mailboxes, param_queue, rollout_queue
+    args, sizes, run, lag, agent, device, state, board, mailboxes, param_queue, rollout_queue
 ):
     """An agent of --gossip async: A2C update, post to the out-peers' mailboxes, mix with the
     messages in its own."""
@@ -1017,16 +1050,9 @@ def agent_learner(
     silent = {(agent - d) % num_agents: 0 for d in range(1, args.num_peers + 1)}
     update_fn = make_agent_update(args)
     mix_on_device = jax.jit(mix)
-    for update in range(1, sizes.num_updates + 1):
+    for update in lag.updates():
         queue_put(param_queue, (update - 1, state.params), run.stop)
-        [rollout], _ = take_rollouts(
-            [rollout_queue],
-            update=update,
-            first_update=1,
-            concurrency=args.concurrency,
-            on_resume=on_resume_of(args),
-            stop=run.stop,
-        )
+        [rollout], _ = take_rollouts([rollout_queue], update, lag, run.stop)
         state, losses = update_fn(state, rollout.transitions, rollout.bootstrap_obs)
         if update == 1:
             board.started.append(agent)
@@ -1065,8 +1091,15 @@ def train_async(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin)
     agent_devices = agent_devices_of(args).local
     board = Board(params=[None] * args.num_agents, updates=[0] * args.num_agents, started=[])
     mailboxes = [Mailbox() for _ in range(args.num_agents)]
+    # --gossip async keeps no checkpoint: a run starts at update 1.
+    lag = LagRule(
+        first_update=1,
+        num_updates=sizes.num_updates,
+        concurrency=args.concurrency,
+        on_resume=on_resume_of(args),
+    )
     param_queues, rollout_queues, threads = start_actors(
-        args=args, sizes=sizes, run=run, network=network, agent_devices=agent_devices
+        args=args, sizes=sizes, run=run, network=network, agent_devices=agent_devices, lag=lag
     )
     for agent, device in enumerate(agent_devices):
         agent_state = jax.device_put(jax.tree.map(operator.itemgetter(agent), state), device)
@@ -1079,6 +1112,7 @@ def train_async(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin)
             args=args,
             sizes=sizes,
             run=run,
+            lag=lag,
             agent=agent,
             device=device,
             state=agent_state,

@@ -35,22 +35,16 @@ from cleanba_utils.envs import has_image_observations, make_env
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import in_range, non_negative, positive
-from cleanba_utils.handoff import (
-    OnResume,
-    actor_fetches_params,
-    send_first_params,
-    start_actor_threads,
-    take_rollouts,
-)
+from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, start_actor_threads
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.kept_lag import KeptLag
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.microbatches import microbatch_update, rolls
-from cleanba_utils.run import open_run, resume_or_start
+from cleanba_utils.run import LearnerTimes, open_run, resume_or_start
 from cleanba_utils.run_args import GYMNASIUM_IMAGES, RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put
-from cleanba_utils.torsos import MinAtarTorso, resolve_image_defaults
+from cleanba_utils.torsos import resolve_image_defaults
 
 # === Args ===
 
@@ -193,6 +187,19 @@ def validate_layout(args: Args):
 # === Network ===
 
 
+class MinAtarTorso(nn.Module):
+    """Young & Tian's (2019) MinAtar network's torso: a 3x3 convolution of stride 1, no padding, per
+    entry of `channels` (theirs: one of 16), ReLU; flattened."""
+
+    channels: tuple[int, ...]
+
+    @nn.compact
+    def __call__(self, x):
+        for channels in self.channels:
+            x = nn.relu(nn.Conv(channels, (3, 3), padding="VALID")(x))
+        return x.reshape(x.shape[0], -1)
+
+
 class ResidualBlock(nn.Module):
     channels: int
 
@@ -300,7 +307,7 @@ class Rollout(NamedTuple):
     policy_version: int
     data: Trajectories
     record: Any
-    timing: dict
+    timing: ActorTimes
 
 
 def sample_actions(logits, key, step, env_ids):
@@ -333,7 +340,7 @@ def actor_thread(
     sizes,
     run,
     network,
-    first_update,
+    lag,
     env_offset,
     device,
     learner_devices,
@@ -341,11 +348,12 @@ def actor_thread(
     rollout_queue,
     env_record,
 ):
-    """One actor thread (`start_actor_threads`) on `device`: environments with global indices
-    env_offset .. env_offset + local_num_envs - 1, their rollouts split among the local
-    `learner_devices`. envpool's environments step in Python beside the policy's inference; a JAX
-    environment's steps and the policy's run in one compiled program, continued from their part of
-    `env_record` in a resumed run (None: a fresh run, or envpool's environments)."""
+    """One actor thread (`start_actor_threads`) on `device`, playing the updates of `lag`:
+    environments with global indices env_offset .. env_offset + local_num_envs - 1, their rollouts
+    split among the local `learner_devices`. envpool's environments step in Python beside the
+    policy's inference; a JAX environment's steps and the policy's run in one compiled program,
+    continued from their part of `env_record` in a resumed run (None: a fresh run, or envpool's
+    environments)."""
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     on_learner_devices = learner_sharding(learner_devices)
     num_slices = len(learner_devices)
@@ -363,9 +371,9 @@ def actor_thread(
     )
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
 
-    for update in range(first_update, sizes.num_updates + 1):
+    for update in lag.updates():
         param_wait_start = time.time()
-        if actor_fetches_params(update, first_update, args.concurrency, on_resume_of(args)):
+        if lag.actor_fetches_params(update):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
 
@@ -388,7 +396,7 @@ def actor_thread(
             is_reset=split(steps.is_reset),
             env_ids=split(env_ids),
         )
-        timing = dict(
+        timing = ActorTimes(
             param_queue_get_time=param_queue_get_time,
             rollout_time=time.time() - rollout_start,
             inference_time=played.inference_time,
@@ -672,37 +680,28 @@ def train(args: Args):
     run.evaluate_untrained(lambda: jax.device_get(first_replica(state.params)))
     rolled = rolls(learner_devices[0].platform, convolutional=has_image_observations(args.env_id))
     update_fn = make_update(args, global_learner_devices, rolled=rolled)
-    first_update = origin.counters["update"] + 1
+    lag = LagRule(
+        first_update=origin.counters["update"] + 1,
+        num_updates=sizes.num_updates,
+        concurrency=args.concurrency,
+        on_resume=on_resume_of(args),
+    )
     actors = start_actor_threads(
         actor_thread,
         actor_devices,
         args=args,
         run=run,
+        lag=lag,
         sizes=sizes,
         network=network,
-        first_update=first_update,
         learner_devices=learner_devices,
         env_record=origin.env_record,
     )
     with run.learner_loop(actors.threads) as end:
-        send_first_params(
-            actors,
-            first_replica(state.params),
-            acting_params=origin.acting_params,
-            first_update=first_update,
-            num_updates=sizes.num_updates,
-            concurrency=args.concurrency,
-        )
-        update = first_update - 1  # the updates done, where the loop makes none (a finished run)
-        for update in range(first_update, sizes.num_updates + 1):
-            rollouts, rollout_queue_get_time = take_rollouts(
-                actors.rollout_queues,
-                update=update,
-                first_update=first_update,
-                concurrency=args.concurrency,
-                on_resume=on_resume_of(args),
-                stop=run.stop,
-            )
+        actors.send_first(first_replica(state.params), acting_params=origin.acting_params)
+        update = lag.first_update - 1  # the updates done, where the loop makes none (finished)
+        for update in lag.updates():
+            rollouts, rollout_queue_get_time = actors.take_rollouts(update)
             learn_start = time.time()
             state, metrics = update_fn(state, tuple(r.data for r in rollouts), np.int32(update))
             saved = state
@@ -711,7 +710,7 @@ def train(args: Args):
                 record = gathered_rollouts([r.record for r in rollouts], args.distributed)
                 saved = KeptLag(state, actors.last_sent, record)
             jax.block_until_ready(state)
-            learner_stats = dict(
+            learner_times = LearnerTimes(
                 rollout_queue_get_time=rollout_queue_get_time,
                 learn_time=time.time() - learn_start,
             )
@@ -719,7 +718,7 @@ def train(args: Args):
                 update=update,
                 rollouts=rollouts,
                 metrics=metrics,
-                learner_stats=learner_stats,
+                learner_times=learner_times,
                 optimizer_steps=optimizer_steps_after(args, update),
                 learning_rate=learning_rate_at(args, sizes, update),
             )

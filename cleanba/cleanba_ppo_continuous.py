@@ -51,15 +51,9 @@ from cleanba_utils.envs import action_space_of, flat_observation, make_env
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import in_range, non_negative, positive
-from cleanba_utils.handoff import (
-    OnResume,
-    actor_fetches_params,
-    send_first_params,
-    start_actor_threads,
-    take_rollouts,
-)
+from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, start_actor_threads
 from cleanba_utils.kept_lag import KeptLag
-from cleanba_utils.run import open_run
+from cleanba_utils.run import LearnerTimes, open_run
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put
@@ -347,7 +341,7 @@ class Rollout(NamedTuple):
     record: EnvRecord
     discounted_return: np.ndarray
     """each environment's discounted return after the rollout, which scales its next rewards"""
-    timing: dict
+    timing: ActorTimes
 
 
 class PolicyOutputs(NamedTuple):
@@ -374,7 +368,7 @@ def actor_thread(
     sizes,
     run,
     network,
-    first_update,
+    lag,
     env_offset,
     device,
     learner_devices,
@@ -383,14 +377,14 @@ def actor_thread(
     env_record,
     discounted_returns,
 ):
-    """One actor thread (`start_actor_threads`) on `device`: environments with global indices
-    env_offset .. env_offset + local_num_envs - 1 in a compiled rollout, their rollouts split
-    among the local `learner_devices`; a resumed run continues them from their part of
-    `env_record`, every environment's `EnvRecord` at the checkpoint, and of `discounted_returns`
-    (None: a fresh run). The
-    policy's actions are stored unclipped (their log-probabilities are the Gaussian's); the
-    environments receive them clipped to the action bounds. Which policy plays which rollout:
-    `cleanba_utils.handoff`, with `ON_RESUME`."""
+    """One actor thread (`start_actor_threads`) on `device`, playing the updates of `lag`:
+    environments with global indices env_offset .. env_offset + local_num_envs - 1 in a compiled
+    rollout (Gymnasium's: in Python), their rollouts split among the local `learner_devices`; a
+    resumed run continues them from their part of `env_record`, every environment's `EnvRecord` at
+    the checkpoint, and of `discounted_returns` (None: a fresh run). The policy's actions are stored
+    unclipped (their log-probabilities are the Gaussian's); the environments receive them clipped to
+    the action bounds. Which policy plays which rollout: `cleanba_utils.handoff`, with
+    `ON_RESUME`."""
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     on_learner_devices = learner_sharding(learner_devices)
     # Each environment's discounted return, restarted with each episode: a resumed run's from the
@@ -416,9 +410,9 @@ def actor_thread(
         act=functools.partial(act, network, action_key, action_space.low, action_space.high),
         after_last=lambda policy, obs: policy_outputs(network, policy, obs)[2],
     )
-    for update in range(first_update, sizes.num_updates + 1):
+    for update in lag.updates():
         param_wait_start = time.time()
-        if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
+        if lag.actor_fetches_params(update):
             policy_version, policy = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
 
@@ -454,7 +448,7 @@ def actor_thread(
             data=jax.device_put(by_device, on_learner_devices),
             record=played.record,
             discounted_return=discounted_return.copy(),
-            timing=dict(
+            timing=ActorTimes(
                 param_queue_get_time=param_queue_get_time,
                 rollout_time=time.time() - rollout_start,
                 env_step_time=played.env_step_time,
@@ -726,38 +720,29 @@ def train(args: Args):
     state = replicate(origin.learner, learner_devices)
     run.evaluate_untrained(lambda: model_policy(state))
     update_fn = make_update(args, global_learner_devices)
-    first_update = origin.counters["update"] + 1
+    lag = LagRule(
+        first_update=origin.counters["update"] + 1,
+        num_updates=sizes.num_updates,
+        concurrency=args.concurrency,
+        on_resume=ON_RESUME,
+    )
     actors = start_actor_threads(
         actor_thread,
         [jax.local_devices()[i] for i in args.actor_device_ids],
         args=args,
         run=run,
+        lag=lag,
         sizes=sizes,
         network=network,
-        first_update=first_update,
         learner_devices=learner_devices,
         env_record=origin.env_record,
         discounted_returns=origin.own,
     )
     with run.learner_loop(actors.threads) as end:
-        send_first_params(
-            actors,
-            host_policy(state),
-            acting_params=origin.acting_params,
-            first_update=first_update,
-            num_updates=sizes.num_updates,
-            concurrency=args.concurrency,
-        )
-        update = first_update - 1  # the updates done, where the loop makes none (a finished run)
-        for update in range(first_update, sizes.num_updates + 1):
-            rollouts, rollout_queue_get_time = take_rollouts(
-                actors.rollout_queues,
-                update=update,
-                first_update=first_update,
-                concurrency=args.concurrency,
-                on_resume=ON_RESUME,
-                stop=run.stop,
-            )
+        actors.send_first(host_policy(state), acting_params=origin.acting_params)
+        update = lag.first_update - 1  # the updates done, where the loop makes none (finished)
+        for update in lag.updates():
+            rollouts, rollout_queue_get_time = actors.take_rollouts(update)
             learn_start = time.time()
             # One policy version played all the rollouts of an update, with the same statistics.
             played_normalizer = replicate(rollouts[0].normalizer, learner_devices)
@@ -771,7 +756,7 @@ def train(args: Args):
             )
             kept = KeptLag(state, actors.last_sent, record, own=discounted_returns)
             jax.block_until_ready(state)
-            learner_stats = dict(
+            learner_times = LearnerTimes(
                 rollout_queue_get_time=rollout_queue_get_time,
                 learn_time=time.time() - learn_start,
             )
@@ -780,7 +765,7 @@ def train(args: Args):
                 update=update,
                 rollouts=rollouts,
                 metrics=metrics,
-                learner_stats=learner_stats,
+                learner_times=learner_times,
                 optimizer_steps=optimizer_steps,
                 learning_rate=learning_rate_at(args, sizes, update),
             )

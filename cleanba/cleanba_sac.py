@@ -42,10 +42,10 @@ from cleanba_utils.envs import action_space_of, flat_observation, make_env, obse
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import Need, in_range, non_negative, positive
-from cleanba_utils.handoff import OnResume
+from cleanba_utils.handoff import ActorTimes, LagRule, OnResume
 from cleanba_utils.kept_lag import KeptLag
 from cleanba_utils.replay.store import ReplayStore, store_bytes
-from cleanba_utils.run import open_run
+from cleanba_utils.run import LearnerTimes, open_run
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put
@@ -295,7 +295,7 @@ class Rollout(NamedTuple):
     policy_version: int
     data: Transitions
     record: EnvRecord
-    timing: dict
+    timing: ActorTimes
 
 
 class Draws(NamedTuple):
@@ -337,7 +337,7 @@ def actor_thread(
     sizes,
     run,
     networks,
-    first_update,
+    lag,
     env_offset,
     device,
     param_queue,
@@ -345,10 +345,10 @@ def actor_thread(
     env_record,
 ):
     """One actor thread (`start_actor_threads`), playing the environments env_offset ..
-    env_offset + local_num_envs - 1 in a compiled rollout, continued from their part of
-    `env_record`, every environment's `EnvRecord` at a resumed run's checkpoint (None: a fresh
-    run). Update u's rollout is played by parameters version u - 1, or u - 2 with --concurrency
-    (`actor_fetches_params`)."""
+    env_offset + local_num_envs - 1 in a compiled rollout (Gymnasium's: in Python), continued from
+    their part of `env_record`, every environment's `EnvRecord` at a resumed run's checkpoint (None:
+    a fresh run). Update u's rollout is played by parameters version u - 1, or u - 2 with
+    --concurrency (`lag`, a `handoff.LagRule`)."""
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     # Gymnasium's environments step in Python beside the policy (`split_envs`), keeping their
     # record for the checkpoint; envpool's and JAX environments step with it in one program.
@@ -364,9 +364,9 @@ def actor_thread(
         env_record=env_record,
         act=functools.partial(act, networks, action_key),
     )
-    for update in range(first_update, sizes.num_updates + 1):
+    for update in lag.updates():
         param_wait_start = time.time()
-        if handoff.actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
+        if lag.actor_fetches_params(update):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
 
@@ -388,7 +388,7 @@ def actor_thread(
             policy_version=policy_version,
             data=data,
             record=played.record,
-            timing=dict(
+            timing=ActorTimes(
                 param_queue_get_time=param_queue_get_time,
                 rollout_time=time.time() - rollout_start,
                 env_step_time=played.env_step_time,
@@ -690,27 +690,21 @@ def optimizer_steps_after(args: Args, sizes: Sizes, update: int) -> int:
 
 class Incoming(NamedTuple):
     """The rollouts of one update, inserted, the batches of its optimizer steps (None before
-    learning starts), the replay's size after them and stats: seconds waiting, inserting and
-    sampling."""
+    learning starts), the replay's size after them, the seconds the learner waited for them and
+    stats: seconds inserting and sampling."""
 
     rollouts: list
     env_record: EnvRecord
     batches: Batch | None
     replay_size: int
+    rollout_queue_get_time: float
     stats: dict
 
 
-def receive(args, sizes, update: int, run, replay: ReplayStore, actors, first_update) -> Incoming:
+def receive(args, sizes, update: int, replay: ReplayStore, actors) -> Incoming:
     """Takes `update`'s rollouts (`take_rollouts` checks which policy played them), inserts them
     and samples the batches of its optimizer steps."""
-    rollouts, rollout_queue_get_time = handoff.take_rollouts(
-        actors.rollout_queues,
-        update=update,
-        first_update=first_update,
-        concurrency=args.concurrency,
-        on_resume=ON_RESUME,
-        stop=run.stop,
-    )
+    rollouts, rollout_queue_get_time = actors.take_rollouts(update)
     tic = time.time()
     # Every process's transitions and records in global env order (each holds the whole replay).
     data, env_record = gathered_rollouts([(r.data, r.record) for r in rollouts], args.distributed)
@@ -723,17 +717,13 @@ def receive(args, sizes, update: int, run, replay: ReplayStore, actors, first_up
     if count:
         stacked = sample_batches(args, replay, done_before + 1, count)
         batches = local_shares(stacked, len(args.learner_device_ids), batch_axis=1)
-    stats = dict(
-        rollout_queue_get_time=rollout_queue_get_time,
-        insert_time=insert_time,
-        sample_time=time.time() - tic,
-    )
     return Incoming(
         rollouts=rollouts,
         env_record=env_record,
         batches=batches,
         replay_size=replay.size,
-        stats=stats,
+        rollout_queue_get_time=rollout_queue_get_time,
+        stats=dict(insert_time=insert_time, sample_time=time.time() - tic),
     )
 
 
@@ -745,7 +735,8 @@ def log_update(args, sizes, run, update: int, current: Incoming, metrics, learn_
         update,
         rollouts=current.rollouts,
         metrics=metrics,
-        learner_stats=dict(current.stats, learn_time=learn_time),
+        learner_times=LearnerTimes(current.rollout_queue_get_time, learn_time),
+        stats=current.stats,
         optimizer_steps=optimizer_steps_after(args, sizes, update),
         replay_size=current.replay_size,
     )
@@ -782,33 +773,29 @@ def train(args: Args):
     state = replicate(origin.learner, learner_devices)
     run.evaluate_untrained(lambda: model_params(state))
     update_fn = make_update(args, global_learner_devices, networks)
-    first_update = origin.counters["update"] + 1
+    lag = LagRule(
+        first_update=origin.counters["update"] + 1,
+        num_updates=sizes.num_updates,
+        concurrency=args.concurrency,
+        on_resume=ON_RESUME,
+    )
     actors = handoff.start_actor_threads(
         actor_thread,
         [jax.local_devices()[i] for i in args.actor_device_ids],
         args=args,
         run=run,
+        lag=lag,
         sizes=sizes,
         networks=networks,
-        first_update=first_update,
         env_record=origin.env_record,
     )
-    receive_update = functools.partial(
-        receive, args, sizes, run=run, replay=replay, actors=actors, first_update=first_update
-    )
+    receive_update = functools.partial(receive, args, sizes, replay=replay, actors=actors)
     metrics = None
     incoming = None
     with run.learner_loop(actors.threads) as end:
-        handoff.send_first_params(
-            actors,
-            first_replica(state.actor_params),
-            acting_params=origin.acting_params,
-            first_update=first_update,
-            num_updates=sizes.num_updates,
-            concurrency=args.concurrency,
-        )
-        update = first_update - 1  # the updates done, where the loop makes none (a finished run)
-        for update in range(first_update, sizes.num_updates + 1):
+        actors.send_first(first_replica(state.actor_params), acting_params=origin.acting_params)
+        update = lag.first_update - 1  # the updates done, where the loop makes none (finished)
+        for update in lag.updates():
             current = receive_update(update) if incoming is None else incoming
             learn_start = time.time()
             if current.batches is not None:

@@ -7,6 +7,9 @@ on it plays with the policy one version behind the learner's (lag 1); without it
 take turns (lag 0). The policy of version v is the learner's after v updates: the rollout of update
 u is played by version u - 1, or u - 2 from the second rollout on with --concurrency.
 
+A session's `LagRule`, given once when its actor threads start, holds the rule: the actors fetch by
+it and the learner checks each update's rollouts against it (`ActorThreads.take_rollouts`).
+
 A resumed run (its first update `first_update` > 1) goes on in one of two ways, `on_resume`:
 - "restart_lag": as a new run from the checkpoint's parameters: lag 0 for its first rollout, then
   1. The scripts whose resumed environments start anew (PPO, IMPALA, Ape-X DQN, GALA A2C on
@@ -20,13 +23,27 @@ import dataclasses
 import queue
 import threading
 import time
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import jax
 
 from cleanba_utils.threads import queue_get, queue_put, start_thread
 
 OnResume = Literal["restart_lag", "keep_lag"]
+
+
+class ActorTimes(NamedTuple):
+    """An actor thread's seconds for one rollout, handed up with it: the learner logs each measured
+    one (not None) as stats/<name>, its mean over the update's rollouts."""
+
+    param_queue_get_time: float
+    """waiting for parameters before the rollout (0 where the actor skipped its fetch)"""
+    rollout_time: float | None = None
+    """playing the rollout and making its data"""
+    inference_time: float | None = None
+    """in the policy's step, where it runs apart from the environments' (`rollout_steps`)"""
+    env_step_time: float | None = None
+    """stepping the environments (in one compiled program: the policy's steps too)"""
 
 
 def send_params(params, policy_version: int, actor_devices: list, param_queues: list, stop):
@@ -41,15 +58,64 @@ def send_params(params, policy_version: int, actor_devices: list, param_queues: 
             queue_put(param_queue, (policy_version, on_device), stop)
 
 
+@dataclasses.dataclass(frozen=True)
+class LagRule:
+    """The rule of this session's updates, given once when the actor threads start: the updates
+    `first_update` .. `num_updates`, --concurrency and what a resume does (`on_resume`)."""
+
+    first_update: int
+    num_updates: int
+    concurrency: bool
+    on_resume: OnResume
+
+    def updates(self) -> range:
+        """The updates this session makes (none for a finished run)."""
+        return range(self.first_update, self.num_updates + 1)
+
+    def lag_start(self) -> int:
+        """The update whose rollout the lag counts from: the session's first, or the run's."""
+        return self.first_update if self.on_resume == "restart_lag" else 1
+
+    def actor_fetches_params(self, update: int) -> bool:
+        """Whether the actor takes parameters from its param queue before playing the rollout of
+        `update`: always, but for the rollout after the lag's start with --concurrency."""
+        if update == self.first_update:
+            return True
+        return not (self.concurrency and update == self.lag_start() + 1)
+
+    def expected_policy_lag(self, update: int) -> int:
+        """The policy lag of the data of `update`: 1 with --concurrency after the lag's start,
+        else 0."""
+        return 1 if self.concurrency and update > self.lag_start() else 0
+
+    def check(self, rollouts: list, update: int):
+        """Raises if a rollout is not the one of `update` or was played by a policy other than the
+        one the rule prescribes: which policy made which data must never depend on timing. Each
+        rollout has the fields `update` and `policy_version`; the learner is at version
+        `update - 1`."""
+        learner_policy_version = update - 1
+        expected = self.expected_policy_lag(update)
+        for rollout in rollouts:
+            lag = learner_policy_version - rollout.policy_version
+            if rollout.update != update or lag != expected:
+                raise RuntimeError(
+                    f"update {update}: rollout {rollout.update} from policy "
+                    f"{rollout.policy_version} while the learner is at {learner_policy_version} "
+                    f"(lag {lag}, expected {expected})"
+                )
+
+
 @dataclasses.dataclass
 class ActorThreads:
-    """This process's actor threads, in global environment order, with their queues."""
+    """This process's actor threads, in global environment order, with their queues and the lag
+    rule they keep."""
 
     rollout_queues: list
     threads: list
     param_queues: list
     actor_devices: list
     stop: threading.Event
+    lag: LagRule
     last_sent: object = None
     """the host copy of the parameters sent last: with --concurrency they play the actors' next
     rollout, which a "keep_lag" script's checkpoint holds (`kept_lag`)"""
@@ -59,14 +125,47 @@ class ActorThreads:
         send_params(params, policy_version, self.actor_devices, self.param_queues, self.stop)
         self.last_sent = params
 
+    def send_first(self, params, acting_params=None):
+        """What the learner sends before its first update: with --concurrency a resumed
+        "keep_lag" run first sends `acting_params`, the checkpoint's parameters that play the
+        actors' next rollout (version first_update - 2), then the learner's own `params` (version
+        first_update - 1). A run whose checkpoint holds no acting parameters (None:
+        "restart_lag") sends its learner's alone."""
+        lag = self.lag
+        resumed = lag.first_update > 1
+        if (
+            resumed
+            and lag.concurrency
+            and lag.first_update <= lag.num_updates
+            and acting_params is not None
+        ):
+            self.send(acting_params, lag.first_update - 2)
+        self.send(params, lag.first_update - 1)
 
-def start_actor_threads(actor_thread, actor_devices: list, *, args, run, **shared) -> ActorThreads:
+    def take_rollouts(self, update: int) -> tuple[list, float]:
+        """The rollouts of `update` (`take_rollouts`)."""
+        return take_rollouts(self.rollout_queues, update, self.lag, self.stop)
+
+
+def take_rollouts(rollout_queues: list, update: int, lag: LagRule, stop) -> tuple[list, float]:
+    """The rollouts of `update`, one from each rollout queue, checked against the lag rule, and
+    the seconds the learner waited for them."""
+    wait_start = time.time()
+    rollouts = [queue_get(rollout_queue, stop) for rollout_queue in rollout_queues]
+    waited = time.time() - wait_start
+    lag.check(rollouts, update)
+    return rollouts, waited
+
+
+def start_actor_threads(
+    actor_thread, actor_devices: list, *, args, run, lag: LagRule, **shared
+) -> ActorThreads:
     """Starts --num-actor-threads threads on each of this process's `actor_devices`, each with its
     own param queue and rollout queue of max size 1 (the Cleanba architecture): the thread of global
-    index i runs `actor_thread(args=args, run=run, env_offset=i * --local-num-envs, device=…,
-    param_queue=…, rollout_queue=…, **shared)`, named actor-i; it plays the global environments
-    env_offset .. env_offset + --local-num-envs - 1. A thread that fails ends the run
-    (`threads.start_thread`)."""
+    index i runs `actor_thread(args=args, run=run, lag=lag, env_offset=i * --local-num-envs,
+    device=…, param_queue=…, rollout_queue=…, **shared)`, named actor-i; it plays the global
+    environments env_offset .. env_offset + --local-num-envs - 1, the updates of `lag`. A thread
+    that fails ends the run (`threads.start_thread`)."""
     num_threads = len(actor_devices) * args.num_actor_threads
     first_thread = jax.process_index() * num_threads
     param_queues = [queue.Queue(maxsize=1) for _ in range(num_threads)]
@@ -79,6 +178,7 @@ def start_actor_threads(actor_thread, actor_devices: list, *, args, run, **share
             failures=run.failures,
             args=args,
             run=run,
+            lag=lag,
             env_offset=(first_thread + index) * args.local_num_envs,
             device=actor_devices[index // args.num_actor_threads],
             param_queue=param_queues[index],
@@ -93,86 +193,5 @@ def start_actor_threads(actor_thread, actor_devices: list, *, args, run, **share
         param_queues=param_queues,
         actor_devices=actor_devices,
         stop=run.stop,
+        lag=lag,
     )
-
-
-def lag_start(first_update: int, on_resume: OnResume) -> int:
-    """The update whose rollout the lag counts from: the session's first, or the run's."""
-    return first_update if on_resume == "restart_lag" else 1
-
-
-def actor_fetches_params(
-    update: int, first_update: int, concurrency: bool, on_resume: OnResume
-) -> bool:
-    """Whether the actor takes parameters from its param queue before playing the rollout of
-    `update`: always, but for the rollout after the lag's start with --concurrency."""
-    if update == first_update:
-        return True
-    return not (concurrency and update == lag_start(first_update, on_resume) + 1)
-
-
-def expected_policy_lag(
-    update: int, first_update: int, concurrency: bool, on_resume: OnResume
-) -> int:
-    """The policy lag of the data of `update`: 1 with --concurrency after the lag's start, else
-    0."""
-    return 1 if concurrency and update > lag_start(first_update, on_resume) else 0
-
-
-def check_policy_lag(
-    rollouts: list, update: int, first_update: int, concurrency: bool, on_resume: OnResume
-):
-    """Raises if a rollout is not the one of `update` or was played by a policy other than the one
-    the rule prescribes: which policy made which data must never depend on timing. Each rollout has
-    the fields `update` and `policy_version`; the learner is at version `update - 1`."""
-    learner_policy_version = update - 1
-    expected = expected_policy_lag(update, first_update, concurrency, on_resume)
-    for rollout in rollouts:
-        lag = learner_policy_version - rollout.policy_version
-        if rollout.update != update or lag != expected:
-            raise RuntimeError(
-                f"update {update}: rollout {rollout.update} from policy {rollout.policy_version} "
-                f"while the learner is at {learner_policy_version} (lag {lag}, expected {expected})"
-            )
-
-
-def take_rollouts(
-    rollout_queues: list,
-    update: int,
-    first_update: int,
-    concurrency: bool,
-    on_resume: OnResume,
-    stop,
-) -> tuple[list, float]:
-    """The rollouts of `update`, one from each rollout queue, checked against the rule
-    (`check_policy_lag`), and the seconds the learner waited for them."""
-    wait_start = time.time()
-    rollouts = [queue_get(rollout_queue, stop) for rollout_queue in rollout_queues]
-    waited = time.time() - wait_start
-    check_policy_lag(
-        rollouts,
-        update=update,
-        first_update=first_update,
-        concurrency=concurrency,
-        on_resume=on_resume,
-    )
-    return rollouts, waited
-
-
-def send_first_params(
-    actors: ActorThreads,
-    params,
-    acting_params,
-    first_update: int,
-    num_updates: int,
-    concurrency: bool,
-):
-    """What the learner sends before its first update: with --concurrency a resumed "keep_lag" run
-    first sends `acting_params`, the checkpoint's parameters that play the actors' next rollout
-    (version first_update - 2), then the learner's own `params` (version first_update - 1). A run
-    whose checkpoint holds no acting parameters (`acting_params` None: "restart_lag") sends its
-    learner's alone."""
-    resumed = first_update > 1
-    if resumed and concurrency and first_update <= num_updates and acting_params is not None:
-        actors.send(acting_params, first_update - 2)
-    actors.send(params, first_update - 1)

@@ -69,7 +69,7 @@ class Origin(NamedTuple):
     counters: dict
     """what `open_run` takes (`run.resume_or_start`)"""
     acting_params: Any
-    """the parameters of the actors' next rollout (`handoff.send_first_params`), or None"""
+    """the parameters of the actors' next rollout (`handoff.ActorThreads.send_first`), or None"""
     env_record: EnvRecord | None
     """every environment's record, which the actor threads continue from, or None"""
     pending: PendingPriorities | None

@@ -13,6 +13,7 @@ import threading
 import time
 import traceback
 from collections import deque
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -68,6 +69,15 @@ SLOW_RUN_DAYS = 1.0
 def out_of_memory(args) -> str:
     options = [hint for name, hint in MEMORY_OPTIONS.items() if hasattr(args, name)]
     return "the device ran out of memory; shrink what one step holds: " + ", ".join(options)
+
+
+class LearnerTimes(NamedTuple):
+    """The learner's seconds in an update, which `Run.log_update` logs as stats/<name>."""
+
+    rollout_queue_get_time: float
+    """waiting for the update's rollouts"""
+    learn_time: float
+    """from the rollouts' arrival to the update's end (what each script counts in it: its own)"""
 
 
 @dataclasses.dataclass
@@ -435,25 +445,31 @@ class Run:
         update: int,
         rollouts: list,
         metrics,
-        learner_stats: dict,
+        learner_times: "LearnerTimes",
         optimizer_steps: int,
         learning_rate: float | None = None,
         details: str = "",
         replay_size: int | None = None,
+        stats: dict | None = None,
     ):
         """What every script logs after a learner update. Every update: the actors' mean timings
-        (each rollout's `timing`), the policy version they played, the learner's policy version
-        (`update`: the policy of version v is the learner's after v updates), the learner's
-        `learner_stats` (its waits and times, and what else the script measures), each under stats/;
-        the optimizer steps so far, SPS and the learning rate. An off-policy script gives its
-        `replay_size`, logged with the policy lag of the update's data (param_lag) and an actor
-        thread's environment steps per second while it plays (actor_sps). Every --log-frequency
-        updates and at the last: the losses (`metrics`, per learner device; None before the first
-        update that learned), the optimizer steps per second since the last such line, and a
-        console line with the script's `details`."""
+        (each rollout's `timing`, a `handoff.ActorTimes`), the policy version they played, the
+        learner's policy version (`update`: the policy of version v is the learner's after v
+        updates), the learner's `learner_times` and the script's own `stats` (logged as they are),
+        each under stats/; the optimizer steps so far, SPS and the learning rate. An off-policy
+        script gives its `replay_size`, logged with the policy lag of the update's data (param_lag)
+        and an actor thread's environment steps per second while it plays (actor_sps). Every
+        --log-frequency updates and at the last: the losses (`metrics`, per learner device; None
+        before the first update that learned), the optimizer steps per second since the last such
+        line, and a console line with the script's `details`."""
         global_step = update * self.sizes.steps_per_update
-        timing = {key: np.mean([r.timing[key] for r in rollouts]) for key in rollouts[0].timing}
+        timing = {
+            name: np.mean([getattr(r.timing, name) for r in rollouts])
+            for name, value in rollouts[0].timing._asdict().items()
+            if value is not None
+        }
         actor_policy_version = rollouts[0].policy_version
+        learner_stats = {**learner_times._asdict(), **(stats or {})}
         if replay_size is not None:
             param_lag = update - 1 - actor_policy_version
             actor_sps = self.args.local_num_envs * self.args.num_steps / timing["rollout_time"]
@@ -486,7 +502,7 @@ class Run:
         line = (
             f"policy actor={actor_policy_version} learner={update} "
             f"optimizer steps={optimizer_steps} ({steps_per_second:.0f}/s) "
-            f"wait rollout={learner_stats['rollout_queue_get_time']:.2f}s "
+            f"wait rollout={learner_times.rollout_queue_get_time:.2f}s "
             f"param={timing['param_queue_get_time']:.2f}s"
         )
         self.print_progress(update, global_step, f"{line} {details}".strip())

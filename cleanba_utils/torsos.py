@@ -1,13 +1,10 @@
-"""The convolutional torsos of image observations (N, H, W, C) that the Q-learning and A2C scripts
-choose with --torso, their default channels, and the check of --channels; the torso of small
-images (MinAtar's 10x10), which every discrete script gives them."""
-
-from collections.abc import Callable
-
-import flax.linen as nn
+"""Which torso a discrete script's network gives image observations, and its options: the default
+channels of the torsos that the Q-learning and A2C scripts choose with --torso, the check of
+--channels, and Young & Tian's (2019) MinAtar torso for small images (MinAtar's 10x10), which every
+discrete script gives them. Each script defines the torsos it uses, with its network: what a
+reader of one script reads is in that file."""
 
 from cleanba_utils.errors import fail
-from cleanba_utils.max_pool import max_pool_3x3_stride_2
 
 TORSO_CHANNELS = {"nature": (32, 64, 64), "impala": (16, 32, 32), "minatar": (16,)}
 """--torso nature: the Nature DQN's; --torso impala: the IMPALA paper's, one per ResNet stack;
@@ -52,62 +49,3 @@ def check_torso_channels(args):
             "--torso nature has three convolutions: --channels takes 3 values, got "
             f"{len(args.channels)}"
         )
-
-
-class NatureTorso(nn.Module):
-    """The convolutions of the Nature DQN (Mnih et al., 2015), also the torso of the Dueling DDQN
-    agent and of Dhariwal et al.'s (2017) A2C: 8x8 stride 4, 4x4 stride 2, 3x3 stride 1, no
-    padding, ReLU."""
-
-    channels: tuple[int, ...]
-    kernel_init: Callable = nn.linear.default_kernel_init
-
-    @nn.compact
-    def __call__(self, x):
-        for channels, size, stride in zip(self.channels, (8, 4, 3), (4, 2, 1)):
-            conv = nn.Conv(
-                channels,
-                (size, size),
-                strides=(stride, stride),
-                padding="VALID",
-                kernel_init=self.kernel_init,
-            )
-            x = nn.relu(conv(x))
-        return x.reshape(x.shape[0], -1)
-
-
-class MinAtarTorso(nn.Module):
-    """Young & Tian's (2019) MinAtar network's torso: a 3x3 convolution of stride 1, no padding, per
-    entry of `channels` (theirs: one of 16), ReLU; flattened."""
-
-    channels: tuple[int, ...]
-
-    @nn.compact
-    def __call__(self, x):
-        for channels in self.channels:
-            x = nn.relu(nn.Conv(channels, (3, 3), padding="VALID")(x))
-        return x.reshape(x.shape[0], -1)
-
-
-class ResidualBlock(nn.Module):
-    channels: int
-
-    @nn.compact
-    def __call__(self, x):
-        y = nn.Conv(self.channels, (3, 3))(nn.relu(x))
-        y = nn.Conv(self.channels, (3, 3))(nn.relu(y))
-        return x + y
-
-
-class ImpalaTorso(nn.Module):
-    """The IMPALA ResNet: per stack, a convolution, a max pool and two residual blocks."""
-
-    channels: tuple[int, ...]
-
-    @nn.compact
-    def __call__(self, x):
-        for channels in self.channels:
-            x = nn.Conv(channels, (3, 3))(x)
-            x = max_pool_3x3_stride_2(x)
-            x = ResidualBlock(channels)(ResidualBlock(channels)(x))
-        return nn.relu(x).reshape(x.shape[0], -1)

@@ -5,6 +5,8 @@ what the test asserts of it."""
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -63,3 +65,38 @@ def assert_resumed_as_uninterrupted(run_dirs, stdout: str, name: str, source: st
         for run in (name, source)
     ]
     assert fingerprints[0] == fingerprints[1]
+
+
+WHOLE_THEN_RESUMED = """
+import importlib
+import json
+import sys
+
+sys.path.insert(0, sys.argv[3])
+from preempt import run_command  # noqa: E402
+
+script = importlib.import_module(f"cleanba.{sys.argv[1]}")
+argv = json.loads(sys.argv[2])
+run_command(script, dict(argv=argv, name="whole"))
+run_command(script, dict(argv=argv, name="resumed", preempted_after=int(sys.argv[4])))
+"""
+
+
+def assert_a_resumed_run_is_the_whole_one(tmp_path, script: str, argv: list, update: int):
+    """In one driver process (`script`'s `main` called twice, so that it compiles once): the run
+    `argv` whole, then again preempted during update `update` and resumed; the resumed run ends
+    with the whole run's parameters, bit for bit."""
+    repo = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [
+            *[sys.executable, "-c", WHOLE_THEN_RESUMED, script, json.dumps(argv)],
+            *[str(repo / "tests"), str(update)],
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_resumed_as_uninterrupted(tmp_path / "runs", result.stdout, "resumed", "whole", update)

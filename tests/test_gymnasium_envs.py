@@ -6,9 +6,6 @@ uninterrupted one, and bad ids and spaces refused with one line and exit 2."""
 
 import importlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import gymnasium
@@ -25,7 +22,7 @@ from helpers import (
     run_script,
     scalars,
 )
-from test_jax_envs import RESUME_DRIVER
+from preempt import assert_a_resumed_run_is_the_whole_one
 
 from cleanba_utils import env_records, gymnasium_envs
 
@@ -198,6 +195,8 @@ def test_stacked_images_are_the_last_images_channels_one_after_another():
     assert obs[0, ::3, 0, 1].tolist() == [0, 0, 0]
 
 
+# In the long checks (`-m long`): its run costs the README's test command about 10 s.
+@pytest.mark.long
 def test_a_script_takes_a_stack_of_a_gymnasium_environments_images(tmp_path):
     result = run_script(
         "cleanba_ppo.py",
@@ -458,38 +457,20 @@ RESUMED = {
 }
 
 
-# SAC's and Ape-X DPG's in the long checks (`-m long`): their runs cost the README's test command
-# about 30 s of a worker; continuous PPO's stays in it.
-@pytest.mark.parametrize(
-    "name",
-    [
-        name if name == "ppo_continuous" else pytest.param(name, marks=pytest.mark.long)
-        for name in RESUMED
-    ],
-)
+# In the long checks (`-m long`): the three scripts' runs cost the README's test command about 45 s
+# of a worker.
+@pytest.mark.long
+@pytest.mark.parametrize("name", list(RESUMED))
 def test_a_resumed_run_on_gymnasiums_mujoco_is_the_uninterrupted_one(tmp_path, name):
     # Hopper's random episodes last a few dozen steps: at the stop (after update 5 of 8 to 10) each
     # environment has been reset and is midway through an episode or about to reset. The
     # checkpoint's record brings them back: their resets and current episodes replayed.
     script, argv = RESUMED[name]
-    result = subprocess.run(
-        [sys.executable, "-c", RESUME_DRIVER, script, json.dumps(argv), str(REPO / "tests"), "5"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=400,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads((tmp_path / "resumed.preempted.json").read_text()) == 143
-    assert "resuming resumed from update 5" in result.stdout
-    summaries = [
-        json.loads((tmp_path / "runs" / run / "summary.json").read_text())
-        for run in ("whole", "resumed")
-    ]
-    assert summaries[0]["params_fingerprint"] == summaries[1]["params_fingerprint"]
+    assert_a_resumed_run_is_the_whole_one(tmp_path, script, argv, update=5)
 
 
+# In the long checks (`-m long`): its two runs cost the README's test command about 15 s.
+@pytest.mark.long
 def test_capture_video_films_the_first_evaluation_episode_and_changes_nothing(tmp_path):
     # The worked example renders its corridor: each evaluation's first episode becomes an mp4 and a
     # TensorBoard video; the run's parameters are those of the run without films.

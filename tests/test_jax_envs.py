@@ -4,9 +4,6 @@ reset steps; bad ids, parameters and spaces are one line and exit 2; the continu
 JAX environment's run bitwise; the worked example of a researcher's own environment trains."""
 
 import importlib
-import json
-import subprocess
-import sys
 import types
 from collections import deque
 
@@ -26,6 +23,7 @@ from helpers import (
     run_script,
     scalars,
 )
+from preempt import assert_a_resumed_run_is_the_whole_one
 
 from cleanba_utils import compiled_rollout, jax_envs
 from cleanba_utils.envs import make_env
@@ -193,20 +191,6 @@ def test_bad_ids_parameters_and_spaces_are_one_line_and_exit_2(capsys, script, a
     assert_refused(importlib.import_module(f"cleanba.{script}"), args, message, capsys)
 
 
-RESUME_DRIVER = """
-import importlib
-import json
-import sys
-
-sys.path.insert(0, sys.argv[3])
-from preempt import run_command  # noqa: E402
-
-script = importlib.import_module(f"cleanba.{sys.argv[1]}")
-argv = json.loads(sys.argv[2])
-run_command(script, dict(argv=argv, name="whole"))
-run_command(script, dict(argv=argv, name="resumed", preempted_after=int(sys.argv[4])))
-"""
-
 PENDULUM = ["--env-id", "gymnax:Pendulum-v1", "--local-num-envs", "2", "--log-frequency", "1"]
 # Breakout's episodes end within a few dozen steps at first: stops fall within episodes and between
 # them (a reset step pending).
@@ -284,22 +268,7 @@ def test_a_resumed_run_on_a_jax_environment_is_the_uninterrupted_one(tmp_path, n
     # The stop falls after update 5 of 8 to 16: within Pendulum's episodes of 200 steps, between
     # Breakout's; the checkpoint holds the environments' state whole.
     script, argv = RESUMED[name]
-    result = subprocess.run(
-        [sys.executable, "-c", RESUME_DRIVER, script, json.dumps(argv), str(REPO / "tests"), "5"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=400,
-        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads((tmp_path / "resumed.preempted.json").read_text()) == 143
-    assert "resuming resumed from update 5" in result.stdout
-    summaries = [
-        json.loads((tmp_path / "runs" / name / "summary.json").read_text())
-        for name in ("whole", "resumed")
-    ]
-    assert summaries[0]["params_fingerprint"] == summaries[1]["params_fingerprint"]
+    assert_a_resumed_run_is_the_whole_one(tmp_path, script, argv, update=5)
 
 
 def test_ppo_on_minatar_repeats_its_fingerprint(tmp_path):

@@ -268,7 +268,7 @@ HANDED_ON = {"actor_thread": "handoff.start_actor_threads"}
 def test_every_call_of_the_pages_sequence_is_in_the_minimal_script():
     heads, steps = pages_sequence()
     calls = {call for step in steps for call in step}
-    expected = {"open_run", "run.learner_loop", "handoff.take_rollouts", "run.after_update"}
+    expected = {"open_run", "run.learner_loop", "actors.take_rollouts", "run.after_update"}
     assert expected <= calls, expected - calls
     script = ScriptCalls(SCRIPT.read_text())
     called = script.called()

@@ -477,6 +477,7 @@ class NamedRunArgs:
     upload_model: bool = False
     eval_episodes: int = 2
     eval_every: int = 2
+    capture_video: bool = False
     nondeterministic_gpu_ops: bool = False
 
 
@@ -700,8 +701,9 @@ def played_rollouts(first_update: int, num_updates: int, concurrency: bool, on_r
         sends.insert(0, first_update - 2)
     sent = iter(sends)
     rollouts = []
+    lag = handoff.LagRule(first_update, num_updates, concurrency, on_resume)
     for update in range(first_update, num_updates + 1):
-        if handoff.actor_fetches_params(update, first_update, concurrency, on_resume):
+        if lag.actor_fetches_params(update):
             version = next(sent)
         rollouts.append(PlayedRollout(update, version))
     return rollouts
@@ -718,16 +720,16 @@ def test_the_handoff_rule_and_its_check_agree_in_fresh_and_resumed_runs(concurre
     first_lag = 0 if on_resume == "restart_lag" else lag
     assert [r.update - 1 - r.policy_version for r in resumed] == [first_lag, lag, lag]
     for first_update, rollouts in [(1, fresh), (4, resumed)]:
+        rule = handoff.LagRule(first_update, 6, concurrency, on_resume)
         for rollout in rollouts:
-            handoff.check_policy_lag(
-                [rollout], rollout.update, first_update, concurrency, on_resume
-            )
+            rule.check([rollout], rollout.update)
     # A rollout of another policy, or of another update, is refused.
+    rule = handoff.LagRule(1, 6, concurrency, on_resume)
     with pytest.raises(RuntimeError, match="expected"):
         stale = fresh[3]._replace(policy_version=fresh[3].policy_version - 1)
-        handoff.check_policy_lag([stale], stale.update, 1, concurrency, on_resume)
+        rule.check([stale], stale.update)
     with pytest.raises(RuntimeError, match="rollout 3"):
-        handoff.check_policy_lag([fresh[2]], 4, 1, concurrency, on_resume)
+        rule.check([fresh[2]], 4)
 
 
 @pytest.mark.parametrize("concurrency", [False, True])
@@ -744,16 +746,10 @@ def test_a_keep_lag_learner_first_sends_what_the_rule_has_the_actors_play(
         param_queues=param_queues,
         actor_devices=jax.local_devices()[:1],
         stop=threading.Event(),
+        lag=handoff.LagRule(first_update, 6, concurrency, "keep_lag"),
     )
     names = {1.0: "learner", 2.0: "checkpoint's acting"}
-    handoff.send_first_params(
-        actors,
-        params=np.float32(1.0),
-        acting_params=np.float32(2.0),
-        first_update=first_update,
-        num_updates=6,
-        concurrency=concurrency,
-    )
+    actors.send_first(np.float32(1.0), acting_params=np.float32(2.0))
     received = [
         [(names[float(params)], version) for version, params in list(param_queue.queue)]
         for param_queue in param_queues
@@ -776,18 +772,10 @@ def test_take_rollouts_takes_one_per_queue_in_order_and_refuses_a_stale_one():
     queues = [queue.Queue(maxsize=1) for _ in range(3)]
     for rollout_queue in queues:
         rollout_queue.put(PlayedRollout(update=2, policy_version=1))
-    rollouts, waited = handoff.take_rollouts(
-        queues, update=2, first_update=1, concurrency=False, on_resume="restart_lag", stop=stop
-    )
+    lag = handoff.LagRule(1, 6, concurrency=False, on_resume="restart_lag")
+    rollouts, waited = handoff.take_rollouts(queues, 2, lag, stop)
     assert rollouts == [PlayedRollout(2, 1)] * 3 and waited >= 0
     assert all(rollout_queue.empty() for rollout_queue in queues)
     queues[0].put(PlayedRollout(update=3, policy_version=1))
     with pytest.raises(RuntimeError, match="lag 1, expected 0"):
-        handoff.take_rollouts(
-            queues[:1],
-            update=3,
-            first_update=1,
-            concurrency=False,
-            on_resume="restart_lag",
-            stop=stop,
-        )
+        handoff.take_rollouts(queues[:1], 3, lag, stop)

@@ -189,12 +189,7 @@ class ReplayStore:
             self.keep_overwritten(slots, eviction_weights_before)
         for stored, field in zip(self.fields(self.items), self.fields(items)):
             stored[slots] = field
-        sum_tree.set_weights(self.tree, slots, self.sampling_weights(priorities))
-        if self.eviction_tree is not None:
-            eviction_weights = (
-                np.maximum(priorities, MIN_EVICTION_PRIORITY) ** self.eviction_exponent
-            )
-            sum_tree.set_weights(self.eviction_tree, slots, eviction_weights)
+        self.set_priorities(slots, priorities)
         self.written_at[slots] = self.inserted + np.arange(count)
         self.inserted += count
         self.size = min(self.capacity, self.size + count)
@@ -208,31 +203,29 @@ class ReplayStore:
         """`batch_size` items, each with probability weight / total (one stratified draw in each of
         `batch_size` equal slices of the total: the same marginal probabilities as independent
         draws, less variance); with replacement."""
-        total = sum_tree.total(self.tree)
-        if total <= 0:
-            raise ValueError("the replay has no item to sample")
-        slots = sum_tree.sample_stratified(self.tree, batch_size, rng)
-        probabilities = sum_tree.weights(self.tree, slots) / total
-        weights = (probabilities.min() / probabilities) ** beta
-        return Sample(
-            slots=slots,
-            items=map_fields(lambda field: field[slots], self.items),
-            probabilities=probabilities,
-            weights=weights.astype(np.float32),
-            inserted=self.inserted,
-        )
+        total = self.sampleable_total()
+        return self.sample_at(sum_tree.sample_stratified(self.tree, batch_size, rng), total, beta)
 
     def sample_many(self, batch_size: int, rngs: list, beta: float) -> Sample:
         """One batch per generator of `rngs`, each field stacked (len(rngs), batch_size, ...): the
         batches that `sample` draws with each generator in turn, found in one descent of the tree
         (a learner that makes many updates per rollout draws their batches at once)."""
+        total = self.sampleable_total()
+        targets = np.stack([sum_tree.stratified_targets(self.tree, batch_size, r) for r in rngs])
+        slots = sum_tree.find(self.tree, targets.ravel()).reshape(targets.shape)
+        return self.sample_at(slots, total, beta)
+
+    def sampleable_total(self) -> float:
         total = sum_tree.total(self.tree)
         if total <= 0:
             raise ValueError("the replay has no item to sample")
-        targets = np.stack([sum_tree.stratified_targets(self.tree, batch_size, r) for r in rngs])
-        slots = sum_tree.find(self.tree, targets.ravel()).reshape(targets.shape)
+        return total
+
+    def sample_at(self, slots, total: float, beta: float) -> Sample:
+        """The items of `slots` (a batch, or batches along the first axis) with their sampling
+        probabilities and importance weights, normalized by each batch's largest weight."""
         probabilities = sum_tree.weights(self.tree, slots) / total
-        weights = (probabilities.min(axis=1, keepdims=True) / probabilities) ** beta
+        weights = (probabilities.min(axis=-1, keepdims=True) / probabilities) ** beta
         return Sample(
             slots=slots,
             items=map_fields(lambda field: field[slots], self.items),

@@ -30,13 +30,8 @@ from cleanba_utils.envs import has_image_observations, make_env
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import in_range, non_negative, positive
-from cleanba_utils.handoff import (
-    OnResume,
-    actor_fetches_params,
-    start_actor_threads,
-    take_rollouts,
-)
-from cleanba_utils.run import open_run, resume_or_start
+from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, start_actor_threads
+from cleanba_utils.run import LearnerTimes, open_run, resume_or_start
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put
@@ -169,7 +164,7 @@ class Rollout(NamedTuple):
     update: int
     policy_version: int
     data: Trajectories
-    timing: dict
+    timing: ActorTimes
 
 
 def actor_thread(
@@ -177,16 +172,16 @@ def actor_thread(
     sizes,
     run,
     network,
-    first_update,
+    lag,
     env_offset,
     device,
     learner_devices,
     param_queue,
     rollout_queue,
 ):
-    """The actor thread (`handoff.start_actor_threads`) on `device`: environments with global
-    indices env_offset .. env_offset + local_num_envs - 1, their rollouts split among the local
-    `learner_devices`."""
+    """The actor thread (`handoff.start_actor_threads`) on `device`, playing the updates of `lag`:
+    environments with global indices env_offset .. env_offset + local_num_envs - 1, their rollouts
+    split among the local `learner_devices`."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(args.seed), 1), env_offset)
     learner_sharding = NamedSharding(
@@ -201,9 +196,9 @@ def actor_thread(
     episodes = run.episodes(args.local_num_envs)
     next_obs, _ = envs.reset()
     next_is_reset = np.zeros(args.local_num_envs, dtype=bool)
-    for update in range(first_update, sizes.num_updates + 1):
+    for update in lag.updates():
         param_wait_start = time.time()
-        if actor_fetches_params(update, first_update, args.concurrency, ON_RESUME):
+        if lag.actor_fetches_params(update):
             policy_version, params = queue_get(param_queue, run.stop)
         param_queue_get_time = time.time() - param_wait_start
 
@@ -232,7 +227,7 @@ def actor_thread(
         data = jax.tree.map(lambda *xs: np.stack(xs, axis=1), *steps)
         data = data._replace(obs=np.concatenate([data.obs, next_obs[:, None]], axis=1))
         data = jax.tree.map(lambda x: x.reshape(len(learner_devices), -1, *x.shape[1:]), data)
-        timing = dict(
+        timing = ActorTimes(
             param_queue_get_time=param_queue_get_time, rollout_time=time.time() - rollout_start
         )
         # Copied to the learner devices here, while the learner works.
@@ -350,36 +345,37 @@ def train(args: Args):
     state = replicate(state, learner_devices)
     run.evaluate_untrained(lambda: jax.device_get(first_replica(state.params)))
     update_fn = make_update(args, global_learner_devices)
-    first_update = counters["update"] + 1
+    # The updates of this session and the policy-lag rule, given once to the actor threads.
+    lag = LagRule(
+        first_update=counters["update"] + 1,
+        num_updates=sizes.num_updates,
+        concurrency=args.concurrency,
+        on_resume=ON_RESUME,
+    )
     # The actor thread, with its param queue and rollout queue of max size 1.
     actors = start_actor_threads(
         actor_thread,
         actor_devices,
         args=args,
         run=run,
+        lag=lag,
         sizes=sizes,
         network=network,
-        first_update=first_update,
         learner_devices=learner_devices,
     )
     with run.learner_loop(actors.threads) as end:
-        actors.send(first_replica(state.params), policy_version=first_update - 1)
-        update = first_update - 1  # the updates done, where the loop makes none (a finished run)
-        for update in range(first_update, sizes.num_updates + 1):
-            rollouts, rollout_queue_get_time = take_rollouts(
-                actors.rollout_queues,
-                update=update,
-                first_update=first_update,
-                concurrency=args.concurrency,
-                on_resume=ON_RESUME,
-                stop=run.stop,
-            )
+        actors.send_first(first_replica(state.params))
+        update = lag.first_update - 1  # the updates done, where the loop makes none (finished)
+        for update in lag.updates():
+            rollouts, rollout_queue_get_time = actors.take_rollouts(update)
+            learn_start = time.time()
             state, metrics = update_fn(state, rollouts[0].data)
+            jax.block_until_ready(state)
             run.log_update(
                 update=update,
                 rollouts=rollouts,
                 metrics=metrics,
-                learner_stats=dict(rollout_queue_get_time=rollout_queue_get_time),
+                learner_times=LearnerTimes(rollout_queue_get_time, time.time() - learn_start),
                 optimizer_steps=update,
                 learning_rate=args.learning_rate,
             )
