@@ -42,10 +42,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.envs import has_image_observations
+from cleanba_utils.episodes import Episodes
 from cleanba_utils.handoff import send_params
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.microbatches import rolls
-from cleanba_utils.run import Episodes
 from cleanba_utils.threads import queue_get
 
 REPO = Path(__file__).resolve().parents[1]

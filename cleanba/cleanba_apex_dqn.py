@@ -29,6 +29,7 @@ from cleanba_utils import (
     parsing,
     split_envs,
 )
+from cleanba_utils.checkpoints import resume_or_start
 from cleanba_utils.devices import first_replica, gathered_rollouts, local_shares, replicate
 from cleanba_utils.env_ids import is_jax_env
 from cleanba_utils.envs import make_env
@@ -54,7 +55,7 @@ from cleanba_utils.replay.prioritized_learning import (
     log_priorities,
 )
 from cleanba_utils.replay.store import Mark, ReplayStore, store_bytes
-from cleanba_utils.run import LearnerTimes, open_run, resume_or_start
+from cleanba_utils.run import LearnerTimes, open_run
 from cleanba_utils.run_args import GYMNASIUM_IMAGES, JAX_ENV, RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put

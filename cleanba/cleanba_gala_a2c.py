@@ -40,7 +40,7 @@ from cleanba_utils import (
     parsing,
     split_envs,
 )
-from cleanba_utils.checkpoints import Checkpointing
+from cleanba_utils.checkpoints import Checkpointing, resume_or_start
 from cleanba_utils.devices import first_replica, gathered_rollouts
 from cleanba_utils.env_ids import is_gymnasium_env, is_jax_env
 from cleanba_utils.envs import envpool_num_threads, is_atari
@@ -60,7 +60,7 @@ from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, take_rollouts
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.kept_lag import KeptLag
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
-from cleanba_utils.run import LearnerTimes, open_run, resume_or_start
+from cleanba_utils.run import LearnerTimes, open_run
 from cleanba_utils.run_args import GYMNASIUM_IMAGES, RUN_NEEDS, RunArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import POLL_SECONDS, Stopped, queue_get, queue_put, start_thread

@@ -29,6 +29,7 @@ from cleanba_utils import (
     parsing,
     split_envs,
 )
+from cleanba_utils.checkpoints import resume_or_start
 from cleanba_utils.devices import first_replica, gathered_rollouts, learner_sharding, replicate
 from cleanba_utils.env_ids import is_jax_env
 from cleanba_utils.envs import has_image_observations, make_env
@@ -40,7 +41,7 @@ from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.kept_lag import KeptLag
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.microbatches import microbatch_update, rolls
-from cleanba_utils.run import LearnerTimes, open_run, resume_or_start
+from cleanba_utils.run import LearnerTimes, open_run
 from cleanba_utils.run_args import GYMNASIUM_IMAGES, RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put

@@ -212,3 +212,25 @@ def resume_from(run_dir: str, state, identity: dict, record: dict):
     path, saved = newest
     refuse_another_experiment(run_dir, saved["counters"], identity, record)
     return restored_state(path, state, saved["state"]), saved["counters"]
+
+
+def run_dir_of(args) -> str | None:
+    """The folder of a named run (where --resume looks for checkpoints)."""
+    return os.path.join("runs", args.run_name) if args.run_name else None
+
+
+def resume_or_start(args, template, identity: dict, script_path: str) -> tuple:
+    """What a run starts from: `(saved, counters)`. With --resume, `saved` is the newest checkpoint
+    whose checksum holds, restored into the structure of `template` (`checkpoints.resume_from`,
+    which refuses another experiment's with one line); otherwise, or where the run has written no
+    checkpoint yet, None. `counters`: the update done (0 for a fresh start), the wall time before
+    the resume, `identity` (the global sizes and the seed, and what else the script adds) and the
+    record of the script and its options (`checkpoints.options_record`), which a resume must
+    match: what a script hands to `open_run`."""
+    record = options_record(args, script_path)
+    checkpoint = None
+    if args.resume:
+        checkpoint = resume_from(run_dir_of(args), template, identity, record)
+    saved, counters = checkpoint or (None, dict(update=0, wall_time_s=0.0))
+    kept = dict(update=counters["update"], wall_time_s=counters["wall_time_s"], **identity)
+    return saved, kept | {OPTIONS_RECORD: record}

@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from cleanba_utils import env_records, run
-from cleanba_utils.checkpoints import FIRST_REPLICA, Checkpointing
+from cleanba_utils import env_records
+from cleanba_utils.checkpoints import FIRST_REPLICA, Checkpointing, resume_or_start
 from cleanba_utils.devices import first_replica
 from cleanba_utils.env_records import EnvRecord
 from cleanba_utils.replay.prioritized_learning import NO_PENDING, PendingPriorities
@@ -67,7 +67,7 @@ class Origin(NamedTuple):
     learner: Any
     """the learner's state on the host: the checkpoint's, or the template"""
     counters: dict
-    """what `open_run` takes (`run.resume_or_start`)"""
+    """what `open_run` takes (`checkpoints.resume_or_start`)"""
     acting_params: Any
     """the parameters of the actors' next rollout (`handoff.ActorThreads.send_first`), or None"""
     env_record: EnvRecord | None
@@ -119,7 +119,7 @@ def run_origin(
         own=own,
     )
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
-    saved, counters = run.resume_or_start(args, template, identity, script_path)
+    saved, counters = resume_or_start(args, template, identity, script_path)
     saved_on_host = functools.partial(
         on_host, replay=replay if save_replay else None, empty_replay=empty_replay
     )

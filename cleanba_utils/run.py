@@ -30,13 +30,11 @@ from cleanba_utils import (
 )
 from cleanba_utils.checkpoints import (
     FIRST_REPLICA,
-    OPTIONS_RECORD,
     Checkpointing,
-    options_record,
-    resume_from,
     save_checkpoint,
 )
 from cleanba_utils.env_ids import name_part
+from cleanba_utils.episodes import Episodes
 from cleanba_utils.errors import fail
 from cleanba_utils.threads import Stopped
 
@@ -164,7 +162,7 @@ class Run:
         """Seconds of the whole run, the time before a resume included."""
         return self.counters["wall_time_s"] + time.time() - self.start_time
 
-    def episodes(self, num_envs: int) -> "Episodes":
+    def episodes(self, num_envs: int) -> Episodes:
         return Episodes(
             self.writer, self.recent_returns, np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
         )
@@ -789,74 +787,9 @@ def wait_until_computed(tree):
             leaf.block_until_ready()
 
 
-def run_dir_of(args) -> str | None:
-    """The folder of a named run (where --resume looks for checkpoints)."""
-    return os.path.join("runs", args.run_name) if args.run_name else None
-
-
-def resume_or_start(args, template, identity: dict, script_path: str) -> tuple:
-    """What a run starts from: `(saved, counters)`. With --resume, `saved` is the newest checkpoint
-    whose checksum holds, restored into the structure of `template` (`checkpoints.resume_from`,
-    which refuses another experiment's with one line); otherwise, or where the run has written no
-    checkpoint yet, None. `counters`: the update done (0 for a fresh start), the wall time before
-    the resume, `identity` (the global sizes and the seed, and what else the script adds) and the
-    record of the script and its options (`checkpoints.options_record`), which a resume must
-    match: what a script hands to `open_run`."""
-    record = options_record(args, script_path)
-    checkpoint = None
-    if args.resume:
-        checkpoint = resume_from(run_dir_of(args), template, identity, record)
-    saved, counters = checkpoint or (None, dict(update=0, wall_time_s=0.0))
-    kept = dict(update=counters["update"], wall_time_s=counters["wall_time_s"], **identity)
-    return saved, kept | {OPTIONS_RECORD: record}
-
-
 @dataclasses.dataclass
 class LoopEnd:
     """How the learner's loop ended: 0 when it ran to its last update, else the process's exit
     code."""
 
     exit_code: int = 0
-
-
-@dataclasses.dataclass
-class Episodes:
-    """The running return and length of each of an actor's environments; a finished episode is
-    logged."""
-
-    writer: SummaryWriter
-    recent_returns: deque
-    returns: np.ndarray
-    lengths: np.ndarray
-
-    def replayed_step(self, env_ids, reward, terminated, truncated):
-        """A step that `env_records.fast_forward` replays: counted, not logged (its episode is
-        logged when it ends; one that ended on the checkpoint's last step was logged before)."""
-        self.returns[env_ids] += reward
-        self.lengths[env_ids] += 1
-        ended = env_ids[terminated | truncated]
-        self.returns[ended] = 0.0
-        self.lengths[ended] = 0
-
-    def resume_running(self, state):
-        """Takes the running returns and lengths of a JAX environment's recorded state
-        (`jax_envs.EnvsState`, counted on the device): an episode that ended on the checkpoint's
-        last step was logged before, and the next starts from 0."""
-        ended = np.asarray(state.next_is_reset)
-        self.returns[:] = np.where(ended, 0.0, state.episode_return)
-        self.lengths[:] = np.where(ended, 0, state.episode_length)
-
-    def step(self, reward, done, is_reset, global_step: int) -> list[float]:
-        """`reward` unclipped; a reset step (envpool's step after an episode's end) belongs to no
-        episode. Returns the returns of the episodes that finished."""
-        playing = ~is_reset
-        self.returns += reward * playing
-        self.lengths += playing
-        for i in np.flatnonzero(done):
-            self.writer.add_scalar("charts/episodic_return", self.returns[i], global_step)
-            self.writer.add_scalar("charts/episodic_length", self.lengths[i], global_step)
-            self.recent_returns.append(self.returns[i])
-        finished = self.returns[done].tolist()
-        self.returns[done] = 0.0
-        self.lengths[done] = 0
-        return finished

@@ -13,7 +13,7 @@ import numpy as np
 
 from cleanba_utils import compiled_rollout, env_records
 from cleanba_utils.envs import flat_observation
-from cleanba_utils.run import Episodes
+from cleanba_utils.episodes import Episodes
 
 ENV_ID = "Hopper-v4"  # episodes of about 20 steps under these actions: resets within a rollout
 NUM_STEPS = 16

@@ -27,7 +27,7 @@ from preempt import assert_a_resumed_run_is_the_whole_one
 
 from cleanba_utils import compiled_rollout, jax_envs
 from cleanba_utils.envs import make_env
-from cleanba_utils.run import Episodes
+from cleanba_utils.episodes import Episodes
 
 NUM_STEPS = 24
 ENV_OFFSET = 3

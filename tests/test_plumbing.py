@@ -37,7 +37,8 @@ from cleanba_utils import (
     threads,
 )
 from cleanba_utils.envs import MACHADO_ATARI, compiled_step, flat_observation
-from cleanba_utils.run import Episodes, Run, duration, open_run
+from cleanba_utils.episodes import Episodes
+from cleanba_utils.run import Run, duration, open_run
 
 
 @dataclasses.dataclass

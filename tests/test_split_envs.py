@@ -150,7 +150,7 @@ def test_start_splits_gives_the_compiled_rollouts_interface(num_splits):
     `after_last` of the observation after the rollout."""
     import jax.numpy as jnp
 
-    from cleanba_utils.run import Episodes
+    from cleanba_utils.episodes import Episodes
 
     num_envs, num_steps = 5, 40
     expected, last_obs = play_one_instance(num_envs, 2 * num_steps)

@@ -25,13 +25,14 @@ from flax.training.train_state import TrainState
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cleanba_utils import distributed, parsing
+from cleanba_utils.checkpoints import resume_or_start
 from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.envs import has_image_observations, make_env
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import in_range, non_negative, positive
 from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, start_actor_threads
-from cleanba_utils.run import LearnerTimes, open_run, resume_or_start
+from cleanba_utils.run import LearnerTimes, open_run
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put
