@@ -49,7 +49,7 @@ from cleanba_utils.envs import action_space_of, flat_observation, make_env, obse
 from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import Need, at_most, in_range, non_negative, positive
-from cleanba_utils.kept_lag import KeptLag
+from cleanba_utils.kept_lag import Continuation
 from cleanba_utils.replay.n_step import n_step_transitions
 from cleanba_utils.replay.prioritized_learning import (
     PRIORITY_EPSILON,
@@ -827,7 +827,7 @@ def train(args: Args):
             learner = learn_update(learner=learner, update=update)
             if run.evaluation_due(update):
                 run.evaluate_and_log(update, model_params(learner.state), learner.optimizer_steps)
-            kept = KeptLag(
+            kept = Continuation(
                 learner.state,
                 acting_params=actors.last_sent,
                 env_record=learner.env_record,

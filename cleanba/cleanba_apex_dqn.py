@@ -38,7 +38,7 @@ from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import Need, in_range, non_negative, positive
 from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, start_actor_threads
 from cleanba_utils.huge_pages import restart_with_huge_pages
-from cleanba_utils.kept_lag import KeptLag
+from cleanba_utils.kept_lag import Continuation
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.replay.frame_ring import (
     FrameRing,
@@ -1124,7 +1124,7 @@ def train(args: Args):
                 record, carry = gathered_rollouts(
                     [(r.record, r.carry) for r in rollouts], args.distributed
                 )
-                saved = KeptLag(
+                saved = Continuation(
                     state,
                     acting_params=actors.last_sent,
                     env_record=record,

@@ -58,7 +58,7 @@ from cleanba_utils.gala.consensus import consensus_line, consensus_of, consensus
 from cleanba_utils.gala.mailboxes import Mailbox, Message, broadcast, receive
 from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, take_rollouts
 from cleanba_utils.huge_pages import restart_with_huge_pages
-from cleanba_utils.kept_lag import KeptLag
+from cleanba_utils.kept_lag import Continuation
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.run import LearnerTimes, open_run
 from cleanba_utils.run_args import GYMNASIUM_IMAGES, RUN_NEEDS, RunArgs
@@ -759,7 +759,7 @@ def init_state(args: Args, sizes: Sizes):
         # Every agent's state, gathered from every process (a collective).
         checkpointing = Checkpointing(on_host=gathered_agents, collective=True)
         return network, origin._replace(checkpointing=checkpointing)
-    template = KeptLag(
+    template = Continuation(
         learner=state,
         acting_params=state.params,
         env_record=env_records.empty_record(sizes.num_envs, args.env_id, args.env_params),
@@ -774,7 +774,7 @@ def init_state(args: Args, sizes: Sizes):
     )
 
 
-def gathered_kept_lag(kept: KeptLag) -> KeptLag:
+def gathered_kept_lag(kept: Continuation) -> Continuation:
     """The checkpoint of a JAX environment's run: every agent's state and parameters sent last on
     the host (a collective), with the environments' record."""
     return kept._replace(
@@ -1019,7 +1019,7 @@ def train_sync(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin):
             if is_jax_env(args.env_id):
                 # Every process's environments after the rollouts, in global env order.
                 record = gathered_rollouts([r.record for r in rollouts], args.distributed)
-                saved = KeptLag(state, acting_params=last_sent, env_record=record)
+                saved = Continuation(state, acting_params=last_sent, env_record=record)
             end.exit_code = run.after_update(saved, update)
             if end.exit_code:
                 break

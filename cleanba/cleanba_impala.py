@@ -40,7 +40,7 @@ from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import in_range, non_negative, positive
 from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, start_actor_threads
 from cleanba_utils.huge_pages import restart_with_huge_pages
-from cleanba_utils.kept_lag import KeptLag
+from cleanba_utils.kept_lag import Continuation
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.microbatches import microbatch_update, rolls
 from cleanba_utils.run import LearnerTimes, open_run
@@ -717,7 +717,7 @@ def train(args: Args):
             if is_jax_env(args.env_id):
                 # Every process's environments after the rollouts, in global env order.
                 record = gathered_rollouts([r.record for r in rollouts], args.distributed)
-                saved = KeptLag(state, actors.last_sent, record)
+                saved = Continuation(state, actors.last_sent, record)
             jax.block_until_ready(state)
             learner_times = LearnerTimes(
                 rollout_queue_get_time=rollout_queue_get_time,

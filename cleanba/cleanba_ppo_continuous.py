@@ -52,7 +52,7 @@ from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import in_range, non_negative, positive
 from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, start_actor_threads
-from cleanba_utils.kept_lag import KeptLag
+from cleanba_utils.kept_lag import Continuation
 from cleanba_utils.run import LearnerTimes, open_run
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.sizes import Sizes, rollout_sizes
@@ -754,7 +754,7 @@ def train(args: Args):
             record, discounted_returns = gathered_rollouts(
                 [(r.record, r.discounted_return) for r in rollouts], args.distributed
             )
-            kept = KeptLag(state, actors.last_sent, record, own=discounted_returns)
+            kept = Continuation(state, actors.last_sent, record, own=discounted_returns)
             jax.block_until_ready(state)
             learner_times = LearnerTimes(
                 rollout_queue_get_time=rollout_queue_get_time,

@@ -43,7 +43,7 @@ from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import Need, in_range, non_negative, positive
 from cleanba_utils.handoff import ActorTimes, LagRule, OnResume
-from cleanba_utils.kept_lag import KeptLag
+from cleanba_utils.kept_lag import Continuation
 from cleanba_utils.replay.store import ReplayStore, store_bytes
 from cleanba_utils.run import LearnerTimes, open_run
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
@@ -801,7 +801,7 @@ def train(args: Args):
             if current.batches is not None:
                 state, metrics = update_fn(state, current.batches)
             # The checkpoint holds the replay as this update left it.
-            kept = KeptLag(state, actors.last_sent, current.env_record, replay=replay.mark())
+            kept = Continuation(state, actors.last_sent, current.env_record, replay=replay.mark())
             end.exit_code = run.after_update(kept, update)
             incoming = None
             # With --concurrency take, insert and sample the next rollouts while the device trains

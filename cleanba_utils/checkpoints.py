@@ -113,10 +113,12 @@ MISSING = object()
 """an option that a record lacks"""
 
 
-ADDED_OPTIONS = {"env_params": []}
+ADDED_OPTIONS = {"env_params": [], "frame_stack": 1}
 """Options added since checkpoints were first written, with the value that does what the versions
 before them did (as `options_record` records it): a checkpoint that does not record one resumes
-with that value (--env-params: none, the envpool environments of those versions)."""
+with that value (--env-params: none, the envpool environments of those versions; --frame-stack: 1,
+a Gymnasium environment's image alone). An added option that a resume may change anyway
+(`run_args.RESUMABLE_CHANGES`: --vectorization-mode, --capture-video) needs no entry."""
 
 
 def changed_options(saved_args: dict, args: dict, allowed) -> list[str]:

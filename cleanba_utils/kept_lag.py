@@ -8,7 +8,7 @@ written, and what else is the script's own (Ape-X DPG's and Ape-X DQN's n-step t
 
 A script gives `run_origin` the templates of its learner state, its acting parameters and its
 own part, and gets back where the run starts (`Origin`); at the end of each update it hands
-`Run.after_update` a `KeptLag`, whose host copy (`Origin.checkpointing`) is the checkpoint."""
+`Run.after_update` a `Continuation`, whose host copy (`Origin.checkpointing`) is the checkpoint."""
 
 import dataclasses
 import functools
@@ -25,9 +25,10 @@ from cleanba_utils.replay.prioritized_learning import NO_PENDING, PendingPriorit
 from cleanba_utils.replay.store import ReplayStore
 
 
-class KeptLag(NamedTuple):
-    """What a "keep_lag" script hands `Run.after_update` at the end of an update; its host copy
-    (`on_host`) is what the checkpoint holds."""
+class Continuation(NamedTuple):
+    """How the run goes on from the end of an update, which a "keep_lag" script hands
+    `Run.after_update`: the learner and all that the uninterrupted run plays next. Its host copy
+    (`on_host`) is what the checkpoint holds; the saved keys are its fields' names."""
 
     learner: Any
     """the learner's state: replicated on the learner devices (the checkpoint: its first replica)"""
@@ -45,7 +46,7 @@ class KeptLag(NamedTuple):
     """the script's own part, on the host"""
 
 
-def on_host(kept: KeptLag, replay: ReplayStore | None, empty_replay: dict) -> KeptLag:
+def on_host(kept: Continuation, replay: ReplayStore | None, empty_replay: dict) -> Continuation:
     """The checkpoint of `kept`: the learner's first replica, the replay at its mark (`replay`
     None: `empty_replay`) and the pending TD errors on the host."""
     pending = NO_PENDING
@@ -77,7 +78,7 @@ class Origin(NamedTuple):
     own: Any
     """the script's own part, or None"""
     checkpointing: Checkpointing
-    """how `Run` makes a checkpoint of a `KeptLag` (`open_run`'s `checkpointing`)"""
+    """how `Run` makes a checkpoint of a `Continuation` (`open_run`'s `checkpointing`)"""
 
 
 def learner_origin(learner, counters: dict) -> Origin:
@@ -110,7 +111,7 @@ def run_origin(
     run's values); the checkpoint holds the replay where `save_replay`. A resume must match the
     global sizes and the seed."""
     empty_replay = {} if replay is None else replay.snapshot()
-    template = KeptLag(
+    template = Continuation(
         learner=learner,
         acting_params=acting_params,
         env_record=env_records.empty_record(sizes.num_envs, args.env_id, args.env_params),

@@ -24,7 +24,7 @@ def test_the_checkpoint_holds_the_first_replica_the_replay_at_its_mark_and_pendi
     replay, mark = filled_replay()
     empty = ReplayStore({"x": np.float32(0)}, 8, uniform=True).snapshot()
     record = env_records.empty_record(2, "Hopper-v4")
-    kept = kept_lag.KeptLag(
+    kept = kept_lag.Continuation(
         learner=replicate({"w": np.arange(3.0, dtype=np.float32)}, devices),
         acting_params={"w": np.ones(3, np.float32)},
         env_record=record,

@@ -84,6 +84,11 @@ def test_a_checkpoint_from_before_an_added_option_resumes_at_that_options_old_be
     assert checkpoints.changed_options(
         before, {"gamma": 0.99, "env_params": ["max_steps_in_episode=10"]}, set()
     ) == ["--env-params (not recorded) -> max_steps_in_episode=10"]
+    # --frame-stack came with Gymnasium's environments: 1, the image alone, as before.
+    assert checkpoints.changed_options(before, {"gamma": 0.99, "frame_stack": 1}, set()) == []
+    assert checkpoints.changed_options(before, {"gamma": 0.99, "frame_stack": 4}, set()) == [
+        "--frame-stack (not recorded) -> 4"
+    ]
 
 
 SIZES = {"num_envs": 8, "steps_per_update": 128, "num_updates": 2}
