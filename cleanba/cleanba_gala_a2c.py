@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import operator
 import os
-import queue
 import sys
 import time
 from collections.abc import Callable
@@ -48,15 +47,24 @@ from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import Need, in_range, non_negative, positive
 from cleanba_utils.gala.agent_arrays import (
+    agent_devices_of,
     agent_slice,
+    agents_mean,
     agents_sharding,
     from_slices,
     gathered_agents,
+    ring_shift,
     sharded,
 )
 from cleanba_utils.gala.consensus import consensus_line, consensus_of, consensus_stats
 from cleanba_utils.gala.mailboxes import Mailbox, Message, broadcast, receive
-from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, take_rollouts
+from cleanba_utils.handoff import (
+    ActorTimes,
+    LagRule,
+    OnResume,
+    start_actor_threads,
+    take_rollouts,
+)
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.kept_lag import Continuation
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
@@ -291,7 +299,7 @@ def validate_layout(args: Args):
         )
     local_agents = args.num_agents // num_processes
     num_devices = len(jax.local_devices())
-    used = len(set(agent_devices_of(args).local))
+    used = len(set(agent_devices_of(args.num_agents).local))
     if used < min(local_agents, num_devices):
         print(
             f"note: the {local_agents} agents of each process share {used} of its {num_devices} "
@@ -516,13 +524,15 @@ def policy_step(network, action_key, params, obs, env_ids, step, step_input):
 
 
 def actor_thread(
-    args, sizes, run, network, lag, agent, device, param_queue, rollout_queue, env_record
+    args, sizes, run, network, lag, env_offset, device, param_queue, rollout_queue, env_record
 ):
-    """Agent `agent`'s actor thread, playing the updates of `lag`: environments with global indices
-    agent x local_num_envs + 0, 1, ... envpool's environments step in Python beside the policy's
-    inference; a JAX environment's steps and the policy's run in one compiled program, continued
-    from their part of `env_record` in a resumed run (None: a fresh run, or envpool's
-    environments)."""
+    """An agent's actor thread (`handoff.start_actor_threads`, one per agent), playing the
+    updates of `lag`: environments with global indices env_offset .. env_offset + local_num_envs -
+    1, the agent's (agent x local_num_envs onwards). envpool's environments step in Python beside
+    the policy's inference; a JAX environment's steps and the policy's run in one compiled
+    program, continued from their part of `env_record` in a resumed run (None: a fresh run, or
+    envpool's environments)."""
+    agent = env_offset // args.local_num_envs
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     if is_jax_env(args.env_id):
         start_rollout = compiled_rollout.start
@@ -535,7 +545,7 @@ def actor_thread(
         args,
         run=run,
         num_envs=sizes.num_envs,
-        env_offset=agent * args.local_num_envs,
+        env_offset=env_offset,
         env_record=env_record,
         act=functools.partial(policy_step, network, action_key),
         device=device,
@@ -682,35 +692,6 @@ def a2c_loss(params, apply_fn, batch: Batch, *, gamma, ent_coef, vf_coef):
 def mix(params, messages: list):
     """x <- (x + sum of messages) / (1 + number of messages): the gossip step."""
     return jax.tree.map(lambda x, *ms: (x + sum(ms)) / (1 + len(ms)), params, *messages)
-
-
-def ring_shift(tree, distance: int):
-    """Inside a `shard_map` over the mesh axis "agents" whose devices hold blocks of consecutive
-    agents (a leading axis): agent j's rows of `tree` go to agent j + distance (mod the agents).
-    Whole blocks move distance // block devices on; then the last distance % block agents of each
-    block move to the front of the next device's block. With one agent per device, one
-    `ppermute`."""
-    num_devices = jax.lax.axis_size("agents")
-
-    def device_shift(x, hops):
-        pairs = [(p, (p + hops) % num_devices) for p in range(num_devices)]
-        return jax.lax.ppermute(x, "agents", pairs)
-
-    def shift(x):
-        block = x.shape[0]
-        hops, rest = divmod(distance, block)
-        x = device_shift(x, hops)
-        if rest == 0:
-            return x
-        return jnp.concatenate([device_shift(x[block - rest :], 1), x[: block - rest]])
-
-    return jax.tree.map(shift, tree)
-
-
-def agents_mean(tree):
-    """Inside a `shard_map` over the mesh axis "agents": the mean over every agent of `tree`, whose
-    leading axis is this device's block of agents."""
-    return jax.lax.pmean(jax.tree.map(lambda x: x.mean(0), tree), "agents")
 
 
 def cosine(a, b):
@@ -870,57 +851,6 @@ def make_agent_update(args: Args):
 # === Learner loop ===
 
 
-class AgentDevices(NamedTuple):
-    local: list
-    """the device of each of this process's agents, in agent order"""
-    every: list
-    """the devices that hold agents, every process's in order, each once: device k holds the k-th
-    block of consecutive agents"""
-
-
-def agent_devices_of(args: Args) -> AgentDevices:
-    """Each process's agents in equal blocks over its first d devices, d the most that divide them
-    and that every process has."""
-    local_agents = args.num_agents // jax.process_count()
-    fewest = min(len(jax.local_devices(process_index=p)) for p in range(jax.process_count()))
-    num_devices = max(d for d in range(1, fewest + 1) if local_agents % d == 0)
-    block = local_agents // num_devices
-    return AgentDevices(
-        local=[jax.local_devices()[agent // block] for agent in range(local_agents)],
-        every=distributed.global_learner_devices(range(num_devices)),
-    )
-
-
-def start_actors(args, sizes, run, network, agent_devices, lag: LagRule, env_record: Any = None):
-    """One param queue, one rollout queue and one actor thread per local agent, playing the updates
-    of `lag`."""
-    param_queues = []
-    rollout_queues = []
-    threads = []
-    for index, device in enumerate(agent_devices):
-        agent = jax.process_index() * len(agent_devices) + index
-        param_queues.append(queue.Queue(maxsize=1))
-        rollout_queues.append(queue.Queue(maxsize=1))
-        thread = start_thread(
-            target=actor_thread,
-            name=f"actor-{agent}",
-            stop=run.stop,
-            failures=run.failures,
-            args=args,
-            sizes=sizes,
-            run=run,
-            network=network,
-            lag=lag,
-            agent=agent,
-            device=device,
-            param_queue=param_queues[-1],
-            rollout_queue=rollout_queues[-1],
-            env_record=env_record,
-        )
-        threads.append(thread)
-    return param_queues, rollout_queues, threads
-
-
 def log_agents(run, global_step: int, agent_scalars: dict):
     """`agent_scalars[agent]` under `stats/agent_{agent}/`, and the agent's SPS (from its
     `steps`)."""
@@ -940,7 +870,7 @@ def log_distances(run, global_step: int, consensus, agent_steps: list):
 def train_sync(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin):
     """All agents in lock step, one update over their devices. Returns the consensus average and the
     updates done."""
-    agent_devices, global_devices = agent_devices_of(args)
+    agent_devices, global_devices = agent_devices_of(args.num_agents)
     sharding = agents_sharding(global_devices)
     state = sharded(origin.learner, sharding)
     update_fn = make_update(args, sharding)
@@ -951,23 +881,26 @@ def train_sync(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin):
         concurrency=args.concurrency,
         on_resume=on_resume_of(args),
     )
-    param_queues, rollout_queues, threads = start_actors(
+    # One actor thread per agent, on its agent's device.
+    actors = start_actor_threads(
+        actor_thread,
+        agent_devices,
         args=args,
-        sizes=sizes,
         run=run,
-        network=network,
-        agent_devices=agent_devices,
         lag=lag,
+        threads_per_device=1,
+        sizes=sizes,
+        network=network,
         env_record=origin.env_record,
     )
 
     def send(params, policy_version: int):
         """Each local agent's row of `params` (every agent's, sharded) to its actor."""
-        for index, param_queue in enumerate(param_queues):
+        for index, param_queue in enumerate(actors.param_queues):
             row = agent_slice(params, first_agent + index)
             queue_put(param_queue, (policy_version, row), run.stop)
 
-    with run.learner_loop(threads) as end:
+    with run.learner_loop(actors.threads) as end:
         # A resumed JAX environment's run with --concurrency first sends the checkpoint's
         # parameters, which play the actors' next rollout (`handoff.ActorThreads.send_first`).
         resumed = lag.first_update > 1
@@ -978,7 +911,7 @@ def train_sync(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin):
         last_sent = state.params
         update = lag.first_update - 1  # the updates done, where the loop makes none (finished)
         for update in lag.updates():
-            rollouts, rollout_queue_get_time = take_rollouts(rollout_queues, update, lag, run.stop)
+            rollouts, rollout_queue_get_time = actors.take_rollouts(update)
             learn_start = time.time()
             transitions = jax.tree.map(
                 lambda *slices: from_slices(slices, sharding), *[r.transitions for r in rollouts]
@@ -1088,7 +1021,7 @@ def train_async(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin)
     """A learner thread per agent; the main thread measures the consensus after every n updates of
     all agents."""
     state = origin.learner
-    agent_devices = agent_devices_of(args).local
+    agent_devices = agent_devices_of(args.num_agents).local
     board = Board(params=[None] * args.num_agents, updates=[0] * args.num_agents, started=[])
     mailboxes = [Mailbox() for _ in range(args.num_agents)]
     # --gossip async keeps no checkpoint: a run starts at update 1.
@@ -1098,9 +1031,18 @@ def train_async(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin)
         concurrency=args.concurrency,
         on_resume=on_resume_of(args),
     )
-    param_queues, rollout_queues, threads = start_actors(
-        args=args, sizes=sizes, run=run, network=network, agent_devices=agent_devices, lag=lag
+    actors = start_actor_threads(
+        actor_thread,
+        agent_devices,
+        args=args,
+        run=run,
+        lag=lag,
+        threads_per_device=1,
+        sizes=sizes,
+        network=network,
+        env_record=None,
     )
+    threads = list(actors.threads)
     for agent, device in enumerate(agent_devices):
         agent_state = jax.device_put(jax.tree.map(operator.itemgetter(agent), state), device)
         board.params[agent] = agent_state.params
@@ -1118,8 +1060,8 @@ def train_async(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin)
             state=agent_state,
             board=board,
             mailboxes=mailboxes,
-            param_queue=param_queues[agent],
-            rollout_queue=rollout_queues[agent],
+            param_queue=actors.param_queues[agent],
+            rollout_queue=actors.rollout_queues[agent],
         )
         threads.append(thread)
     learners = threads[args.num_agents :]
@@ -1164,7 +1106,7 @@ def train(args: Args):
         sizes=sizes,
         script_path=__file__,
         counters=origin.counters,
-        global_learner_devices=agent_devices_of(args).every,
+        global_learner_devices=agent_devices_of(args.num_agents).every,
         evaluate=evaluate,
         model_card=MODEL_CARD,
         checkpointing=origin.checkpointing,

@@ -46,9 +46,10 @@ class ScriptArgs(Protocol):
 
 @runtime_checkable
 class ActorThreadArgs(ScriptArgs, Protocol):
-    """What a script whose actor threads `handoff.start_actor_threads` starts also has
-    (`envs.make_env` reads the first two; a script with a fixed number of threads declares it as a
-    `ClassVar`)."""
+    """What a script whose actor threads `handoff.start_actor_threads` starts with its default
+    number of threads per device also has (`envs.make_env` reads the first two; a script with a
+    fixed number of threads declares it as a `ClassVar`, or gives `threads_per_device`, as
+    GALA-A2C's one thread per agent)."""
 
     num_actor_threads: int
     actor_device_ids: tuple[int, ...]

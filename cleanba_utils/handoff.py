@@ -158,15 +158,24 @@ def take_rollouts(rollout_queues: list, update: int, lag: LagRule, stop) -> tupl
 
 
 def start_actor_threads(
-    actor_thread, actor_devices: list, *, args, run, lag: LagRule, **shared
+    actor_thread,
+    actor_devices: list,
+    *,
+    args,
+    run,
+    lag: LagRule,
+    threads_per_device: int | None = None,
+    **shared,
 ) -> ActorThreads:
-    """Starts --num-actor-threads threads on each of this process's `actor_devices`, each with its
-    own param queue and rollout queue of max size 1 (the Cleanba architecture): the thread of global
-    index i runs `actor_thread(args=args, run=run, lag=lag, env_offset=i * --local-num-envs,
-    device=…, param_queue=…, rollout_queue=…, **shared)`, named actor-i; it plays the global
-    environments env_offset .. env_offset + --local-num-envs - 1, the updates of `lag`. A thread
-    that fails ends the run (`threads.start_thread`)."""
-    num_threads = len(actor_devices) * args.num_actor_threads
+    """Starts `threads_per_device` threads (default --num-actor-threads) on each of this process's
+    `actor_devices` (a device may be listed more than once: GALA's agents that share it), each
+    with its own param queue and rollout queue of max size 1 (the Cleanba architecture): the thread
+    of global index i runs `actor_thread(args=args, run=run, lag=lag, env_offset=i *
+    --local-num-envs, device=…, param_queue=…, rollout_queue=…, **shared)`, named actor-i; it plays
+    the global environments env_offset .. env_offset + --local-num-envs - 1, the updates of `lag`.
+    A thread that fails ends the run (`threads.start_thread`)."""
+    threads_per_device = threads_per_device or args.num_actor_threads
+    num_threads = len(actor_devices) * threads_per_device
     first_thread = jax.process_index() * num_threads
     param_queues = [queue.Queue(maxsize=1) for _ in range(num_threads)]
     rollout_queues = [queue.Queue(maxsize=1) for _ in range(num_threads)]
@@ -180,7 +189,7 @@ def start_actor_threads(
             run=run,
             lag=lag,
             env_offset=(first_thread + index) * args.local_num_envs,
-            device=actor_devices[index // args.num_actor_threads],
+            device=actor_devices[index // threads_per_device],
             param_queue=param_queues[index],
             rollout_queue=rollout_queues[index],
             **shared,

@@ -491,7 +491,7 @@ def test_agents_share_devices_in_equal_blocks(
     monkeypatch.setattr(gala.jax, "process_index", lambda: 0)
     monkeypatch.setattr(gala.jax, "local_devices", local_devices)
     args = gala.parse_args(["--env-id", "CartPole-v1", "--num-agents", str(num_agents)])
-    local, every = gala.agent_devices_of(args)
+    local, every = gala.agent_devices_of(args.num_agents)
     assert ([index for _, index in local], every) == expected
 
 
