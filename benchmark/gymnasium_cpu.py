@@ -43,7 +43,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from csv_columns import RUN_COLUMNS
 from learning_minatar_cpu import PUREJAXRL_SETTINGS
-from measure import run_resumable
+from measure import code_of_runs, run_resumable
 
 from cleanba_utils.experiments.events import read_scalars, running_mean
 
@@ -283,11 +283,14 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
         )
     made = [name for name in RUNS if (work_dir / "runs" / name).is_dir()]
     pending = [name for name in RUNS if name not in made]
+    speed_runs = [run.name for run in (work_dir / "runs").glob("speed_*")] if speed else []
     commands = "\n".join("python " + " ".join(command_of(name)) for name in made)
     (out_dir / "gymnasium_cpu.md").write_text(
         f"# Gymnasium's environments on a CPU ({date})\n\n"
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python "
-        f"{platform.python_version()}. Made by `uv run --with minatar==1.0.15 python "
+        f"{platform.python_version()}. Code and libraries of the runs (their spec files): "
+        f"{code_of_runs([work_dir / 'runs' / name for name in [*made, *speed_runs]])}. Made by "
+        "`uv run --with minatar==1.0.15 python "
         "benchmark/gymnasium_cpu.py`, which runs, from the repository root, one at a time under "
         "`nice -n 10`, with `PYTHONPATH=benchmark` for the MinAtar factory:"
         f"\n\n```\n{commands}\n```\n\n"

@@ -44,7 +44,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from csv_columns import RUN_COLUMNS
-from measure import run_resumable
+from measure import code_of_runs, run_resumable
 
 from cleanba_utils.experiments.events import read_scalars, running_mean
 
@@ -364,8 +364,10 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
     (out_dir / "learning_minatar_cpu.md").write_text(
         f"# MinAtar learning on a CPU ({date})\n\n"
         f"Machine: {platform.machine()}, 2 CPU cores, 24 GiB, Python "
-        f"{platform.python_version()}. Made by `python benchmark/learning_minatar_cpu.py`, which "
-        "runs (from the repository root, one at a time under `nice -n 10`):"
+        f"{platform.python_version()}. Code and libraries of the runs (their spec files): "
+        f"{code_of_runs([work_dir / 'runs' / name for name in made])}. Made by `python "
+        "benchmark/learning_minatar_cpu.py`, which runs (from the repository root, one at a time "
+        "under `nice -n 10`):"
         f"\n\n```\n{commands}\n```\n\n"
         + "\n".join(table)
         + (to_come if pending else "")

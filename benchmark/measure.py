@@ -4,6 +4,7 @@
 under a fresh Python that waits for it alone and writes the result to a file (envpool's workers are
 threads of the script's process, so they are counted)."""
 
+import json
 import shlex
 import subprocess
 import sys
@@ -62,3 +63,19 @@ def command_line(argv: list[str]) -> str:
             shown.append(arg)
         skip = arg == "--note"
     return shlex.join(["python", f"benchmark/{Path(argv[0]).name}", *shown])
+
+
+def code_of_runs(run_dirs: list[Path]) -> str:
+    """What the runs ran: the commits of their code (each start's and resume's spec file, short) and
+    the library versions of their spec.json, for a report's header."""
+    commits = []
+    versions = {}
+    for run_dir in run_dirs:
+        for spec_path in sorted(Path(run_dir).glob("spec*.json")):
+            spec = json.loads(spec_path.read_text())
+            sha = (spec.get("git_sha") or "unknown")[:7]
+            if sha not in commits:
+                commits.append(sha)
+            versions |= spec.get("versions", {})
+    listed = ", ".join(f"{name} {version}" for name, version in sorted(versions.items()))
+    return f"commits {', '.join(commits) or 'none yet'}; {listed or 'no versions recorded'}"
