@@ -851,6 +851,26 @@ def make_agent_update(args: Args):
 # === Learner loop ===
 
 
+def lag_rule_of(args: Args, sizes: Sizes, first_update: int) -> LagRule:
+    return LagRule(first_update, sizes.num_updates, args.concurrency, on_resume_of(args))
+
+
+def start_agent_actors(args, sizes, run, network, agent_devices, lag, env_record=None):
+    """One actor thread per local agent (`handoff.start_actor_threads`), on its agent's device,
+    playing the updates of `lag`."""
+    return start_actor_threads(
+        actor_thread,
+        agent_devices,
+        args=args,
+        run=run,
+        lag=lag,
+        threads_per_device=1,
+        sizes=sizes,
+        network=network,
+        env_record=env_record,
+    )
+
+
 def log_agents(run, global_step: int, agent_scalars: dict):
     """`agent_scalars[agent]` under `stats/agent_{agent}/`, and the agent's SPS (from its
     `steps`)."""
@@ -875,24 +895,8 @@ def train_sync(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin):
     state = sharded(origin.learner, sharding)
     update_fn = make_update(args, sharding)
     first_agent = jax.process_index() * len(agent_devices)
-    lag = LagRule(
-        first_update=run.counters["update"] + 1,
-        num_updates=sizes.num_updates,
-        concurrency=args.concurrency,
-        on_resume=on_resume_of(args),
-    )
-    # One actor thread per agent, on its agent's device.
-    actors = start_actor_threads(
-        actor_thread,
-        agent_devices,
-        args=args,
-        run=run,
-        lag=lag,
-        threads_per_device=1,
-        sizes=sizes,
-        network=network,
-        env_record=origin.env_record,
-    )
+    lag = lag_rule_of(args, sizes, first_update=run.counters["update"] + 1)
+    actors = start_agent_actors(args, sizes, run, network, agent_devices, lag, origin.env_record)
 
     def send(params, policy_version: int):
         """Each local agent's row of `params` (every agent's, sharded) to its actor."""
@@ -1025,23 +1029,8 @@ def train_async(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin)
     board = Board(params=[None] * args.num_agents, updates=[0] * args.num_agents, started=[])
     mailboxes = [Mailbox() for _ in range(args.num_agents)]
     # --gossip async keeps no checkpoint: a run starts at update 1.
-    lag = LagRule(
-        first_update=1,
-        num_updates=sizes.num_updates,
-        concurrency=args.concurrency,
-        on_resume=on_resume_of(args),
-    )
-    actors = start_actor_threads(
-        actor_thread,
-        agent_devices,
-        args=args,
-        run=run,
-        lag=lag,
-        threads_per_device=1,
-        sizes=sizes,
-        network=network,
-        env_record=None,
-    )
+    lag = lag_rule_of(args, sizes, first_update=1)
+    actors = start_agent_actors(args, sizes, run, network, agent_devices, lag)
     threads = list(actors.threads)
     for agent, device in enumerate(agent_devices):
         agent_state = jax.device_put(jax.tree.map(operator.itemgetter(agent), state), device)
