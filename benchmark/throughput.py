@@ -43,7 +43,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from cleanba_utils.devices import first_replica, replicate
 from cleanba_utils.envs import has_image_observations
 from cleanba_utils.episodes import Episodes
-from cleanba_utils.handoff import send_params
+from cleanba_utils.handoff import LagRule, start_actor_threads
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.microbatches import rolls
 from cleanba_utils.threads import queue_get
@@ -77,7 +77,8 @@ def stage_times(script, argv: list[str], repeats: int) -> dict:
     sizes = script.sizes_of(args, 1)
     actor_devices = [jax.local_devices()[i] for i in args.actor_device_ids]
     learner_devices = [jax.local_devices()[i] for i in args.learner_device_ids]
-    network, state, _ = script.init_state(args, sizes)
+    network, origin = script.init_state(args, sizes)
+    state = origin.learner
     num_threads = args.num_actor_threads * len(actor_devices)
 
     envs = [
@@ -133,17 +134,19 @@ def stage_times(script, argv: list[str], repeats: int) -> dict:
         ),
     )
     replicated = replicate(state, learner_devices)
-    param_queues, rollout_queues, _ = script.start_actors(
-        args, sizes_one, run, network, 1, actor_devices, learner_devices
+    actors = start_actor_threads(
+        script.actor_thread,
+        actor_devices,
+        args=args,
+        run=run,
+        lag=LagRule(first_update=1, num_updates=1, concurrency=False, on_resume="restart_lag"),
+        sizes=sizes_one,
+        network=network,
+        learner_devices=learner_devices,
+        env_record=None,
     )
-    send_params(
-        first_replica(replicated.params),
-        policy_version=0,
-        actor_devices=actor_devices,
-        param_queues=param_queues,
-        stop=stop,
-    )
-    rollouts = tuple(queue_get(q, stop).data for q in rollout_queues)
+    actors.send_first(first_replica(replicated.params))
+    rollouts = tuple(queue_get(q, stop).data for q in actors.rollout_queues)
     stop.set()
     update_fn = script.make_update(
         args,

@@ -358,7 +358,7 @@ def actor_thread(
     envs = start_rollout(
         make_env,
         args,
-        run=run,
+        episodes=run.episodes(args.local_num_envs),
         num_envs=sizes.num_envs,
         env_offset=env_offset,
         env_record=env_record,

@@ -30,6 +30,7 @@ import numpy as np
 from cleanba_utils import env_records, jax_envs
 from cleanba_utils.env_records import EnvRecord
 from cleanba_utils.envs import compiled_step, flat_observation, needs_x64
+from cleanba_utils.episodes import Episodes
 from cleanba_utils.rollout_steps import EpisodeEnd, PlayedRollout, Steps
 
 
@@ -115,7 +116,7 @@ class CompiledRollout:
 def start(
     make_env: Callable,
     args,
-    run,
+    episodes: Episodes,
     num_envs: int,
     env_offset: int,
     env_record: EnvRecord | None,
@@ -123,12 +124,13 @@ def start(
     after_last: Callable | None = None,
     device=None,
 ) -> CompiledRollout:
-    """The environments env_offset .. env_offset + --local-num-envs - 1 of the run's `num_envs`
-    (the script's `make_env(args, seed, num_envs)`, seeded --seed + env_offset onwards) and the
-    compiled rollout of --num-steps steps of `act` on them. A fresh run (`env_record` None) resets
-    them; a resumed one brings them to their part of `env_record`, every environment's at the
-    checkpoint (`env_records.fast_forward`), and the episodes' running sums with them. `device`:
-    the actor thread's, where the program runs (None: wherever the parameters are)."""
+    """The environments env_offset .. env_offset + --local-num-envs - 1 of the run's `num_envs` (the
+    script's `make_env(args, seed, num_envs)`, seeded --seed + env_offset onwards) and the compiled
+    rollout of --num-steps steps of `act` on them, their episodes counted in `episodes` (the run's
+    `Run.episodes`). A fresh run (`env_record` None) resets them; a resumed one brings them to their
+    part of `env_record`, every environment's at the checkpoint (`env_records.fast_forward`), and
+    the episodes' running sums with them. `device`: the actor thread's, where the program runs
+    (None: wherever the parameters are)."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
 
@@ -149,7 +151,6 @@ def start(
         (handle, obs, _), played = jax.lax.scan(step, carry, (steps, step_inputs))
         return handle, played, obs, None if after_last is None else after_last(params, obs)
 
-    episodes = run.episodes(args.local_num_envs)
     if env_record is None:
         record = env_records.empty_record(args.local_num_envs, args.env_id, args.env_params)
         obs = envs.reset()[0]

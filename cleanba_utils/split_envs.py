@@ -26,6 +26,7 @@ import numpy as np
 from cleanba_utils import env_records
 from cleanba_utils.env_ids import is_jax_env
 from cleanba_utils.env_records import EnvRecord
+from cleanba_utils.episodes import Episodes
 from cleanba_utils.evaluation_episodes import ended
 from cleanba_utils.rollout_steps import EpisodeEnd, PlayedRollout, Steps
 
@@ -273,7 +274,7 @@ def _acting_on(act: Callable, env_ids: np.ndarray, params, obs, step, step_input
 def start_splits(
     make_env: Callable,
     args,
-    run,
+    episodes: Episodes,
     num_envs: int,
     env_offset: int,
     env_record,
@@ -283,20 +284,20 @@ def start_splits(
     episode_over: Callable = ended,
     keep_record: bool = False,
 ) -> SplitRollout:
-    """The environments env_offset .. env_offset + --local-num-envs - 1 of the run's `num_envs`
-    (the script's `make_env(args, seed, num_envs)`, seeded --seed + env_offset onwards, in
-    --env-splits splits), played by `act(params, obs, env_ids, step, step_input) -> (env_actions,
-    outputs)` on `device` (the actor thread's), as `compiled_rollout.start` plays them in one
-    program. The episodes logged end where `episode_over(terminated, truncated, info)` says
-    (GALA's Atari: at the game's end, where a lost life terminates for learning).
+    """The environments env_offset .. env_offset + --local-num-envs - 1 of the run's `num_envs` (the
+    script's `make_env(args, seed, num_envs)`, seeded --seed + env_offset onwards, in --env-splits
+    splits), played by `act(params, obs, env_ids, step, step_input) -> (env_actions, outputs)` on
+    `device` (the actor thread's), as `compiled_rollout.start` plays them in one program, their
+    episodes counted in `episodes` (the run's `Run.episodes`). The episodes logged end where
+    `episode_over(terminated, truncated, info)` says (GALA's Atari: at the game's end, where a lost
+    life terminates for learning).
 
     With `keep_record` (a script whose checkpoints bring the environments back: the continuous
     scripts on Gymnasium's environments) the rollouts keep the environments' record, and a resumed
-    run (`env_record`, the thread's part of the checkpoint's) brings them back to it; else a
-    resumed run makes them anew (envpool's Atari cannot be brought back)."""
+    run (`env_record`, the thread's part of the checkpoint's) brings them back to it; else a resumed
+    run makes them anew (envpool's Atari cannot be brought back)."""
     assert keep_record or env_record is None, "a record is kept only with keep_record"
     envs = SplitEnvs.of_actor_thread(make_env, args, env_offset)
-    episodes = run.episodes(args.local_num_envs)
     record = None
     if keep_record and env_record is None:
         record = env_records.empty_record(args.local_num_envs, args.env_id, args.env_params)

@@ -46,9 +46,9 @@ class Writer:
         self.scalars.append((key, float(value), step))
 
 
-def fake_run(writer: Writer):
-    episodes = lambda n: Episodes(writer, deque(maxlen=100), np.zeros(n), np.zeros(n, np.int64))
-    return types.SimpleNamespace(episodes=episodes)
+def episodes_of(writer: Writer, num_envs: int = 2) -> Episodes:
+    """A run's episodes (`Run.episodes`) logged to `writer`."""
+    return Episodes(writer, deque(maxlen=100), np.zeros(num_envs), np.zeros(num_envs, np.int64))
 
 
 ARGS = types.SimpleNamespace(
@@ -65,7 +65,7 @@ def started(writer: Writer, env_record=None):
     return compiled_rollout.start(
         make_env,
         ARGS,
-        run=fake_run(writer),
+        episodes=episodes_of(writer),
         num_envs=NUM_ENVS,
         env_offset=ENV_OFFSET,
         env_record=env_record,
@@ -82,7 +82,7 @@ def python_loop(played: list, writer: Writer):
     obs = flat_observation(envs.reset()[0])
     next_is_reset = np.zeros(2, bool)
     record = env_records.empty_record(2, ENV_ID)
-    episodes = fake_run(writer).episodes(2)
+    episodes = episodes_of(writer)
     rollouts = []
     for update, rollout in enumerate(played, start=1):
         steps = []

@@ -42,9 +42,9 @@ class Writer:
         self.scalars.append((key, float(value), step))
 
 
-def fake_run(writer):
-    episodes = lambda n: Episodes(writer, deque(maxlen=100), np.zeros(n), np.zeros(n, np.int64))
-    return types.SimpleNamespace(episodes=episodes)
+def episodes_of(writer, num_envs: int) -> Episodes:
+    """A run's episodes (`Run.episodes`) logged to `writer`."""
+    return Episodes(writer, deque(maxlen=100), np.zeros(num_envs), np.zeros(num_envs, np.int64))
 
 
 def act(params, obs, env_ids, step, step_input):
@@ -105,7 +105,7 @@ def test_the_compiled_rollout_plays_what_a_plain_loop_over_gymnax_plays():
     rollout = compiled_rollout.start(
         make_env,
         args,
-        run=fake_run(writer),
+        episodes=episodes_of(writer, 3),
         num_envs=8,
         env_offset=ENV_OFFSET,
         env_record=None,

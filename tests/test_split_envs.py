@@ -157,9 +157,7 @@ def test_start_splits_gives_the_compiled_rollouts_interface(num_splits):
     args = types.SimpleNamespace(seed=10, local_num_envs=num_envs, env_splits=num_splits)
     args.num_steps = num_steps
     writer = Writer()
-    run = types.SimpleNamespace(
-        episodes=lambda n: Episodes(writer, deque(maxlen=100), np.zeros(n), np.zeros(n, np.int64))
-    )
+    episodes = Episodes(writer, deque(maxlen=100), np.zeros(num_envs), np.zeros(num_envs, np.int64))
 
     def act(params, obs, env_ids, step, step_input):
         return (step * 7 + env_ids * 3) % 4, jnp.float32(params) * env_ids
@@ -167,7 +165,7 @@ def test_start_splits_gives_the_compiled_rollouts_interface(num_splits):
     rollout = split_envs.start_splits(
         lambda args, seed, n: make_breakout(seed, n),
         args,
-        run=run,
+        episodes=episodes,
         num_envs=num_envs,
         env_offset=0,
         env_record=None,
