@@ -171,7 +171,7 @@ WANDB_OFFLINE = {"WANDB_MODE": "offline"}
 # The costliest runs, these layouts (the most learner devices) and the runs of two processes (the
 # two-terminal run, the SLURM example's job), run with `uv run pytest -m long`; the others in the
 # README's test command.
-LONG = {"a0-l1,2,3,4-d1", "a0-l1,2,3,4,5,6-d1"}
+LONG = {"a0-l1,2-d1", "a0-l1,2,3-d1", "a0-l1,2,3,4-d1", "a0-l1,2,3,4,5,6-d1"}
 
 
 def split_text(text: str) -> list[str]:

@@ -543,6 +543,8 @@ def consistency_by_hand(strengths_per_session):
     return 1 - spread / level
 
 
+# In the long checks (`-m long`): its runs cost the README's test command about 25 s of a worker.
+@pytest.mark.long
 def test_real_experiment_metrics_match_a_computation_by_hand(tmp_path):
     (tmp_path / "spec.toml").write_text(SPEC)
     launched = subprocess.run(

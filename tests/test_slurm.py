@@ -184,6 +184,8 @@ def test_each_srun_task_asks_jax_for_every_device_of_the_workstation_layout(tmp_
     ], result.stdout + result.stderr
 
 
+# In the long checks (`-m long`): its job costs the README's test command about 45 s of a worker.
+@pytest.mark.long
 def test_a_users_scancel_ends_the_task_for_good_keeping_its_checkpoint(tmp_path):
     """Two tasks of one array: `scancel` of task 0, `scancel --signal=TERM` of task 1. Each run
     saves a checkpoint and its task ends; neither the batch script nor SLURM queues it again."""
