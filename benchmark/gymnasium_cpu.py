@@ -26,7 +26,6 @@ In order:
   Gymnasium, beside CleanRL's `sac_continuous_action.py` figure (on -v4).
 """
 
-import argparse
 import csv
 import json
 import os
@@ -43,7 +42,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from csv_columns import RUN_COLUMNS
 from learning_minatar_cpu import PUREJAXRL_SETTINGS
-from measure import code_of_runs, run_resumable
+from measure import code_of_runs, resumable_benchmark_options, run_resumable
 
 from cleanba_utils.experiments.events import read_scalars, running_mean
 
@@ -303,9 +302,9 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
         + "\n".join(table)
         + (f"\n\nNot run yet: {', '.join(pending)}." if pending else "")
         + (f"\n\n{note}" if note else "")
-        + "\n\nCleanRL's figures are on the -v4 tasks (the -v5 ones fix bugs of the models and "
-        "their contact forces, Gymnasium's changelog), so they stand beside, not against, "
-        "these; the Gymnasium and envpool runs play the same -v5 task. Young & Tian played "
+        + "\n\nCleanRL's figures are on the -v4 tasks, which Gymnasium's -v5 revise (fixes and "
+        "new options of the models), so they stand beside, not against, these; the Gymnasium "
+        "and envpool runs play the same -v5 task. Young & Tian played "
         "MinAtar with sticky actions of 0.1 and no cap, as `MinAtar/Breakout-v1` does.\n\n"
         "![Gymnasium](gymnasium_cpu.png)\n"
     )
@@ -313,17 +312,9 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    names = ["speed", *RUNS]
-    parser.add_argument("--runs", nargs="+", default=names, choices=names)
-    parser.add_argument("--report-only", action="store_true")
-    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/cleanba_gymnasium_cpu"))
-    parser.add_argument("--out-dir", type=Path, default=REPO / "benchmark" / "results")
-    parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
-    parser.add_argument("--note", default="", help="a paragraph for the report")
-    args = parser.parse_args()
-    args.work_dir.mkdir(parents=True, exist_ok=True)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
+    args = resumable_benchmark_options(
+        __doc__.splitlines()[0], ["speed", *RUNS], "/tmp/cleanba_gymnasium_cpu"
+    )
     # The MinAtar factory's module, for the runs (children inherit it).
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(REPO / "benchmark"), os.environ.get("PYTHONPATH")])

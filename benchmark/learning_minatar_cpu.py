@@ -30,12 +30,10 @@ The runs, in order:
   sync gossip (the script's default) and with an all-reduce of the gradients.
 """
 
-import argparse
 import csv
 import json
 import platform
 import sys
-import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -44,7 +42,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from csv_columns import RUN_COLUMNS
-from measure import code_of_runs, run_resumable
+from measure import code_of_runs, resumable_benchmark_options, run_resumable
 
 from cleanba_utils.experiments.events import read_scalars, running_mean
 
@@ -392,16 +390,9 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
-    parser.add_argument("--report-only", action="store_true")
-    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/cleanba_learning_minatar_cpu"))
-    parser.add_argument("--out-dir", type=Path, default=REPO / "benchmark" / "results")
-    parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
-    parser.add_argument("--note", default="", help="a paragraph for the report")
-    args = parser.parse_args()
-    args.work_dir.mkdir(parents=True, exist_ok=True)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
+    args = resumable_benchmark_options(
+        __doc__.splitlines()[0], list(RUNS), "/tmp/cleanba_learning_minatar_cpu"
+    )
     if not args.report_only:
         for name in args.runs:
             if (args.work_dir / "runs" / name / "summary.json").exists():

@@ -4,6 +4,7 @@
 under a fresh Python that waits for it alone and writes the result to a file (envpool's workers are
 threads of the script's process, so they are counted)."""
 
+import argparse
 import json
 import shlex
 import subprocess
@@ -79,3 +80,20 @@ def code_of_runs(run_dirs: list[Path]) -> str:
             versions |= spec.get("versions", {})
     listed = ", ".join(f"{name} {version}" for name, version in sorted(versions.items()))
     return f"commits {', '.join(commits) or 'none yet'}; {listed or 'no versions recorded'}"
+
+
+def resumable_benchmark_options(description: str, run_names: list[str], work_dir: str):
+    """The options of a benchmark of resumable runs (its folders made): --runs (of `run_names`, all
+    by default), --report-only, --work-dir (default `work_dir`), --out-dir (the repository's
+    benchmark/results), --date and --note (a paragraph for the report)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--runs", nargs="+", default=run_names, choices=run_names)
+    parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--work-dir", type=Path, default=Path(work_dir))
+    parser.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
+    parser.add_argument("--note", default="", help="a paragraph for the report")
+    args = parser.parse_args()
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    return args
