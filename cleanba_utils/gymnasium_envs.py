@@ -23,6 +23,7 @@ Environments whose steps are deterministic given their actions (Gymnasium's MuJo
 brought back to where a checkpoint left them as envpool's MuJoCo tasks are (`env_records`): made
 with the same seeds, reset as often, their current episode's actions replayed (`restore`)."""
 
+import atexit
 import contextlib
 import contextvars
 import dataclasses
@@ -30,15 +31,23 @@ import functools
 import importlib
 import importlib.metadata
 import os
+import signal
 import sys
+import time
 import warnings
+import weakref
 
 import gymnasium
 import numpy as np
 from gymnasium.utils.env_checker import check_env
 
+from cleanba_utils import signals
 from cleanba_utils.env_ids import GYMNASIUM_PREFIX
 from cleanba_utils.errors import fail
+
+WORKERS_GONE_SECONDS = 0.5
+"""how long the ending of a process waits for an actor thread to let go of the vector environment
+whose workers it killed (`end_workers`)"""
 
 
 def _own_factory(env_id: str):
@@ -364,6 +373,17 @@ def stacked_space(space: gymnasium.Space, frame_stack: int) -> gymnasium.Space:
     )
 
 
+def _in_worker(factory, run_pid: int):
+    """The environment of a worker process, which ignores the stop signals: they reach every
+    process of the terminal's process group (Ctrl-C) or of the SLURM job step (preemption), and the
+    run's process alone decides what a stop does, then ends its workers (`end_workers`). (Gymnasium
+    makes one environment in the run's process too, to read its spaces.)"""
+    if os.getpid() != run_pid:
+        for signum in signals.WATCHED_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+    return factory()
+
+
 def _vector_env(factories: list, mode: str):
     """Gymnasium's vector environment of `factories` in `mode`, its autoreset envpool's reset
     step."""
@@ -374,8 +394,29 @@ def _vector_env(factories: list, mode: str):
     # forkserver: a worker never inherits the threads (JAX's, the actors') of the process that
     # starts it, whose locks a forked child could find held.
     return gymnasium.vector.AsyncVectorEnv(
-        factories, autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP, context="forkserver"
+        [functools.partial(_in_worker, factory, os.getpid()) for factory in factories],
+        autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP,
+        context="forkserver",
     )
+
+
+WITH_WORKERS = weakref.WeakSet()
+"""the `GymnasiumVectorEnv`s in async mode"""
+
+
+def end_workers():
+    """Kills the worker processes of every async `GymnasiumVectorEnv` before the process ends:
+    they ignore the stop signals, and a worker that outlived its parent would print the broken pipe
+    it finds. The vector environments are then let go of, so that their queues' semaphores are
+    removed (not left to multiprocessing's resource tracker, which warns of them)."""
+    for envs in list(WITH_WORKERS):
+        envs.end_workers()
+
+
+signals.BEFORE_ENDING.append(end_workers)
+# Before multiprocessing's own exit function (registered earlier, so run later), which would
+# terminate the workers with a signal they ignore and wait for them.
+atexit.register(end_workers)
 
 
 class GymnasiumVectorEnv:
@@ -404,6 +445,8 @@ class GymnasiumVectorEnv:
             mode = "sync"
         self.mode = mode
         self.envs = _vector_env(factories, mode)
+        if mode == "async":
+            WITH_WORKERS.add(self)
         self.num_envs = num_envs
         self.seed = seed
         self.env_ids = np.arange(num_envs, dtype=np.int32)
@@ -462,3 +505,27 @@ class GymnasiumVectorEnv:
 
     def close(self):
         self.envs.close()
+
+    def __del__(self):
+        # Gymnasium's own deletion would end the workers with SIGTERM, which they ignore.
+        if self.mode == "async":
+            self.end_workers()
+
+    def end_workers(self):
+        """Kills the workers and lets go of the vector environment (`end_workers`). An actor
+        thread waiting for them gets an error and ends within WORKERS_GONE_SECONDS; the process
+        is ending."""
+        if self.envs is None:
+            return
+        for process in self.envs.processes:
+            process.kill()
+        for process in self.envs.processes:
+            process.join()
+        # Closed already: its deletion would otherwise close it again, waiting for the step in
+        # flight.
+        self.envs.closed = True
+        gone = weakref.ref(self.envs)
+        self.envs = None
+        deadline = time.monotonic() + WORKERS_GONE_SECONDS
+        while gone() is not None and time.monotonic() < deadline:
+            time.sleep(0.01)

@@ -355,9 +355,7 @@ class Run:
             # above.
             with contextlib.suppress(Exception):
                 wandb.finish(exit_code=exit_code)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(exit_code)
+        signals.end_process(exit_code)
 
     def close_logs(self):
         """Flushes and closes the TensorBoard writer (`guard_events` notes a failed write)."""
@@ -527,6 +525,10 @@ class Run:
         if any("RESOURCE_EXHAUSTED" in failure for failure in self.failures):
             self.close_logs()
             fail(out_of_memory(self.args))
+        if self.quitting.locked():
+            # Another thread is ending the process (a Ctrl-C), which may have failed the threads
+            # on its way (`gymnasium_envs.end_workers`).
+            threading.Event().wait()
         if self.failures:
             print("".join(self.failures), file=sys.stderr, end="")
             exit_code = 1
@@ -734,8 +736,7 @@ def open_run(
 def end_at_once(line: str):
     """Ends the process with `line` and exit WRITE_FAILED_EXIT_CODE, before a run has started."""
     print(line, file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(WRITE_FAILED_EXIT_CODE)
+    signals.end_process(WRITE_FAILED_EXIT_CODE)
 
 
 def guard_events(writer: SummaryWriter, on_failure):

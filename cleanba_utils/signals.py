@@ -49,7 +49,7 @@ class Watcher:
             if self.first_ctrl_c is not None:
                 if time.monotonic() - self.first_ctrl_c > SAME_CTRL_C_SECONDS:
                     print("interrupted again: quitting", file=sys.stderr, flush=True)
-                    os._exit(130)
+                    end_process(130)
                 return
             self.first_ctrl_c = time.monotonic()
         elif self.received:
@@ -58,12 +58,26 @@ class Watcher:
         threading.Thread(target=self.on_stop, args=(signum,), name="stopper", daemon=True).start()
 
 
+BEFORE_ENDING: list = []
+"""functions that `end_process` calls first: the ending of worker processes the run started
+(`gymnasium_envs`), which would otherwise outlive it"""
+
+
+def end_process(exit_code: int):
+    """Ends the process at once with `exit_code`, its output flushed: not waiting for a computation
+    in flight, which Python's exit would (XLA's teardown)."""
+    for function in BEFORE_ENDING:
+        function()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
+
+
 def exit_at_once(signum: int):
     """The stop before a run has started and after it has finished: nothing to save."""
     sys.stdout.flush()
     print("interrupted" if signum == signal.SIGINT else "stopped by a signal", file=sys.stderr)
-    sys.stderr.flush()
-    os._exit(128 + signum)
+    end_process(128 + signum)
 
 
 WATCHER: Watcher | None = None

@@ -6,6 +6,11 @@ uninterrupted one, and bad ids and spaces refused with one line and exit 2."""
 
 import importlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import gymnasium
@@ -21,6 +26,7 @@ from helpers import (
     ppo_params_by_layout,
     run_script,
     scalars,
+    wait_for_line,
 )
 from preempt import assert_a_resumed_run_is_the_whole_one
 
@@ -501,3 +507,68 @@ def test_capture_video_films_the_first_evaluation_episode_and_changes_nothing(tm
     events = EventAccumulator(str(tmp_path / "runs" / "filmed"), size_guidance={"images": 0})
     events.Reload()
     assert [video.step for video in events.Images("videos/eval")] == [0, 128, 256]
+
+
+def living_processes_of_group(group: int) -> list[str]:
+    """The command lines of the processes of process group `group` that have not ended (zombies
+    apart), read from /proc."""
+    living = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            living.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+    return living
+
+
+def stopped_with_its_workers(tmp_path, signum: int) -> tuple[subprocess.Popen, str, float]:
+    """PPO on CartPole-v1 in async mode, in a process group of its own, sent `signum` to the whole
+    group (a terminal's Ctrl-C, SLURM's signal to every process of a job step) after its first
+    progress line: the process, its stderr, and the seconds from the signal to its end."""
+    args = [*SMALL["cleanba_ppo.py"], "--total-timesteps", "10000000"]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "cleanba" / "cleanba_ppo.py"),
+            *["--env-id", "gymnasium:CartPole-v1", "--vectorization-mode", "async"],
+            *[*args, "--run-name", "stopped"],
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    wait_for_line(proc, "update ")
+    sent_at = time.time()
+    os.killpg(proc.pid, signum)
+    _, stderr = proc.communicate(timeout=60)
+    return proc, stderr, time.time() - sent_at
+
+
+# In the long checks (`-m long`): two runs of about 20 s each.
+@pytest.mark.long
+@pytest.mark.parametrize(
+    "signum,exit_code,message",
+    [
+        (signal.SIGINT, 130, "interrupted: stopped"),
+        (signal.SIGTERM, 143, "checkpoint saved, continue with --resume"),
+    ],
+)
+def test_a_stop_signal_to_the_workers_too_ends_the_run_and_them_cleanly(
+    tmp_path, signum, exit_code, message
+):
+    # The workers ignore the signal; the run's process acts on it as without workers, then kills
+    # them: no worker's traceback, no leaked semaphore, no worker left.
+    proc, stderr, seconds = stopped_with_its_workers(tmp_path, signum)
+    assert proc.returncode == exit_code, stderr[-3000:]
+    assert message in stderr
+    assert "Traceback" not in stderr and "Error" not in stderr and "leaked" not in stderr, stderr
+    assert seconds < 10
+    deadline = time.time() + 5
+    while living_processes_of_group(proc.pid) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not living_processes_of_group(proc.pid)
