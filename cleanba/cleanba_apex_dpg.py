@@ -53,16 +53,15 @@ from cleanba_utils.kept_lag import Continuation
 from cleanba_utils.replay.n_step import n_step_transitions
 from cleanba_utils.replay.prioritized_learning import (
     PRIORITY_EPSILON,
-    Learned,
-    PendingPriorities,
     Sampled,
     learn,
     log_priorities,
 )
 from cleanba_utils.replay.store import ReplayStore, store_bytes
 from cleanba_utils.rollout_steps import Steps
-from cleanba_utils.run import LearnerTimes, open_run
+from cleanba_utils.run import open_run
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
+from cleanba_utils.run_logs import LearnerTimes
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put
 
@@ -420,7 +419,7 @@ def actor_thread(
     envs = start_rollout(
         make_env,
         args,
-        episodes=run.episodes(args.local_num_envs),
+        episodes=run.logs.episodes(args.local_num_envs),
         num_envs=sizes.num_envs,
         env_offset=env_offset,
         env_record=env_record,
@@ -613,7 +612,7 @@ def init_state(args: Args, sizes: Sizes, replay: ReplayStore):
         __file__,
         learner=state,
         acting_params=state.params(),
-        own=padding_tail(sizes.num_envs, args.n_step, spaces),
+        actor_carry=padding_tail(sizes.num_envs, args.n_step, spaces),
         replay=replay,
         save_replay=args.checkpoint_replay,
     )
@@ -687,89 +686,15 @@ def sample_batches(args, replay: ReplayStore, learner_devices, first_step: int) 
     return Sampled(shards, sample.slots, sample.inserted, seconds=time.time() - tic)
 
 
-class Learner(NamedTuple):
-    """What the learner loop carries from update to update: the state and its optimizer steps, the
-    last call's TD errors not yet written as priorities (`pending`, see `learn`), the last learning
-    update's `Learned`, and every env's record and tail after the last rollouts."""
-
-    state: LearnerState
-    optimizer_steps: int
-    pending: PendingPriorities | None
-    learned: Learned | None = None
-    env_record: EnvRecord | None = None
-    tail: Steps | None = None
-
-
-def first_learner(origin: kept_lag.Origin, learner_devices: list) -> Learner:
-    """The learner before the session's first update (with a resumed run's pending priorities)."""
-    pending = origin.pending
-    if pending is not None:
-        pending = pending._replace(td=replicate(pending.td, learner_devices))
-    replicated = replicate(origin.learner, learner_devices)
-    steps = int(origin.learner.critic.step)
-    return Learner(state=replicated, optimizer_steps=steps, pending=pending)
-
-
 def model_params(state: LearnerState) -> dict:
     """The actor's and the critic's parameters: what the model file saves and evaluation plays."""
     return jax.device_get(first_replica(state.params()))
 
 
-def update_learner(args, sizes, run, actors, jobs, replay, update_fn, sample, learner, update):
-    """Takes the rollouts of `update` (`take_rollouts` checks which policy played them) and inserts
-    them into the replay; once it holds --learning-starts transitions, makes --updates-per-rollout
-    optimizer steps (`learn`). Logs the update (`Run.log_update`) with Ape-X DPG's statistics, the
-    priorities (an O(N) pass) every --log-frequency. Returns the learner."""
-    rollouts, rollout_queue_get_time = actors.take_rollouts(update)
-    learn_start = time.time()
-    # Every process's rollouts in global env order: each process holds the whole replay.
-    parts = [(r.data, r.record, r.tail) for r in rollouts]
-    data, env_record, tail = gathered_rollouts(parts, args.distributed)
-
-    def insert():  # a full replay evicts with a generator seeded by (seed, update)
-        replay_insert(replay, data, rng=np.random.default_rng([args.seed, 4, update]))
-        return replay.num_sampleable()
-
-    replay_size = jobs.wait(jobs.submit(insert))
-    insert_time = time.time() - learn_start
-    learner = learner._replace(env_record=env_record, tail=tail)
-    if replay_size >= max(args.learning_starts, 1):
-        state, learned, pending = learn(
-            args,
-            jobs=jobs,
-            replay=replay,
-            state=learner.state,
-            update_fn=update_fn,
-            sample=sample,
-            first_step=learner.optimizer_steps,
-            pending=learner.pending,
-            steps_per_call=args.steps_per_call,
-        )
-        learner = learner._replace(state=state, pending=pending, learned=learned)
-        steps = learner.optimizer_steps + args.updates_per_rollout
-        learner = learner._replace(optimizer_steps=steps)
-    learn_time = time.time() - learn_start
-    every_env = np.arange(sizes.num_envs)
-    stds = noise_stds_of(every_env, sizes.num_envs, args.noise_std, args.noise_alpha)
-    learned = learner.learned
-    stats = dict(
-        insert_time=insert_time,
-        noise_std_min=stds.min(),
-        noise_std_max=stds.max(),
-        **({} if learned is None else learned.stats),
-    )
-    run.log_update(
-        update,
-        rollouts=rollouts,
-        metrics=None if learned is None else learned.metrics,
-        learner_times=LearnerTimes(rollout_queue_get_time, learn_time),
-        stats=stats,
-        optimizer_steps=learner.optimizer_steps,
-        replay_size=replay_size,
-    )
-    read_priorities = lambda: jobs.wait(jobs.submit(replay.priorities))
-    log_priorities(run, update, read_priorities, args.priority_exponent)
-    return learner
+def insert_rollouts(replay: ReplayStore, data: Transitions, rng) -> int:
+    """Inserts the update's transitions (a full replay evicts with `rng`); the replay's size."""
+    replay_insert(replay, data, rng=rng)
+    return replay.num_sampleable()
 
 
 def train(args: Args):
@@ -788,8 +713,9 @@ def train(args: Args):
         model_card=MODEL_CARD,
         checkpointing=origin.checkpointing,
     )
-    learner = first_learner(origin, learner_devices)
-    run.evaluate_untrained(lambda: model_params(learner.state))
+    state = replicate(origin.learner, learner_devices)
+    optimizer_steps = int(origin.learner.critic.step)
+    run.evaluate_untrained(lambda: model_params(state))
     update_fn = make_update(args, global_learner_devices)
     lag = handoff.LagRule(
         first_update=origin.counters["update"] + 1,
@@ -806,41 +732,81 @@ def train(args: Args):
         sizes=sizes,
         networks=networks,
         env_record=origin.env_record,
-        tails=origin.own,
+        tails=origin.actor_carry,
     )
     jobs = BackgroundJobs("replay", run.stop, run.failures)
-    learn_update = functools.partial(
-        update_learner,
-        args,
-        sizes,
-        run=run,
-        actors=actors,
-        jobs=jobs,
-        replay=replay,
-        update_fn=update_fn,
-        sample=functools.partial(sample_batches, args, replay, learner_devices),
+    sample = functools.partial(sample_batches, args, replay, learner_devices)
+    noise_stds = noise_stds_of(
+        np.arange(sizes.num_envs), sizes.num_envs, args.noise_std, args.noise_alpha
     )
+    learned = None  # the last update's that learned
+    pending = (
+        origin.pending_priorities
+    )  # the last call's TD errors not yet written as priorities (`learn`)
+    if pending is not None:
+        pending = pending._replace(td=replicate(pending.td, learner_devices))
     with run.learner_loop([*actors.threads, jobs.thread]) as end:
-        actors.send_first(first_replica(learner.state.params()), acting_params=origin.acting_params)
+        actors.send_first(first_replica(state.params()), acting_params=origin.acting_params)
         update = lag.first_update - 1  # the updates done, where the loop makes none (finished)
         for update in lag.updates():
-            learner = learn_update(learner=learner, update=update)
+            rollouts, rollout_queue_get_time = actors.take_rollouts(update)
+            learn_start = time.time()
+            # Every process's rollouts in global env order: each process holds the whole replay.
+            parts = [(r.data, r.record, r.tail) for r in rollouts]
+            data, env_record, tail = gathered_rollouts(parts, args.distributed)
+            evicting = np.random.default_rng([args.seed, 4, update])
+            insert = functools.partial(insert_rollouts, replay, data, evicting)
+            replay_size = jobs.wait(jobs.submit(insert))
+            insert_time = time.time() - learn_start
+            if replay_size >= max(args.learning_starts, 1):
+                state, learned, pending = learn(
+                    args,
+                    jobs=jobs,
+                    replay=replay,
+                    state=state,
+                    update_fn=update_fn,
+                    sample=sample,
+                    first_step=optimizer_steps,
+                    pending=pending,
+                    steps_per_call=args.steps_per_call,
+                )
+                optimizer_steps += args.updates_per_rollout
+            # Ape-X DPG's own statistics: the seconds inserting the rollouts, the exploration
+            # noise and the last batch's importance weights every update, the priorities (an O(N)
+            # pass) every --log-frequency.
+            stats = dict(
+                insert_time=insert_time,
+                noise_std_min=noise_stds.min(),
+                noise_std_max=noise_stds.max(),
+                **({} if learned is None else learned.stats),
+            )
+            run.logs.log_update(
+                update,
+                rollouts=rollouts,
+                metrics=None if learned is None else learned.metrics,
+                learner_times=LearnerTimes(rollout_queue_get_time, time.time() - learn_start),
+                stats=stats,
+                optimizer_steps=optimizer_steps,
+                replay_size=replay_size,
+            )
+            read_priorities = lambda: jobs.wait(jobs.submit(replay.priorities))
+            log_priorities(run, update, read_priorities, args.priority_exponent)
             if run.evaluation_due(update):
-                run.evaluate_and_log(update, model_params(learner.state), learner.optimizer_steps)
+                run.evaluate_and_log(update, model_params(state), optimizer_steps)
             kept = Continuation(
-                learner.state,
+                state,
                 acting_params=actors.last_sent,
-                env_record=learner.env_record,
+                env_record=env_record,
                 replay=replay.mark(),
-                pending=learner.pending,
-                own=learner.tail,
+                pending_priorities=pending,
+                actor_carry=tail,
             )
             end.exit_code = run.after_update(kept, update)
             if end.exit_code:
                 break
             if update < sizes.num_updates:
-                actors.send(first_replica(learner.state.params()), policy_version=update)
-    run.finish(model_params(learner.state), update, learner.optimizer_steps)
+                actors.send(first_replica(state.params()), policy_version=update)
+    run.finish(model_params(state), update, optimizer_steps)
 
 
 # === Main ===

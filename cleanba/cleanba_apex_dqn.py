@@ -55,8 +55,9 @@ from cleanba_utils.replay.prioritized_learning import (
     log_priorities,
 )
 from cleanba_utils.replay.store import Mark, ReplayStore, store_bytes
-from cleanba_utils.run import LearnerTimes, open_run
+from cleanba_utils.run import open_run
 from cleanba_utils.run_args import GYMNASIUM_IMAGES, JAX_ENV, RUN_NEEDS, DeviceArgs
+from cleanba_utils.run_logs import LearnerTimes
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import BackgroundJobs, queue_get, queue_put
 from cleanba_utils.torsos import (
@@ -569,7 +570,7 @@ def actor_thread(
     envs = start_rollout(
         make_env,
         args,
-        episodes=run.episodes(args.local_num_envs),
+        episodes=run.logs.episodes(args.local_num_envs),
         num_envs=sizes.num_envs,
         env_offset=env_offset,
         env_record=env_record,
@@ -592,7 +593,7 @@ def actor_thread(
         steps = rollout.steps
         for end in rollout.episode_ends:
             if lowest_epsilon_quarter[end.env]:
-                run.log({"charts/lowest_epsilon_return": end.episode_return}, end.global_step)
+                run.logs.log({"charts/lowest_epsilon_return": end.episode_return}, end.global_step)
         episode_steps, episode_step = count_episode_steps(episode_step, steps.is_reset)
         played = Played(
             frames=stored_frames(steps.obs, stacked),
@@ -894,7 +895,7 @@ def init_state(args: Args, sizes: Sizes, replay: Replay | None):
             __file__,
             learner=state,
             acting_params=params,
-            own=first_carry(sizes.num_envs, args.n_step),
+            actor_carry=first_carry(sizes.num_envs, args.n_step),
             replay=replay,
             save_replay=saves_replay(args),
         )
@@ -909,11 +910,11 @@ def actor_carry_of(args: Args, sizes: Sizes, origin: kept_lag.Origin) -> ActorCa
     checkpoint's. A resumed run whose replay was not saved starts its tails anew (padding): their
     frames are not in the empty replay."""
     fresh = first_carry(sizes.num_envs, args.n_step)
-    if origin.own is None:
+    if origin.actor_carry is None:
         return fresh
     if saves_replay(args):
-        return origin.own
-    return origin.own._replace(tail=fresh.tail)
+        return origin.actor_carry
+    return origin.actor_carry._replace(tail=fresh.tail)
 
 
 def learning_rate_of(args: Args, sizes: Sizes):
@@ -987,46 +988,6 @@ def sample_batch(args, replay: Replay, step: int) -> Sampled:
     )
 
 
-def log_update(
-    args,
-    sizes,
-    run,
-    update,
-    rollouts,
-    replay_size,
-    learner_times,
-    insert_time,
-    learned,
-    optimizer_steps,
-    read_priorities,
-):
-    """`Run.log_update` with Ape-X's own statistics: the seconds inserting the rollouts, the
-    exploration rates and the last batch's importance weights every update, the priorities (an O(N)
-    pass) every --log-frequency. `learned` is that of the last update that learned (None before the
-    first)."""
-    epsilons = epsilons_of(
-        np.arange(sizes.num_envs), sizes.num_envs, args.epsilon_base, args.epsilon_alpha
-    )
-    stats = dict(
-        insert_time=insert_time,
-        epsilon_min=epsilons.min(),
-        epsilon_max=epsilons.max(),
-        **({} if learned is None else learned.stats),
-    )
-    schedule = learning_rate_of(args, sizes)
-    run.log_update(
-        update,
-        rollouts=rollouts,
-        metrics=None if learned is None else learned.metrics,
-        learner_times=learner_times,
-        stats=stats,
-        optimizer_steps=optimizer_steps,
-        learning_rate=schedule(optimizer_steps) if callable(schedule) else schedule,
-        replay_size=replay_size,
-    )
-    log_priorities(run, update, read_priorities, args.priority_exponent)
-
-
 def model_params(state: QState):
     """What `evaluate` plays, the model file saves and the fingerprint hashes: the online network's
     parameters."""
@@ -1082,8 +1043,12 @@ def train(args: Args):
         sample=functools.partial(sample_batch, args, replay),
         steps_per_call=1,
     )
-    learned = None
-    pending = origin.pending
+    epsilons = epsilons_of(
+        np.arange(sizes.num_envs), sizes.num_envs, args.epsilon_base, args.epsilon_alpha
+    )
+    schedule = learning_rate_of(args, sizes)
+    learned = None  # the last update's that learned
+    pending = origin.pending_priorities
     if pending is not None:
         pending = pending._replace(td=replicate(pending.td, learner_devices))
     with run.learner_loop([*actors.threads, jobs.thread]) as end:
@@ -1099,23 +1064,27 @@ def train(args: Args):
                     state=state, first_step=optimizer_steps, pending=pending
                 )
                 optimizer_steps += args.updates_per_rollout
-            learner_times = LearnerTimes(
-                rollout_queue_get_time=rollout_queue_get_time,
-                learn_time=time.time() - learn_start,
-            )
-            log_update(
-                args,
-                sizes=sizes,
-                run=run,
-                update=update,
-                rollouts=rollouts,
-                replay_size=replay_size,
-                learner_times=learner_times,
+            # Ape-X's own statistics: the seconds inserting the rollouts, the exploration rates
+            # and the last batch's importance weights every update, the priorities (an O(N)
+            # pass) every --log-frequency.
+            stats = dict(
                 insert_time=insert_time,
-                learned=learned,
-                optimizer_steps=optimizer_steps,
-                read_priorities=lambda: jobs.wait(jobs.submit(replay.transitions.priorities)),
+                epsilon_min=epsilons.min(),
+                epsilon_max=epsilons.max(),
+                **({} if learned is None else learned.stats),
             )
+            run.logs.log_update(
+                update,
+                rollouts=rollouts,
+                metrics=None if learned is None else learned.metrics,
+                learner_times=LearnerTimes(rollout_queue_get_time, time.time() - learn_start),
+                stats=stats,
+                optimizer_steps=optimizer_steps,
+                learning_rate=schedule(optimizer_steps) if callable(schedule) else schedule,
+                replay_size=replay_size,
+            )
+            read_priorities = lambda: jobs.wait(jobs.submit(replay.transitions.priorities))
+            log_priorities(run, update, read_priorities, args.priority_exponent)
             if run.evaluation_due(update):
                 run.evaluate_and_log(update, model_params(state), optimizer_steps)
             saved = state
@@ -1129,8 +1098,8 @@ def train(args: Args):
                     acting_params=actors.last_sent,
                     env_record=record,
                     replay=replay.mark(),
-                    pending=pending,
-                    own=carry,
+                    pending_priorities=pending,
+                    actor_carry=carry,
                 )
             end.exit_code = run.after_update(saved, update)
             if end.exit_code:

@@ -68,8 +68,9 @@ from cleanba_utils.handoff import (
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.kept_lag import Continuation
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
-from cleanba_utils.run import LearnerTimes, open_run
+from cleanba_utils.run import open_run
 from cleanba_utils.run_args import GYMNASIUM_IMAGES, RUN_NEEDS, RunArgs
+from cleanba_utils.run_logs import LearnerTimes
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import POLL_SECONDS, Stopped, queue_get, queue_put, start_thread
 from cleanba_utils.torsos import (
@@ -543,7 +544,7 @@ def actor_thread(
     envs = start_rollout(
         make_env,
         args,
-        episodes=run.episodes(args.local_num_envs),
+        episodes=run.logs.episodes(args.local_num_envs),
         num_envs=sizes.num_envs,
         env_offset=env_offset,
         env_record=env_record,
@@ -561,7 +562,7 @@ def actor_thread(
         # Each finished episode is also logged as the agent's own.
         for end in played.episode_ends:
             scalars = {f"charts/agent_{agent}/episodic_return": end.episode_return}
-            run.log(scalars, end.global_step)
+            run.logs.log(scalars, end.global_step)
         transitions = Transitions(
             obs=steps.obs,
             actions=steps.env_actions,
@@ -874,11 +875,11 @@ def start_agent_actors(args, sizes, run, network, agent_devices, lag, env_record
 def log_agents(run, global_step: int, agent_scalars: dict):
     """`agent_scalars[agent]` under `stats/agent_{agent}/`, and the agent's SPS (from its
     `steps`)."""
-    elapsed = time.time() - run.start_time
+    elapsed = time.time() - run.logs.start_time
     for agent, values in agent_scalars.items():
         scalars = {f"stats/agent_{agent}/{key}": value for key, value in values.items()}
         scalars[f"charts/agent_{agent}/SPS"] = int(values["steps"] / elapsed)
-        run.log(scalars, global_step)
+        run.logs.log(scalars, global_step)
 
 
 def log_distances(run, global_step: int, consensus, agent_steps: list):
@@ -895,7 +896,7 @@ def train_sync(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin):
     state = sharded(origin.learner, sharding)
     update_fn = make_update(args, sharding)
     first_agent = jax.process_index() * len(agent_devices)
-    lag = lag_rule_of(args, sizes, first_update=run.counters["update"] + 1)
+    lag = lag_rule_of(args, sizes, first_update=run.logs.first_update + 1)
     actors = start_agent_actors(args, sizes, run, network, agent_devices, lag, origin.env_record)
 
     def send(params, policy_version: int):
@@ -933,7 +934,7 @@ def train_sync(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin):
             stats = consensus_stats(consensus)
             if with_similarity:
                 stats["gradient_similarity"] = jax.device_get(first_replica(similarity))
-            run.log_update(
+            run.logs.log_update(
                 update,
                 rollouts=rollouts,
                 metrics=losses._asdict(),
@@ -1071,11 +1072,11 @@ def train_async(args: Args, sizes: Sizes, run, network, origin: kept_lag.Origin)
                 scalars = {
                     f"stats/{key}": value for key, value in consensus_stats(consensus).items()
                 }
-                run.log(scalars | {"charts/SPS": run.sps(global_step)}, global_step)
+                run.logs.log(scalars | {"charts/SPS": run.logs.sps(global_step)}, global_step)
                 log_distances(run, global_step, consensus, steps)
                 if updates // updates_per_line > measured // updates_per_line or not running:
                     update = global_step // sizes.steps_per_update
-                    run.print_progress(update, global_step, consensus_line(consensus))
+                    run.logs.print_progress(update, global_step, consensus_line(consensus))
                 measured = updates
             if not running:
                 break

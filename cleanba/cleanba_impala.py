@@ -43,8 +43,9 @@ from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.kept_lag import Continuation
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
 from cleanba_utils.microbatches import microbatch_update, rolls
-from cleanba_utils.run import LearnerTimes, open_run
+from cleanba_utils.run import open_run
 from cleanba_utils.run_args import GYMNASIUM_IMAGES, RUN_NEEDS, DeviceArgs
+from cleanba_utils.run_logs import LearnerTimes
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put
 from cleanba_utils.torsos import resolve_image_defaults
@@ -358,7 +359,7 @@ def actor_thread(
     envs = start_rollout(
         make_env,
         args,
-        episodes=run.episodes(args.local_num_envs),
+        episodes=run.logs.episodes(args.local_num_envs),
         num_envs=sizes.num_envs,
         env_offset=env_offset,
         env_record=env_record,
@@ -723,7 +724,7 @@ def train(args: Args):
                 rollout_queue_get_time=rollout_queue_get_time,
                 learn_time=time.time() - learn_start,
             )
-            run.log_update(
+            run.logs.log_update(
                 update=update,
                 rollouts=rollouts,
                 metrics=metrics,

@@ -53,8 +53,9 @@ from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import in_range, non_negative, positive
 from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, start_actor_threads
 from cleanba_utils.kept_lag import Continuation
-from cleanba_utils.run import LearnerTimes, open_run
+from cleanba_utils.run import open_run
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
+from cleanba_utils.run_logs import LearnerTimes
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put
 
@@ -403,7 +404,7 @@ def actor_thread(
     envs = start_rollout(
         make_env,
         args,
-        episodes=run.episodes(args.local_num_envs),
+        episodes=run.logs.episodes(args.local_num_envs),
         num_envs=sizes.num_envs,
         env_offset=env_offset,
         env_record=env_record,
@@ -580,9 +581,11 @@ def init_state(args: Args, sizes: Sizes):
         normalizer=initial_normalizer(obs_dim),
     )
     acting_policy = Policy(params=params, normalizer=state.normalizer)
-    # The script's own part of the checkpoint: every environment's discounted return.
-    own = np.zeros(sizes.num_envs)
-    return network, kept_lag.run_origin(args, sizes, __file__, state, acting_policy, own=own)
+    # The actors' carry: every environment's discounted return.
+    discounted_returns = np.zeros(sizes.num_envs)
+    return network, kept_lag.run_origin(
+        args, sizes, __file__, state, acting_policy, actor_carry=discounted_returns
+    )
 
 
 def take_steps(x, steps):
@@ -736,7 +739,7 @@ def train(args: Args):
         network=network,
         learner_devices=learner_devices,
         env_record=origin.env_record,
-        discounted_returns=origin.own,
+        discounted_returns=origin.actor_carry,
     )
     with run.learner_loop(actors.threads) as end:
         actors.send_first(host_policy(state), acting_params=origin.acting_params)
@@ -754,14 +757,14 @@ def train(args: Args):
             record, discounted_returns = gathered_rollouts(
                 [(r.record, r.discounted_return) for r in rollouts], args.distributed
             )
-            kept = Continuation(state, actors.last_sent, record, own=discounted_returns)
+            kept = Continuation(state, actors.last_sent, record, actor_carry=discounted_returns)
             jax.block_until_ready(state)
             learner_times = LearnerTimes(
                 rollout_queue_get_time=rollout_queue_get_time,
                 learn_time=time.time() - learn_start,
             )
             optimizer_steps = optimizer_steps_after(args, update)
-            run.log_update(
+            run.logs.log_update(
                 update=update,
                 rollouts=rollouts,
                 metrics=metrics,

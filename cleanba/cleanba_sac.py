@@ -45,8 +45,9 @@ from cleanba_utils.fields import Need, in_range, non_negative, positive
 from cleanba_utils.handoff import ActorTimes, LagRule, OnResume
 from cleanba_utils.kept_lag import Continuation
 from cleanba_utils.replay.store import ReplayStore, store_bytes
-from cleanba_utils.run import LearnerTimes, open_run
+from cleanba_utils.run import open_run
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
+from cleanba_utils.run_logs import LearnerTimes
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put
 
@@ -358,7 +359,7 @@ def actor_thread(
     envs = start_rollout(
         make_env,
         args,
-        episodes=run.episodes(args.local_num_envs),
+        episodes=run.logs.episodes(args.local_num_envs),
         num_envs=sizes.num_envs,
         env_offset=env_offset,
         env_record=env_record,
@@ -728,10 +729,10 @@ def receive(args, sizes, update: int, replay: ReplayStore, actors) -> Incoming:
 
 
 def log_update(args, sizes, run, update: int, current: Incoming, metrics, learn_time: float):
-    """`Run.log_update` with the replay's size and the seconds of insertion, sampling and learning
-    (until the parameters are ready, a checkpoint included; with --concurrency the next update's
-    receive overlaps it). `metrics`: the last learning update's (None before)."""
-    run.log_update(
+    """`RunLogs.log_update` with the replay's size and the seconds of insertion, sampling and
+    learning (until the parameters are ready, a checkpoint included; with --concurrency the next
+    update's receive overlaps it). `metrics`: the last learning update's (None before)."""
+    run.logs.log_update(
         update,
         rollouts=current.rollouts,
         metrics=metrics,

@@ -75,8 +75,14 @@ def newest_checkpoint(run_dir: str):
     return None
 
 
+RENAMED_FIELDS = {"own": "actor_carry", "pending": "pending_priorities"}
+"""the saved keys of `kept_lag.Continuation`'s fields before their renaming, and their names now:
+a checkpoint written before resumes"""
+
+
 def restored_state(path: str, state, saved_state: dict):
     """`state` (an unreplicated template) with the values of the checkpoint at `path`."""
+    saved_state = {RENAMED_FIELDS.get(key, key): value for key, value in saved_state.items()}
     try:
         return flax.serialization.from_state_dict(state, saved_state)
     except (ValueError, KeyError) as error:

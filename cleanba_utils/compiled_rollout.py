@@ -126,10 +126,10 @@ def start(
 ) -> CompiledRollout:
     """The environments env_offset .. env_offset + --local-num-envs - 1 of the run's `num_envs` (the
     script's `make_env(args, seed, num_envs)`, seeded --seed + env_offset onwards) and the compiled
-    rollout of --num-steps steps of `act` on them, their episodes counted in `episodes` (the run's
-    `Run.episodes`). A fresh run (`env_record` None) resets them; a resumed one brings them to their
-    part of `env_record`, every environment's at the checkpoint (`env_records.fast_forward`), and
-    the episodes' running sums with them. `device`: the actor thread's, where the program runs
+    rollout of --num-steps steps of `act` on them, their episodes counted in `episodes`
+    (`RunLogs.episodes`). A fresh run (`env_record` None) resets them; a resumed one brings them to
+    their part of `env_record`, every environment's at the checkpoint (`env_records.fast_forward`),
+    and the episodes' running sums with them. `device`: the actor thread's, where the program runs
     (None: wherever the parameters are)."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)

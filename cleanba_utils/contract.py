@@ -23,8 +23,8 @@ class Script(Protocol):
     """`make_env(args, seed, num_envs)`: its environments (envpool's, or a JAX environment's),
     environment i seeded `seed + i`"""
     evaluate: Callable
-    """`evaluate(params, args, num_episodes, seed) -> returns` (`Run.evaluate`, `python -m
-    cleanba_utils.evaluate`)"""
+    """`evaluate(params, args, num_episodes, seed) -> returns` (`RunEvaluations.evaluate`,
+    `python -m cleanba_utils.evaluate`)"""
     init_state: Callable
     make_update: Callable
     main: Callable

@@ -1,5 +1,6 @@
-"""How --env-id names an environment and its source, and the names made from it. Imports nothing,
-so that every module (the option checks before JAX is imported among them) can use it.
+"""How --env-id names an environment and its source, and the names made from it. Imports nothing
+of the package but `errors`, so that every module (the option checks before JAX is imported among
+them) can use it.
 
 - `Breakout-v5`, `CartPole-v1`, `HalfCheetah-v4`: envpool's task of that id;
 - `gymnax:<id>`: gymnax's environment of that id (`gymnax:Breakout-MinAtar`, `gymnax:Pendulum-v1`);
@@ -9,7 +10,10 @@ so that every module (the option checks before JAX is imported among them) can u
   `module:Env-v0` form), or `gymnasium:<module>:<name>` a researcher's own Gymnasium environment
   class or factory (`gymnasium:my_package.envs:MyEnv`)."""
 
+import importlib
 import re
+
+from cleanba_utils.errors import fail
 
 GYMNAX_PREFIX = "gymnax:"
 OWN_JAX_PREFIX = "jax:"
@@ -41,3 +45,15 @@ def name_part(env_id: str) -> str:
     than letters, digits, `.`, `_` and `-` (a source's `:`, a path's `/`) becomes `-`
     (`gymnax:Breakout-MinAtar` -> `gymnax-Breakout-MinAtar`)."""
     return re.sub(r"[^A-Za-z0-9._-]", "-", env_id)
+
+
+def own_module(env_id: str, module_name: str):
+    """The module that --env-id `env_id` names for a researcher's own environment; one line and
+    exit 2 where it does not import."""
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as error:
+        fail(
+            f"--env-id {env_id}: cannot import {module_name} ({error}); is it on PYTHONPATH or "
+            "installed?"
+        )

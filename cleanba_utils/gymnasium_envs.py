@@ -42,7 +42,7 @@ import numpy as np
 from gymnasium.utils.env_checker import check_env
 
 from cleanba_utils import signals
-from cleanba_utils.env_ids import GYMNASIUM_PREFIX
+from cleanba_utils.env_ids import GYMNASIUM_PREFIX, own_module
 from cleanba_utils.errors import fail
 
 WORKERS_GONE_SECONDS = 0.5
@@ -56,13 +56,7 @@ def _own_factory(env_id: str):
     name = env_id[len(GYMNASIUM_PREFIX) :]
     module_name, colon, attribute = name.partition(":")
     if colon:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as error:
-            fail(
-                f"--env-id {env_id}: cannot import {module_name} ({error}); is it on PYTHONPATH "
-                "or installed?"
-            )
+        module = own_module(env_id, module_name)
         own = getattr(module, attribute, None)
         if callable(own) and not isinstance(own, str):
             return own

@@ -24,7 +24,6 @@ the actors that step in Python."""
 
 import dataclasses
 import functools
-import importlib
 from typing import Any, NamedTuple
 
 import gymnasium
@@ -32,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cleanba_utils.env_ids import GYMNAX_PREFIX, OWN_JAX_PREFIX
+from cleanba_utils.env_ids import GYMNAX_PREFIX, OWN_JAX_PREFIX, own_module
 from cleanba_utils.errors import fail
 
 ENV_KEY_STREAM = 0x656E76
@@ -128,13 +127,7 @@ def _own_env(path: str):
             f"--env-id {OWN_JAX_PREFIX}{path} is not an import path: write "
             f"{OWN_JAX_PREFIX}package.module:ClassOrFactory"
         )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        fail(
-            f"--env-id {OWN_JAX_PREFIX}{path}: cannot import {module_name} ({error}); is it on "
-            "PYTHONPATH or installed?"
-        )
+    module = own_module(f"{OWN_JAX_PREFIX}{path}", module_name)
     factory = getattr(module, attribute, None)
     if factory is None or not callable(factory):
         fail(f"--env-id {OWN_JAX_PREFIX}{path}: {module_name} has no class or factory {attribute}")

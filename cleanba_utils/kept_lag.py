@@ -4,10 +4,11 @@ checkpoint holds, beside the learner, what the uninterrupted run plays next: the
 last (with --concurrency they play the actors' next rollout), every environment's record (its
 resets and its current episode, `env_records`, or a JAX environment's state, from which
 `compiled_rollout.start` brings the environments back), the replay with its priorities not yet
-written, and what else is the script's own (Ape-X DPG's and Ape-X DQN's n-step tails).
+written, and what the actor threads carry from one rollout into the next (continuous PPO's
+discounted returns, the Ape-X scripts' n-step tails).
 
 A script gives `run_origin` the templates of its learner state, its acting parameters and its
-own part, and gets back where the run starts (`Origin`); at the end of each update it hands
+actors' carry, and gets back where the run starts (`Origin`); at the end of each update it hands
 `Run.after_update` a `Continuation`, whose host copy (`Origin.checkpointing`) is the checkpoint."""
 
 import dataclasses
@@ -39,25 +40,26 @@ class Continuation(NamedTuple):
     replay: Any = None
     """the replay's `Mark` at the update's end (the checkpoint: the replay as it was there, or an
     empty replay's where the script has none or does not save it)"""
-    pending: PendingPriorities | None = None
+    pending_priorities: PendingPriorities | None = None
     """a prioritized replay's call whose priorities are not written yet (the checkpoint: its TD
     errors on the host, or `NO_PENDING`)"""
-    own: Any = ()
-    """the script's own part, on the host"""
+    actor_carry: Any = ()
+    """what the actor threads carry from one rollout into the next besides the environments, on
+    the host (continuous PPO's discounted returns, the Ape-X scripts' n-step tails)"""
 
 
 def on_host(kept: Continuation, replay: ReplayStore | None, empty_replay: dict) -> Continuation:
     """The checkpoint of `kept`: the learner's first replica, the replay at its mark (`replay`
     None: `empty_replay`) and the pending TD errors on the host."""
     pending = NO_PENDING
-    if replay is not None and kept.pending is not None:
-        pending = kept.pending._replace(
-            td=np.asarray(jax.device_get(first_replica(kept.pending.td)))
+    if replay is not None and kept.pending_priorities is not None:
+        pending = kept.pending_priorities._replace(
+            td=np.asarray(jax.device_get(first_replica(kept.pending_priorities.td)))
         )
     return kept._replace(
         learner=first_replica(kept.learner),
         replay=empty_replay if replay is None else replay.snapshot_at(kept.replay),
-        pending=pending,
+        pending_priorities=pending,
     )
 
 
@@ -73,10 +75,10 @@ class Origin(NamedTuple):
     """the parameters of the actors' next rollout (`handoff.ActorThreads.send_first`), or None"""
     env_record: EnvRecord | None
     """every environment's record, which the actor threads continue from, or None"""
-    pending: PendingPriorities | None
+    pending_priorities: PendingPriorities | None
     """the checkpoint's pending priorities, their TD errors on the host, or None (none pending)"""
-    own: Any
-    """the script's own part, or None"""
+    actor_carry: Any
+    """the actors' carry, or None"""
     checkpointing: Checkpointing
     """how `Run` makes a checkpoint of a `Continuation` (`open_run`'s `checkpointing`)"""
 
@@ -90,8 +92,8 @@ def learner_origin(learner, counters: dict) -> Origin:
         counters=counters,
         acting_params=None,
         env_record=None,
-        pending=None,
-        own=None,
+        pending_priorities=None,
+        actor_carry=None,
         checkpointing=FIRST_REPLICA,
     )
 
@@ -102,22 +104,22 @@ def run_origin(
     script_path: str,
     learner,
     acting_params,
-    own=(),
+    actor_carry=(),
     replay: ReplayStore | None = None,
     save_replay: bool = True,
 ) -> Origin:
     """With --resume and a checkpoint, the run's state at it, the replay restored; else a fresh
-    start. `learner`, `acting_params` and `own` are templates of the saved structure (the fresh
-    run's values); the checkpoint holds the replay where `save_replay`. A resume must match the
-    global sizes and the seed."""
+    start. `learner`, `acting_params` and `actor_carry` are templates of the saved structure (the
+    fresh run's values); the checkpoint holds the replay where `save_replay`. A resume must match
+    the global sizes and the seed."""
     empty_replay = {} if replay is None else replay.snapshot()
     template = Continuation(
         learner=learner,
         acting_params=acting_params,
         env_record=env_records.empty_record(sizes.num_envs, args.env_id, args.env_params),
         replay=empty_replay,
-        pending=NO_PENDING,
-        own=own,
+        pending_priorities=NO_PENDING,
+        actor_carry=actor_carry,
     )
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
     saved, counters = resume_or_start(args, template, identity, script_path)
@@ -132,14 +134,14 @@ def run_origin(
     if replay is not None:
         replay.restore(saved.replay)
     pending = None
-    if len(saved.pending.slots):
-        pending = saved.pending._replace(inserted=int(saved.pending.inserted))
+    if len(saved.pending_priorities.slots):
+        pending = saved.pending_priorities._replace(inserted=int(saved.pending_priorities.inserted))
     return Origin(
         learner=saved.learner,
         counters=counters,
         acting_params=saved.acting_params,
         env_record=saved.env_record,
-        pending=pending,
-        own=saved.own,
+        pending_priorities=pending,
+        actor_carry=saved.actor_carry,
         checkpointing=checkpointing,
     )

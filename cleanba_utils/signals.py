@@ -7,7 +7,7 @@ Python's C-level handler at once) wakes a watcher thread, which hands the stop t
 thread of its own and goes on watching:
 - SIGTERM / SIGUSR1: the learner loop saves a checkpoint after its current update, every process of
   a distributed run after the same one (they vote); `on_stop` saves the last completed update's
-  itself if the loop has not done so within STOP_GRACE_SECONDS (see `Run.stop_now`).
+  itself if the loop has not done so within STOP_GRACE_SECONDS (see `Stops.stop_now`).
 - Ctrl-C: `on_stop` exits at once (130), keeping the newest checkpoint. Under `uv run` one Ctrl-C
   arrives twice (the terminal's SIGINT to the process group, then uv's forward): SIGINTs within
   SAME_CTRL_C_SECONDS of the first are that one stop; a later Ctrl-C quits at once."""

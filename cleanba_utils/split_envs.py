@@ -288,7 +288,7 @@ def start_splits(
     script's `make_env(args, seed, num_envs)`, seeded --seed + env_offset onwards, in --env-splits
     splits), played by `act(params, obs, env_ids, step, step_input) -> (env_actions, outputs)` on
     `device` (the actor thread's), as `compiled_rollout.start` plays them in one program, their
-    episodes counted in `episodes` (the run's `Run.episodes`). The episodes logged end where
+    episodes counted in `episodes` (the run's `RunLogs.episodes`). The episodes logged end where
     `episode_over(terminated, truncated, info)` says (GALA's Atari: at the game's end, where a lost
     life terminates for learning).
 

@@ -38,7 +38,9 @@ from cleanba_utils import (
 )
 from cleanba_utils.envs import MACHADO_ATARI, compiled_step, flat_observation
 from cleanba_utils.episodes import Episodes
-from cleanba_utils.run import Run, duration, open_run
+from cleanba_utils.run import open_run
+from cleanba_utils.run_logs import RunLogs, duration
+from cleanba_utils.stops import Stops
 
 
 @dataclasses.dataclass
@@ -504,7 +506,7 @@ def test_a_resumed_runs_summary_keeps_earlier_evaluations_and_a_finished_run_ign
     assert [update for update in range(1, 6) if first.evaluation_due(update)] == [2, 4, 5]
     for update in [2, 4, 5]:
         first.evaluate_and_log(update, params=None, optimizer_steps=3 * update)
-    first.writer.close()
+    first.logs.writer.close()
     assert scalars(tmp_path / "runs" / "evaluated", "charts/opt_step") == [
         (16, 6),
         (32, 12),
@@ -520,7 +522,7 @@ def test_a_resumed_runs_summary_keeps_earlier_evaluations_and_a_finished_run_ign
         devices,
         evaluate=evaluate,
     )
-    assert resumed.evaluations == [[16, 2.0], [32, 4.0]]
+    assert resumed.evaluations.evaluations == [[16, 2.0], [32, 4.0]]
     resumed.evaluate_and_log(5, params=None, optimizer_steps=15)
     handlers = {signum: signal.getsignal(signum) for signum in signals.STOP_SIGNALS}
     try:
@@ -555,8 +557,8 @@ def test_the_untrained_policy_is_evaluated_at_step_0_once_with_eval_every(tmp_pa
         evaluate=evaluate,
     )
     fresh.evaluate_untrained(lambda: "untrained")
-    fresh.end_progress()
-    fresh.writer.close()
+    fresh.logs.end_progress()
+    fresh.logs.writer.close()
     run_dir = tmp_path / "runs" / "evaluated"
     # The run's seed 1 + 1,000,000; two episodes, their mean 4.5 at step 0, before any optimizer
     # step.
@@ -574,9 +576,9 @@ def test_the_untrained_policy_is_evaluated_at_step_0_once_with_eval_every(tmp_pa
         evaluate=evaluate,
     )
     resumed.evaluate_untrained(lambda: pytest.fail("evaluated again"))
-    resumed.end_progress()
-    resumed.writer.close()
-    assert resumed.evaluations == [[0, 4.5]] and len(played) == 1
+    resumed.logs.end_progress()
+    resumed.logs.writer.close()
+    assert resumed.evaluations.evaluations == [[0, 4.5]] and len(played) == 1
     # Without --eval-every (an evaluation after the last update only) or --eval-episodes: none.
     for name, args in [
         ("final_only", NamedRunArgs(run_name="final_only", eval_every=0)),
@@ -585,24 +587,23 @@ def test_the_untrained_policy_is_evaluated_at_step_0_once_with_eval_every(tmp_pa
         counters = dict(update=0, wall_time_s=0.0)
         run = open_run(args, RunSizes(), "script.py", counters, devices, evaluate=evaluate)
         run.evaluate_untrained(lambda: pytest.fail("evaluated"))
-        run.end_progress()
-        run.writer.close()
+        run.logs.end_progress()
+        run.logs.writer.close()
         assert (
-            run.evaluations == [] and not (tmp_path / "runs" / name / "evaluations.json").exists()
+            run.evaluations.evaluations == []
+            and not (tmp_path / "runs" / name / "evaluations.json").exists()
         )
 
 
 def test_after_update_checkpoints_on_schedule_and_at_the_end_and_stops_on_a_signal(tmp_path):
     writer = SummaryWriter(str(tmp_path))
-    run = Run(
+    logs = RunLogs(args=RunArgs(), sizes=RunSizes(), writer=writer, first_update=0)
+    run = Stops(
         args=RunArgs(),
         sizes=RunSizes(),
-        script_path="x.py",
-        name="r",
         dir=str(tmp_path),
-        writer=writer,
-        evaluate=None,
         counters=dict(update=0, wall_time_s=0.0),
+        logs=logs,
         stop_agreed=bool,
         received_signals=[],
     )

@@ -18,7 +18,7 @@ from helpers import TINY, run_script, skip_unless_required
 from tensorboardX import SummaryWriter
 
 from cleanba_utils import run_files
-from cleanba_utils.run import guard_events
+from cleanba_utils.run_logs import guard_events
 
 # Updates of 2 actor threads x 4 environments x 16 steps; a tiny PPO checkpoint takes 3.6 MB.
 PPO = [*TINY, "--local-num-envs", 4, "--total-timesteps", 128 * 4, "--run-name", "r"]

@@ -128,7 +128,7 @@ def log_priorities(run, update: int, read_priorities, priority_exponent: float):
         return
     priorities = read_priorities()
     if priorities.size and priority_exponent:
-        run.log(
+        run.logs.log(
             {"stats/priority_mean": priorities.mean(), "stats/priority_max": priorities.max()},
             update * run.sizes.steps_per_update,
         )

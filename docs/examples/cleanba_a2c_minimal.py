@@ -32,8 +32,9 @@ from cleanba_utils.errors import fail
 from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import in_range, non_negative, positive
 from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, start_actor_threads
-from cleanba_utils.run import LearnerTimes, open_run
+from cleanba_utils.run import open_run
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
+from cleanba_utils.run_logs import LearnerTimes
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put
 
@@ -194,7 +195,7 @@ def actor_thread(
         logits, _ = network.apply(params, obs)
         return jax.random.categorical(jax.random.fold_in(key, step), logits)
 
-    episodes = run.episodes(args.local_num_envs)
+    episodes = run.logs.episodes(args.local_num_envs)
     next_obs, _ = envs.reset()
     next_is_reset = np.zeros(args.local_num_envs, dtype=bool)
     for update in lag.updates():
@@ -372,7 +373,7 @@ def train(args: Args):
             learn_start = time.time()
             state, metrics = update_fn(state, rollouts[0].data)
             jax.block_until_ready(state)
-            run.log_update(
+            run.logs.log_update(
                 update=update,
                 rollouts=rollouts,
                 metrics=metrics,
