@@ -368,7 +368,7 @@ def actor_thread(
         env_offset=env_offset,
         env_record=env_record,
         act=functools.partial(policy_step, network, action_key),
-        after_last=lambda params, obs: network.apply(params, obs)[1],
+        bootstrap_value=lambda params, obs: network.apply(params, obs)[1],
         device=device,
     )
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
@@ -386,7 +386,7 @@ def actor_thread(
         # host-to-device copy of what the actor holds on the host, overlapped with the learner's
         # work (the observations of envpool's environments are on the actor's device already).
         split = lambda v: v.reshape(num_slices, -1, *v.shape[1:])
-        values = np.concatenate([steps.outputs.values, played.after_last[:, None]], axis=1)
+        values = np.concatenate([steps.outputs.values, played.bootstrap_value[:, None]], axis=1)
         data = Trajectories(
             obs=split(steps.obs),
             actions=split(steps.env_actions),

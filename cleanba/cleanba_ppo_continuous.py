@@ -409,7 +409,7 @@ def actor_thread(
         env_offset=env_offset,
         env_record=env_record,
         act=functools.partial(act, network, action_key, action_space.low, action_space.high),
-        after_last=lambda policy, obs: policy_outputs(network, policy, obs)[2],
+        bootstrap_value=lambda policy, obs: policy_outputs(network, policy, obs)[2],
     )
     for update in lag.updates():
         param_wait_start = time.time()
@@ -426,7 +426,7 @@ def actor_thread(
             discounted_return = discounted_return * args.gamma + steps.rewards[:, step]
             discounted_returns[:, step] = discounted_return
             discounted_return[steps.terminations[:, step] | steps.truncations[:, step]] = 0.0
-        bootstrap_value = np.asarray(played.after_last)[:, None]
+        bootstrap_value = np.asarray(played.bootstrap_value)[:, None]
         data = Trajectories(
             obs=steps.obs,
             actions=steps.outputs.actions,

@@ -689,7 +689,7 @@ def optimizer_steps_after(args: Args, sizes: Sizes, update: int) -> int:
     return optimizer_steps_per_update(args, sizes) * max(0, update + 1 - first_learning)
 
 
-class Incoming(NamedTuple):
+class Received(NamedTuple):
     """The rollouts of one update, inserted, the batches of its optimizer steps (None before
     learning starts), the replay's size after them, the seconds the learner waited for them and
     stats: seconds inserting and sampling."""
@@ -702,7 +702,7 @@ class Incoming(NamedTuple):
     stats: dict
 
 
-def receive(args, sizes, update: int, replay: ReplayStore, actors) -> Incoming:
+def receive(args, sizes, update: int, replay: ReplayStore, actors) -> Received:
     """Takes `update`'s rollouts (`take_rollouts` checks which policy played them), inserts them
     and samples the batches of its optimizer steps."""
     rollouts, rollout_queue_get_time = actors.take_rollouts(update)
@@ -718,7 +718,7 @@ def receive(args, sizes, update: int, replay: ReplayStore, actors) -> Incoming:
     if count:
         stacked = sample_batches(args, replay, done_before + 1, count)
         batches = local_shares(stacked, len(args.learner_device_ids), batch_axis=1)
-    return Incoming(
+    return Received(
         rollouts=rollouts,
         env_record=env_record,
         batches=batches,
@@ -728,7 +728,7 @@ def receive(args, sizes, update: int, replay: ReplayStore, actors) -> Incoming:
     )
 
 
-def log_update(args, sizes, run, update: int, current: Incoming, metrics, learn_time: float):
+def log_update(args, sizes, run, update: int, current: Received, metrics, learn_time: float):
     """`RunLogs.log_update` with the replay's size and the seconds of insertion, sampling and
     learning (until the parameters are ready, a checkpoint included; with --concurrency the next
     update's receive overlaps it). `metrics`: the last learning update's (None before)."""

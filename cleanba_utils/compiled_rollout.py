@@ -66,7 +66,7 @@ class CompiledRollout:
             params = jax.device_put(params, self.device)
         start = time.time()
         with jax.enable_x64(needs_x64(self.envs)):
-            self.handle, steps, last_obs, after_last = self.program(
+            self.handle, steps, last_obs, bootstrap_value = self.program(
                 handle=self.handle,
                 params=params,
                 obs=self.next_obs,
@@ -105,7 +105,7 @@ class CompiledRollout:
         return PlayedRollout(
             steps=steps,
             next_obs=self.next_obs,
-            after_last=after_last,
+            bootstrap_value=bootstrap_value,
             record=env_records.copy_of(self.record),
             episode_ends=episode_ends,
             inference_time=0.0,
@@ -121,7 +121,7 @@ def start(
     env_offset: int,
     env_record: EnvRecord | None,
     act: Callable,
-    after_last: Callable | None = None,
+    bootstrap_value: Callable | None = None,
     device=None,
 ) -> CompiledRollout:
     """The environments env_offset .. env_offset + --local-num-envs - 1 of the run's `num_envs` (the
@@ -149,7 +149,12 @@ def start(
         steps = first_step + jnp.arange(args.num_steps, dtype=jnp.int32)
         carry = (handle, obs, params)
         (handle, obs, _), played = jax.lax.scan(step, carry, (steps, step_inputs))
-        return handle, played, obs, None if after_last is None else after_last(params, obs)
+        return (
+            handle,
+            played,
+            obs,
+            None if bootstrap_value is None else bootstrap_value(params, obs),
+        )
 
     if env_record is None:
         record = env_records.empty_record(args.local_num_envs, args.env_id, args.env_params)

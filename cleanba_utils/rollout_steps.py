@@ -46,9 +46,9 @@ class PlayedRollout(NamedTuple):
     steps: Steps
     next_obs: Any
     """(envs, ...) the observation after the rollout's last step"""
-    after_last: Any
-    """`after_last(params, next_obs)` where the script gives one (PPO: the bootstrap value), else
-    None"""
+    bootstrap_value: Any
+    """the script's `bootstrap_value(params, next_obs)` (PPO: the critic's value of the observation
+    after the last step, which bootstraps the returns), None where it gives none"""
     record: Any
     """the environments' record after the rollout (a copy, which later rollouts leave alone), for
     the scripts whose checkpoints bring the environments back; else None"""

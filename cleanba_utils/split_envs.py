@@ -192,7 +192,7 @@ class SplitRollout:
     split_policies: list
     """per split, the script's `act` jitted with the split's environment indices (NumPy, a
     constant of the program, as in a compiled rollout): `policy(params, obs, step, step_input)`"""
-    after_last: Callable | None
+    bootstrap_value: Callable | None
     episodes: Any
     episode_over: Callable
     device: Any
@@ -253,13 +253,15 @@ class SplitRollout:
             is_reset=env_major([s.is_reset for s in played.steps]),
         )
         next_obs = self.envs.next_obs
-        after_last = None
-        if self.after_last is not None:
-            after_last = np.asarray(self.after_last(params, jax.device_put(next_obs, self.device)))
+        bootstrap_value = None
+        if self.bootstrap_value is not None:
+            bootstrap_value = np.asarray(
+                self.bootstrap_value(params, jax.device_put(next_obs, self.device))
+            )
         return PlayedRollout(
             steps=steps,
             next_obs=next_obs,
-            after_last=after_last,
+            bootstrap_value=bootstrap_value,
             record=None if self.record is None else env_records.copy_of(self.record),
             episode_ends=episode_ends,
             inference_time=played.inference_time,
@@ -279,7 +281,7 @@ def start_splits(
     env_offset: int,
     env_record,
     act: Callable,
-    after_last: Callable | None = None,
+    bootstrap_value: Callable | None = None,
     device=None,
     episode_over: Callable = ended,
     keep_record: bool = False,
@@ -310,7 +312,7 @@ def start_splits(
             jax.jit(functools.partial(_acting_on, act, envs.env_ids[split]))
             for split in envs.env_slices
         ],
-        after_last=None if after_last is None else jax.jit(after_last),
+        bootstrap_value=None if bootstrap_value is None else jax.jit(bootstrap_value),
         episodes=episodes,
         episode_over=episode_over,
         device=device,

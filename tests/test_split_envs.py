@@ -147,7 +147,7 @@ class Writer:
 def test_start_splits_gives_the_compiled_rollouts_interface(num_splits):
     """`start_splits`: the policy's step in the compiled rollout's signature on the splits, the
     steps env-major as the plain loop plays them, the episodes counted and their ends listed, and
-    `after_last` of the observation after the rollout."""
+    `bootstrap_value` of the observation after the rollout."""
     import jax.numpy as jnp
 
     from cleanba_utils.episodes import Episodes
@@ -170,7 +170,7 @@ def test_start_splits_gives_the_compiled_rollouts_interface(num_splits):
         env_offset=0,
         env_record=None,
         act=act,
-        after_last=lambda params, obs: obs.reshape(len(obs), -1).sum(axis=1),
+        bootstrap_value=lambda params, obs: obs.reshape(len(obs), -1).sum(axis=1),
     )
     plays = [rollout.play(np.float32(2), update) for update in (1, 2)]
     steps = [np.concatenate(fields, axis=1) for fields in zip(*[p.steps for p in plays])]
@@ -184,7 +184,9 @@ def test_start_splits_gives_the_compiled_rollouts_interface(num_splits):
         outputs, np.broadcast_to(2 * np.arange(num_envs)[:, None], outputs.shape)
     )
     np.testing.assert_array_equal(plays[1].next_obs, last_obs)
-    np.testing.assert_array_equal(plays[1].after_last, last_obs.reshape(num_envs, -1).sum(axis=1))
+    np.testing.assert_array_equal(
+        plays[1].bootstrap_value, last_obs.reshape(num_envs, -1).sum(axis=1)
+    )
     ends = [end for p in plays for end in p.episode_ends]
     ended = sum(int((row[3] | row[4]).sum()) for row in expected)
     assert ended and len(ends) == ended
