@@ -57,21 +57,53 @@ def save_checkpoint(run_dir: str, state, counters: dict, keep: int = 2):
         # whole replay where the script checkpoints one.
         f.write(hashlib.sha256(payload).hexdigest().encode())
         f.write(payload)
-    for old in sorted(glob.glob(os.path.join(directory, "*.ckpt")))[:-keep]:
+    # Pruned among the checkpoints up to this one: one of a later update (left by a run whose
+    # checkpoints could not be read) is never the older.
+    written = counters["update"]
+    kept_before = [
+        path
+        for path in sorted(glob.glob(os.path.join(directory, "*.ckpt")))
+        if os.path.isfile(path) and update_of(path) is not None and update_of(path) <= written
+    ]
+    for old in kept_before[:-keep]:
         os.remove(old)
 
 
+def update_of(path: str) -> int | None:
+    """The update of a checkpoint file's name (`update_000000042.ckpt`: 42), None for another."""
+    number = os.path.basename(path).removeprefix("update_").removesuffix(".ckpt")
+    return int(number) if number.isdigit() else None
+
+
 def newest_checkpoint(run_dir: str):
-    """(path, contents) of the newest checkpoint of `run_dir` whose checksum holds, or None when
-    there is none; the contents hold "state" (a state dict) and "counters"."""
-    for path in sorted(glob.glob(os.path.join(run_dir, "checkpoints", "*.ckpt")), reverse=True):
-        with open(path, "rb") as f:
-            data = f.read()
+    """(path, contents) of the newest checkpoint of `run_dir` whose checksum holds (a damaged one is
+    skipped with a warning), or None when the run folder holds no checkpoint; the contents hold
+    "state" (a state dict) and "counters". Checkpoints that are all damaged are one line and exit
+    2: starting afresh would let the new run's checkpoints be pruned beside them, and a requeued
+    job start from zero again and again."""
+    directory = os.path.join(run_dir, "checkpoints")
+    damaged = []
+    for path in sorted(glob.glob(os.path.join(directory, "*.ckpt")), reverse=True):
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as error:
+            damaged.append(f"{os.path.basename(path)}: {error.strerror}")
+            print(
+                f"warning: checkpoint {path} cannot be read; trying the one before", file=sys.stderr
+            )
+            continue
         payload = data[CHECKSUM_BYTES:]
         if hashlib.sha256(payload).hexdigest().encode() != data[:CHECKSUM_BYTES]:
+            damaged.append(f"{os.path.basename(path)}: its checksum does not hold")
             print(f"warning: checkpoint {path} is damaged; trying the one before", file=sys.stderr)
             continue
         return path, flax.serialization.msgpack_restore(payload)
+    if damaged:
+        fail(
+            f"--resume: no checkpoint in {directory} can be read ({'; '.join(damaged)}); "
+            "restore the folder from a copy, or move it away to start the run afresh"
+        )
     return None
 
 

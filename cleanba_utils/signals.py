@@ -80,6 +80,38 @@ def exit_at_once(signum: int):
     end_process(128 + signum)
 
 
+class Unfailing:
+    """A console stream (stdout, stderr) whose writes that fail are dropped: a pipe whose reader has
+    gone (the `tee` of `python ... | tee train.log` killed) or a file on a full disk. A stop prints
+    its line before it acts, and what cannot be printed must never stop the stop, nor the run."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except (OSError, ValueError):
+            return len(text)
+
+    def flush(self):
+        try:
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def never_fail_on_output():
+    """Makes sys.stdout and sys.stderr `Unfailing` (once)."""
+    if not isinstance(sys.stdout, Unfailing):
+        sys.stdout = Unfailing(sys.stdout)
+    if not isinstance(sys.stderr, Unfailing):
+        sys.stderr = Unfailing(sys.stderr)
+
+
 WATCHER: Watcher | None = None
 
 
@@ -87,6 +119,7 @@ def catch_stop_signals(on_stop=exit_at_once) -> list[int]:
     """Installs the handlers (from the main thread); the returned list receives the numbers of the
     signals that arrived, and `on_stop(signum)` runs in a thread of its own on the first."""
     global WATCHER
+    never_fail_on_output()
     if WATCHER is None:
         WATCHER = Watcher()
     WATCHER.received = []

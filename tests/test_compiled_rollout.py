@@ -47,7 +47,7 @@ class Writer:
 
 
 def episodes_of(writer: Writer, num_envs: int = 2) -> Episodes:
-    """A run's episodes (`Run.episodes`) logged to `writer`."""
+    """A run's episodes (`RunLogs.episodes`) logged to `writer`."""
     return Episodes(writer, deque(maxlen=100), np.zeros(num_envs), np.zeros(num_envs, np.int64))
 
 
@@ -73,16 +73,54 @@ def started(writer: Writer, env_record=None):
     )
 
 
+class HandRecord:
+    """One environment's record kept by hand: its resets since it was made and the actions of its
+    current episode (a reset step starts the next episode and takes no action)."""
+
+    def __init__(self):
+        self.resets = 0
+        self.episode_actions = []
+
+    def step(self, action, is_reset: bool):
+        if is_reset:
+            self.resets += 1
+            self.episode_actions = []
+        else:
+            self.episode_actions.append(np.array(action))
+
+
+class HandEpisodes:
+    """The environments' running returns and lengths kept by hand, each finished episode logged as
+    a run logs it: its return, then its length, at the step's global step."""
+
+    def __init__(self, writer: Writer, num_envs: int):
+        self.writer = writer
+        self.returns = [0.0] * num_envs
+        self.lengths = [0] * num_envs
+
+    def step(self, rewards, dones, is_reset, global_step: int):
+        for i in range(len(self.returns)):
+            if not is_reset[i]:
+                self.returns[i] += float(rewards[i])
+                self.lengths[i] += 1
+            if dones[i]:
+                self.writer.add_scalar("charts/episodic_return", self.returns[i], global_step)
+                self.writer.add_scalar("charts/episodic_length", self.lengths[i], global_step)
+                self.returns[i] = 0.0
+                self.lengths[i] = 0
+
+
 def python_loop(played: list, writer: Writer):
     """The reference: envpool stepped from Python with the actions the compiled rollouts `played`
     chose (the environments' part must then match bit for bit on any machine), the records and
-    episodes kept by hand. Per rollout: its steps' fields (steps, envs, ...), the observation after
-    it and the record."""
+    episodes kept by hand (`HandRecord`, `HandEpisodes`: not the code under test). Per rollout:
+    its steps' fields (steps, envs, ...), the observation after it and each environment's
+    `HandRecord` then."""
     envs = make_env(ARGS, ARGS.seed + ENV_OFFSET, 2)
     obs = flat_observation(envs.reset()[0])
     next_is_reset = np.zeros(2, bool)
-    record = env_records.empty_record(2, ENV_ID)
-    episodes = episodes_of(writer)
+    records = [HandRecord(), HandRecord()]
+    episodes = HandEpisodes(writer, 2)
     rollouts = []
     for update, rollout in enumerate(played, start=1):
         steps = []
@@ -90,7 +128,8 @@ def python_loop(played: list, writer: Writer):
             policy_step = (update - 1) * NUM_STEPS + step
             actions = rollout.steps.env_actions[:, step]
             next_obs, reward, terminated, truncated, _ = envs.step(actions.astype(np.float64))
-            env_records.record_step(record, actions, next_is_reset)
+            for record, action, is_reset in zip(records, actions, next_is_reset):
+                record.step(action, bool(is_reset))
             done = terminated | truncated
             episodes.step(reward, done, next_is_reset, policy_step * NUM_ENVS)
             steps.append(
@@ -105,17 +144,30 @@ def python_loop(played: list, writer: Writer):
             obs = flat_observation(next_obs)
             next_is_reset = done
         stacked = {key: np.stack([s[key] for s in steps]) for key in steps[0]}
-        rollouts.append((stacked, obs, env_records.copy_of(record)))
+        snapshot = [(r.resets, list(r.episode_actions)) for r in records]
+        rollouts.append((stacked, obs, snapshot))
     return rollouts
+
+
+def assert_record_is(record, expected: list):
+    """`record` (an `env_records.EnvRecord`) holds each environment's resets and current episode as
+    `expected` lists them."""
+    for i, (resets, actions) in enumerate(expected):
+        assert record.resets[i] == resets
+        assert record.episode_lengths[i] == len(actions)
+        if actions:
+            np.testing.assert_array_equal(record.episode_actions[i, : len(actions)], actions)
 
 
 def test_the_compiled_rollout_plays_what_a_python_loop_plays():
     writer = Writer()
     envs = started(writer)
-    played = [envs.play(PARAMS, update, step_inputs=scales(update)) for update in range(1, 4)]
+    played = [envs.play(PARAMS, update, step_inputs=scales(update)) for update in range(1, 7)]
     reference_writer = Writer()
     reference = python_loop(played, reference_writer)
-    assert any(stacked["is_reset"].any() for stacked, _, _ in reference)  # episodes end in it
+    # Episodes end in it, and some that began after a reset step end too.
+    lengths = [value for key, value, _ in reference_writer.scalars if key.endswith("length")]
+    assert len(lengths) > 2 * 2, lengths
     env_major = lambda x: np.swapaxes(x, 0, 1)
     policy = jax.jit(act)
     env_ids = np.arange(ENV_OFFSET, ENV_OFFSET + 2, dtype=np.int32)
@@ -125,8 +177,7 @@ def test_the_compiled_rollout_plays_what_a_python_loop_plays():
         for name in ("obs", "rewards", "terminations", "truncations", "is_reset"):
             np.testing.assert_array_equal(getattr(steps, name), env_major(stacked[name]), name)
         np.testing.assert_array_equal(rollout.next_obs, next_obs)
-        for name, field, expected in zip(record._fields, rollout.record, record):
-            np.testing.assert_array_equal(field, expected, err_msg=name)
+        assert_record_is(rollout.record, record)
         # The actions and outputs are the policy's, called once per step on the observations
         # acted on (within float rounding: the scan and a call per step are two XLA programs).
         for step in range(NUM_STEPS):

@@ -19,6 +19,9 @@ from helpers import (
     scalars,
 )
 
+# helpers puts benchmark/ on the import path.
+from fingerprints import command_of  # isort: skip
+
 SHARED_TAGS = {
     "charts/SPS",
     "charts/learning_rate",
@@ -115,3 +118,30 @@ def test_four_devices_actor_on_0_learners_on_1_2_log_everything(layout_runs):
     assert SHARED_TAGS | SCRIPTS[script]["tags"] <= scalar_tags(run_dir)
     learning_rates = [value for _, value in scalars(run_dir, "charts/learning_rate")]
     np.testing.assert_allclose(learning_rates, SCRIPTS[script]["learning_rates"], rtol=1e-6)
+
+
+# In the long checks (`-m long`): eight runs of the small configurations, about 2 minutes.
+@pytest.mark.long
+@pytest.mark.parametrize(
+    "script", ["cleanba_ppo", "cleanba_impala", "cleanba_apex_dqn", "cleanba_gala_a2c"]
+)
+def test_two_env_splits_the_gpu_default_train_as_one(tmp_path, script):
+    """--env-splits 2, the default on a GPU, against 1, the CPU's, at the script's small
+    configuration of benchmark/fingerprints.py: the same environments in two envpool instances, the
+    same computation. IMPALA, Ape-X DQN and GALA-A2C give the same fingerprint; PPO's parameters
+    differ by float rounding (its values of each half of the batch are computed apart, which rounds
+    their last bit otherwise) within PPO_LAYOUT_ATOL."""
+    command = command_of(script)
+    params = {}
+    fingerprints = {}
+    for splits in (1, 2):
+        name = f"splits{splits}"
+        argv = [*command[1:], "--env-splits", str(splits), "--save-model", "--run-name", name]
+        result = run_script(f"{script}.py", argv, tmp_path, devices=4)
+        assert result.returncode == 0, result.stderr[-3000:]
+        fingerprints[splits] = fingerprint_of(result)
+        params[splits] = load_params(tmp_path / "runs" / name / f"{script}.cleanba_model")
+    if script == "cleanba_ppo":
+        assert max_abs_difference(params[1], params[2]) <= PPO_LAYOUT_ATOL
+    else:
+        assert fingerprints[1] == fingerprints[2]

@@ -233,6 +233,56 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
     assert checkpoints.newest_checkpoint(str(tmp_path / "elsewhere")) is None
 
 
+def damaged_checkpoints(tmp_path) -> list:
+    """Three checkpoints, each damaged its own way: truncated, a byte changed, a folder in the place
+    of the file (permissions cannot make a file unreadable to root, who runs CI)."""
+    for update in (1, 2):
+        checkpoints.save_checkpoint(
+            str(tmp_path), replicated_state(float(update))[1], dict(update=update)
+        )
+    directory = tmp_path / "checkpoints"
+    truncated = directory / "update_000000001.ckpt"
+    truncated.write_bytes(truncated.read_bytes()[:40])
+    changed = directory / "update_000000002.ckpt"
+    data = bytearray(changed.read_bytes())
+    data[-5] ^= 0xFF
+    changed.write_bytes(bytes(data))
+    (directory / "update_000000003.ckpt").mkdir()
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_checkpoints_all_damaged_are_one_line_and_exit_2_and_none_is_no_checkpoint(
+    tmp_path, capsys
+):
+    names = damaged_checkpoints(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        checkpoints.newest_checkpoint(str(tmp_path))
+    assert exit_.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"error: --resume: no checkpoint in {tmp_path / 'checkpoints'} can be")
+    for name in names:
+        assert name in line
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == names
+    # A folder without checkpoints is a fresh start, as documented.
+    (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
+    assert checkpoints.newest_checkpoint(str(tmp_path / "empty")) is None
+
+
+def test_pruning_keeps_every_checkpoint_of_a_later_update_than_the_one_written(tmp_path):
+    for update in (5, 6):
+        checkpoints.save_checkpoint(str(tmp_path), replicated_state(0.0)[1], dict(update=update))
+    (tmp_path / "checkpoints" / "update_000000000.ckpt").mkdir()
+    for update in (1, 2, 3):
+        checkpoints.save_checkpoint(str(tmp_path), replicated_state(0.0)[1], dict(update=update))
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "update_000000000.ckpt",
+        "update_000000002.ckpt",
+        "update_000000003.ckpt",
+        "update_000000005.ckpt",
+        "update_000000006.ckpt",
+    ]
+
+
 def test_a_checkpoint_of_another_version_is_one_line_and_exit_2(tmp_path, capsys):
     # A checkpoint without a field the script's checkpoints now hold (as continuous PPO's and Ape-X
     # DPG's before they saved their environments).

@@ -364,6 +364,31 @@ def test_a_stop_in_the_middle_of_a_long_update_takes_seconds(
     assert stderr.strip().splitlines()[-1] == message and "Traceback" not in stderr
 
 
+# In the long checks (`-m long`): two runs of about 15 s each.
+@pytest.mark.long
+@pytest.mark.parametrize(
+    "signum,exit_code", [(signal.SIGINT, 130), (signal.SIGUSR1, 138)], ids=["ctrl-c", "usr1"]
+)
+def test_a_stop_is_acted_on_when_the_console_is_a_pipe_whose_reader_has_gone(
+    tmp_path, signum, exit_code
+):
+    # `python ... | tee train.log` with the tee killed during an update: every print then fails.
+    # Before, the stop printed its line, the print raised, and the stop was lost until SIGKILL.
+    proc = started_ignoring_sigint([*LONG_UPDATE, "--run-name", "long"], tmp_path)
+    assert proc.stdout.readline().startswith("long: 1 update of 256 environment steps")
+    proc.stdout.close()
+    proc.stderr.close()
+    time.sleep(2)
+    sent_at = time.time()
+    proc.send_signal(signum)
+    try:
+        # SLURM's KillWait is 30 s; SIGUSR1 waits STOP_GRACE_SECONDS for the update first.
+        assert proc.wait(timeout=30) == exit_code
+    finally:
+        proc.kill()
+    assert time.time() - sent_at < 20
+
+
 # Through a real process (2 CPU devices): exit code, one line, no traceback, nothing written,
 # quickly.
 PROCESS_BAD_INPUTS = [

@@ -31,6 +31,8 @@ from test_apex_dpg import TINY as APEX_DPG_TINY
 from test_sac import LAYOUT_ATOL as SAC_LAYOUT_ATOL
 from test_sac import TINY as SAC_TINY
 
+from cleanba_utils.checkpoints import CHECKSUM_BYTES
+
 # Each script's tiny arguments and how far its parameters may drift between layouts.
 SCRIPTS = {
     "cleanba_ppo.py": (TINY, PPO_LAYOUT_ATOL),
@@ -282,6 +284,25 @@ def test_sigterm_saves_and_resume_finishes_the_run(preempted_run, tmp_path):
     assert fingerprint_of(result)
     # TensorBoard sees each update once: what followed the checkpoint before the signal is purged.
     assert [v for _, v in scalars(run_dir, "stats/learner_policy_version")] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("preempted_run", ["cleanba_ppo.py"], indirect=True)
+def test_resume_with_every_checkpoint_damaged_is_one_line_exit_2_and_touches_nothing(
+    preempted_run, tmp_path
+):
+    # Before, the run started afresh with warnings, and its checkpoints of low updates were pruned
+    # beside the damaged ones of higher updates: a requeued job started from zero each time.
+    script, cwd, args = copy_of(preempted_run, tmp_path)
+    run_dir = cwd / "runs" / "run"
+    for path in checkpoint_files(run_dir):
+        path.write_bytes(path.read_bytes()[: CHECKSUM_BYTES + 10])
+    before = sorted((p.relative_to(cwd), p.stat().st_mtime_ns) for p in cwd.rglob("*"))
+    result = run_script(script, [*args, "--resume", "--run-name", "run"], cwd)
+    assert result.returncode == 2, result.stderr[-3000:]
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: --resume: no checkpoint in runs/run/checkpoints can be")
+    assert "Traceback" not in result.stderr
+    assert sorted((p.relative_to(cwd), p.stat().st_mtime_ns) for p in cwd.rglob("*")) == before
 
 
 # Checkpoint files are the scripts' shared code: one script suffices.
