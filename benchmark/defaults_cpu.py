@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from measure import run_measured
+from measure import run_measured, stack_line
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,6 +82,7 @@ def main():
             print(rows[-1], flush=True)
     options.out.write_text(
         f"# The README's commands at their defaults ({time.strftime('%Y-%m-%d')})\n\n"
+        f"{stack_line()}\n\n"
         f"Machine: {platform.machine()}, 2 CPU cores, 24 GiB, Python {platform.python_version()}. "
         f"Made by `python benchmark/defaults_cpu.py {' '.join(sys.argv[1:])}`.\n\n"
         "| command | exit code | steady SPS | peak RSS (GiB) | wall time (min) |\n"

@@ -31,7 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from csv_columns import RUN_COLUMNS
-from measure import command_line
+from measure import command_line, stack_line
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanba_utils.experiments.events import running_mean
@@ -165,6 +165,8 @@ def main():
     command_lines = "\n".join(f"python cleanba/cleanba_apex_dqn.py {c}" for c in commands)
     table = "\n".join(table_row(run_dirs[row["seed"]], row) for row in rows)
     text = f"""# Ape-X DQN learning on a CPU ({options.date})
+
+{stack_line()}
 
 Machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}.
 Made by `{command_line(sys.argv)}`, which ran:

@@ -55,7 +55,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from csv_columns import RUN_COLUMNS
-from measure import command_line
+from measure import command_line, stack_line
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanba_utils.experiments.events import running_mean
@@ -437,6 +437,7 @@ def report(runs: dict, options):
     commands = "\n".join(shlex.join(["python", *command_of(n, runs, options)]) for n in runs)
     text = (
         f"# Ape-X DPG on a CPU ({options.date})\n\n"
+        f"{stack_line()}\n\n"
         f"Machine: {platform.machine()}, 2 CPU cores, Python {platform.python_version()}. Made by "
         f"`{command_line(sys.argv)}`. The learning runs, one at a time under `nice -n 10` (from "
         f"the repository root):\n\n```\n{commands}\n```\n\n"

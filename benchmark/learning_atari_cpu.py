@@ -26,7 +26,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from measure import run_measured
+from measure import run_measured, stack_line
 
 from cleanba_utils.experiments.hns import collect
 
@@ -177,6 +177,7 @@ def report(names: list[str], work_dir: Path, out_dir: Path, date: str, note: str
     commands = "\n".join("python " + " ".join(command_of(name)) for name in names)
     (out_dir / "learning_atari_cpu.md").write_text(
         f"# Atari learning on a CPU ({date})\n\n"
+        f"{stack_line()}\n\n"
         f"Machine: {platform.machine()}, 2 CPU cores, 24 GiB, Python {platform.python_version()}. "
         "Made by `python benchmark/learning_atari_cpu.py`, which ran (from the repository root):"
         f"\n\n```\n{commands}\n```\n\n"

@@ -24,6 +24,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from measure import stack_line
 
 from cleanba_utils.experiments.hns import collect
 
@@ -169,6 +170,7 @@ def main():
     )
     (options.out_dir / "learning_cpu.md").write_text(
         f"# CPU learning benchmark ({options.date})\n\n"
+        f"{stack_line()}\n\n"
         f"Machine: {platform.processor() or platform.machine()}, 2 CPU cores, "
         f"Python {platform.python_version()}. "
         f"Made by `python benchmark/learning_cpu.py {' '.join(sys.argv[1:])}`, which ran:\n\n"

@@ -30,7 +30,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from csv_columns import RUN_COLUMNS
-from measure import command_line
+from measure import command_line, stack_line
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -260,6 +260,7 @@ def main():
     )
     (options.out_dir / "learning_gala_cpu.md").write_text(
         f"# GALA-A2C CPU benchmark ({options.date})\n\n"
+        f"{stack_line()}\n\n"
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, "
         f"Python {platform.python_version()}. Made by `{command_line(sys.argv)}`, which ran "
         "(one run at a time):\n\n"

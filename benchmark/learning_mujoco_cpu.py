@@ -26,7 +26,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-from measure import command_line, run_resumable
+from measure import command_line, run_resumable, stack_line
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -175,6 +175,7 @@ def report(work_dir: Path, out: Path, date: str, note: str, argv: list[str]):
     commands = "\n".join(shlex.join(["python", *command_of(name)]) for name in names)
     out.write_text(
         f"# MuJoCo learning on a CPU ({date})\n\n"
+        f"{stack_line()}\n\n"
         f"Machine: {platform.machine()}, 2 CPU cores, 24 GiB, Python "
         f"{platform.python_version()}. Made by `{command_line(argv)}`; the runs, one at a time "
         f"under `nice -n 10`, were (from the repository root):\n\n```\n{commands}\n```\n\n"

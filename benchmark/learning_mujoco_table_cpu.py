@@ -29,7 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from learning_mujoco_cpu import COMMON, LAST_EPISODES, REPO, SCRIPT, scalar
-from measure import command_line, run_resumable
+from measure import command_line, run_resumable, stack_line
 
 LAYOUT_CLEANRL = ["--local-num-envs", "1", "--num-steps", "2048", "--num-actor-threads", "1"]
 MODES = {
@@ -251,6 +251,7 @@ def report(work_dir: Path, out: Path, date: str, note: str, argv: list[str]):
     )
     out.write_text(
         f"# Continuous PPO on CleanRL's ppo_continuous_action table, on a CPU ({date})\n\n"
+        f"{stack_line()}\n\n"
         f"Machine: {platform.machine()}, 2 CPU cores, 24 GiB, Python "
         f"{platform.python_version()}. Made by `{command_line(argv)}`; the runs, one at a time "
         f"under `nice -n 10`, were (from the repository root):\n\n```\n{commands}\n```\n\n"

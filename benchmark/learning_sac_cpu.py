@@ -35,7 +35,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from csv_columns import RUN_COLUMNS
-from measure import command_line, run_resumable
+from measure import command_line, run_resumable, stack_line
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -294,6 +294,7 @@ def report(work_dir: Path, out: Path, plan: list, date: str, note: str, argv: li
     ]
     out.write_text(
         f"# SAC on MuJoCo on a CPU ({date})\n\n"
+        f"{stack_line()}\n\n"
         f"Machine: {platform.machine()}, 2 CPU cores, 24 GiB, Python "
         f"{platform.python_version()}. Made by `{command_line(argv)}`; the runs, one at a time "
         f"under `nice -n 10`, are (from the repository root):\n\n```\n{commands}\n```\n\n"

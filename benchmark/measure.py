@@ -5,7 +5,9 @@ under a fresh Python that waits for it alone and writes the result to a file (en
 threads of the script's process, so they are counted)."""
 
 import argparse
+import importlib.metadata
 import json
+import platform
 import shlex
 import subprocess
 import sys
@@ -80,6 +82,40 @@ def code_of_runs(run_dirs: list[Path]) -> str:
             versions |= spec.get("versions", {})
     listed = ", ".join(f"{name} {version}" for name, version in sorted(versions.items()))
     return f"commits {', '.join(commits) or 'none yet'}; {listed or 'no versions recorded'}"
+
+
+STACK_PACKAGES = ("jax", "jaxlib", "envpool", "numpy", "flax", "optax")
+
+
+def stack_line() -> str:
+    """A report's line on the code and libraries that wrote it: this checkout's commit (short, its
+    date, whether files differ from it) and the installed versions of the packages that decide
+    the numbers."""
+    repo = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+        except OSError:
+            return ""
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    sha = git("rev-parse", "--short", "HEAD")
+    if sha:
+        changed = ", with uncommitted changes" if git("status", "--porcelain", "-uno") else ""
+        code = f"commit {sha} ({git('log', '-1', '--format=%ad', '--date=short')}{changed})"
+    else:
+        code = "a copy outside git (commit unknown)"
+    versions = []
+    for name in STACK_PACKAGES:
+        try:
+            versions.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{name} not installed")
+    return (
+        f"Code and stack: written with {code}; installed: {', '.join(versions)}; "
+        f"Python {platform.python_version()}."
+    )
 
 
 def resumable_benchmark_options(description: str, run_names: list[str], work_dir: str):

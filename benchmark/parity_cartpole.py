@@ -34,7 +34,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-from measure import run_measured
+from measure import run_measured, stack_line
 
 from cleanba_utils.experiments.hns import collect
 
@@ -239,6 +239,7 @@ def report(options):
     )
     (options.out_dir / "parity_cartpole.md").write_text(
         f"# PPO parity with CleanRL on CartPole-v1 ({options.date})\n\n"
+        f"{stack_line()}\n\n"
         f"Machine: {platform.machine()}, 2 CPU cores, Python {platform.python_version()}. Made by "
         "`python benchmark/parity_cartpole.py --variants VARIANT --seeds SEEDS` with the seeds of "
         "the table; the seed-1 command of each variant (`<name>`: the script with that ablation or "

@@ -42,6 +42,7 @@ import matplotlib
 import numpy as np
 from csv_columns import RUN_COLUMNS
 from learning_sac_cpu import BARE_MEASURE
+from measure import stack_line
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 matplotlib.use("Agg")
@@ -477,6 +478,7 @@ def main():
     sac_rate = median_of(sac_rows, "updates_per_second")
     OUT.with_suffix(".md").write_text(
         f"# Continuous control speed, CPU ({time.strftime('%Y-%m-%d')})\n\n"
+        f"{stack_line()}\n\n"
         f"Machine: {platform.machine()}, {cpu}, {len(os.sched_getaffinity(0))} CPU cores. "
         f"{options.note} Made by `python benchmark/speed_continuous_cpu.py --sbx-python PYTHON "
         f"--ppo-steps {options.ppo_steps} --sac-steps {options.sac_steps} "

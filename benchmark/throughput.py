@@ -37,7 +37,7 @@ from types import SimpleNamespace
 import jax
 import jax.numpy as jnp
 import numpy as np
-from measure import run_measured
+from measure import run_measured, stack_line
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanba_utils.devices import first_replica, replicate
@@ -302,6 +302,7 @@ def main():
     out = options.out or REPO / "benchmark" / "results" / f"throughput_{platform_name}.md"
     out.write_text(
         f"# Throughput against the ceiling, {platform_name} ({time.strftime('%Y-%m-%d')})\n\n"
+        f"{stack_line()}\n\n"
         f"Machine: {platform.machine()}, {jax.device_count()} {platform_name} device(s); "
         f"{peak_line}. Made by "
         "`python benchmark/throughput.py`: Breakout-v5, 2 actor threads x 8 environments, 32 steps "
