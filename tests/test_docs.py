@@ -87,3 +87,36 @@ def test_the_checker_finds_broken_links_and_anchors(tmp_path):
         "other.md#stopping",
         "#nothing",
     ]
+
+
+def figures(text: str) -> set[str]:
+    """The numbers of `text`, thousands separators dropped (`10,749` is `10749`)."""
+    return {n.replace(",", "") for n in re.findall(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?", text)}
+
+
+def results_rows() -> list[list[str]]:
+    """The cells of each row of the README's Results table."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    start = lines.index("| script | task, steps | Cleanba | reference | report |")
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_each_figure_of_the_readmes_results_table_is_in_the_report_it_links():
+    """A result or reference of the table (a number with decimals, or of three digits or more:
+    not a seed's or a count's) appears in the report of its row."""
+    rows = results_rows()
+    assert len(rows) > 10
+    for script, task, result, reference, report in rows:
+        link = re.search(r"\]\((benchmark/results/[^)#]+)\)", report)
+        assert link, f"{script}, {task}: no report linked"
+        in_report = figures((REPO / link.group(1)).read_text())
+        claimed = [
+            n for n in figures(f"{result} {reference}") if "." in n or len(n.lstrip("-")) >= 3
+        ]
+        missing = [n for n in claimed if n not in in_report]
+        assert not missing, f"{script}, {task}: {missing} not in {link.group(1)}"
