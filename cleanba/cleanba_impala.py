@@ -48,7 +48,7 @@ from cleanba_utils.run_args import GYMNASIUM_IMAGES, RUN_NEEDS, DeviceArgs
 from cleanba_utils.run_logs import LearnerTimes
 from cleanba_utils.sizes import Sizes, rollout_sizes
 from cleanba_utils.threads import queue_get, queue_put
-from cleanba_utils.torsos import resolve_image_defaults
+from cleanba_utils.torsos import CPU_SIZED, resolve_image_defaults
 
 # === Args ===
 
@@ -577,14 +577,15 @@ def minibatch_ids(key, env_ids, num_minibatches):
     return jax.vmap(lambda g: block_permutation(g)[g % num_minibatches])(env_ids)
 
 
-def make_update(args: Args, learner_devices: list, rolled: bool):
+def make_update(args: Args, learner_devices: list, rolled: bool, on_step_timed=None):
     """The learner update, pmap'd over the learner devices: one pass over the rollout in
     `num_minibatches` optimizer steps, each on whole environment sequences and the sum of the
     gradients of `gradient_accumulation_steps` microbatches (subsets of its sequences).
 
     Layout invariance: minibatch membership depends only on global env indices (`minibatch_ids`),
     and every mean is a global one (psum of sums over psum of counts), so the number of learner
-    devices changes the result only by float rounding. `rolled`: see `microbatch_update`."""
+    devices changes the result only by float rounding. `rolled` and `on_step_timed`: see
+    `microbatch_update`."""
     learner_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 2)
 
     def prepare(rollouts, update):
@@ -651,6 +652,7 @@ def make_update(args: Args, learner_devices: list, rolled: bool):
         optimizer_steps=args.num_minibatches,
         devices=learner_devices,
         rolled=rolled,
+        on_step_timed=on_step_timed,
     )
 
 
@@ -689,7 +691,15 @@ def train(args: Args):
     state = replicate(origin.learner, learner_devices)
     run.evaluate_untrained(lambda: jax.device_get(first_replica(state.params)))
     rolled = rolls(learner_devices[0].platform, convolutional=has_image_observations(args.env_id))
-    update_fn = make_update(args, global_learner_devices, rolled=rolled)
+    # On a CPU the learner's pace, from one timed step, says within minutes a run that would take
+    # days, and a command sized for a CPU.
+    instead = f"uv run python cleanba/cleanba_impala.py --env-id {args.env_id} {CPU_SIZED}"
+    update_fn = make_update(
+        args,
+        global_learner_devices,
+        rolled=rolled,
+        on_step_timed=functools.partial(run.logs.note_learner_pace, instead=instead),
+    )
     lag = LagRule(
         first_update=origin.counters["update"] + 1,
         num_updates=sizes.num_updates,

@@ -3,6 +3,7 @@ rollout, in a rolled `lax.scan` or in a Python loop over one compiled step. The 
 `prepare` and the step compute, and the loops the schedule unrolls) stays in the script."""
 
 import functools
+import time
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +26,7 @@ def microbatch_update(
     optimizer_steps: int,
     devices: list,
     rolled: bool,
+    on_step_timed=None,
 ):
     """`update_fn(state, rollouts, update) -> (state, metrics)`, pmap'd over `devices` (axis
     "devices").
@@ -37,7 +39,11 @@ def microbatch_update(
 
     Memory holds one microbatch's activations either way. `rolled` runs the steps in a `lax.scan`,
     which compiles once and fast; otherwise a Python loop calls one compiled step (`rolls`). The two
-    give the same run up to float rounding."""
+    give the same run up to float rounding.
+
+    `on_step_timed(seconds, steps)`: called once, by the Python loop's first update, with the
+    seconds of its second step (compiled by then) and the steps of an update: a run on a CPU learns
+    its learner's pace minutes before its first update ends."""
     per_optimizer_step = lambda metrics: jax.tree.map(
         lambda m: m.sum(-1) / optimizer_steps, metrics
     )
@@ -56,13 +62,24 @@ def microbatch_update(
     prepare_on_devices = pmap(prepare, in_axes=(0, None))
     step_on_devices = pmap(microbatch_step, in_axes=(0, 0, None, *[None] * num_indices))
 
+    untimed = on_step_timed is not None and len(schedule) > 1
+
     def update_fn(state, rollouts, update):
+        nonlocal untimed
         prepared = prepare_on_devices(rollouts, update)
         metrics = []
-        for indices in schedule:
+        for number, indices in enumerate(schedule):
+            timed = untimed and number == 1
+            if timed:
+                jax.block_until_ready(state)
+                start = time.time()
             state, step_metrics = step_on_devices(
                 state, prepared, update, *[np.int32(index) for index in indices]
             )
+            if timed:
+                jax.block_until_ready(state)
+                untimed = False
+                on_step_timed(time.time() - start, len(schedule))
             metrics.append(step_metrics)
         return state, per_optimizer_step(jax.tree.map(lambda *m: jnp.stack(m, axis=-1), *metrics))
 

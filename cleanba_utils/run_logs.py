@@ -54,6 +54,8 @@ class RunLogs:
     progress_thread: threading.Thread | None = None
     optimizer_rate: tuple | None = None
     """(optimizer steps, time) at the last console line of `log_update`: its rate's start"""
+    slow_run_noted: bool = False
+    """a note has said that the run would take days on this CPU"""
     events_failure: tuple | None = None
     """(path, OSError) of the first write of the TensorBoard events that failed (`guard_events`)"""
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -103,11 +105,30 @@ class RunLogs:
         first_step = self.first_update * self.sizes.steps_per_update
         return int((global_step - first_step) / (time.time() - self.start_time))
 
+    def note_learner_pace(self, step_seconds: float, steps: int, instead: str):
+        """On a CPU, a run whose learner alone would take days says so within minutes, from one
+        timed step of its first update (`microbatches.microbatch_update`'s `on_step_timed`), with
+        the command `instead` sized for a CPU. The run goes on."""
+        updates = self.sizes.num_updates - self.first_update
+        seconds = step_seconds * steps * updates
+        if jax.default_backend() != "cpu" or seconds <= SLOW_RUN_DAYS * 86400:
+            return
+        self.slow_run_noted = True
+        print(
+            f"note: one learner step took {step_seconds:.1f} s on this CPU, so the run's {updates} "
+            f"updates of {steps} steps would take at least {seconds / 86400:.1f} days in the "
+            "learner alone: the configuration is sized for accelerators. The run goes on (Ctrl-C "
+            f"stops it); a run sized for a CPU: {instead}",
+            flush=True,
+        )
+
     def note_finished(self, update: int, untrained_evaluation_s: float):
         """After the session's first update on a CPU, a run that would take days says so once (the
-        evaluation before the first update, `untrained_evaluation_s`, left out)."""
+        evaluation before the first update, `untrained_evaluation_s`, left out), unless its
+        learner's pace said so already."""
         first_update = self.first_update
-        if update == first_update + 1 and jax.default_backend() == "cpu":
+        cpu = jax.default_backend() == "cpu"
+        if update == first_update + 1 and cpu and not self.slow_run_noted:
             first_update_s = time.time() - self.start_time - untrained_evaluation_s
             seconds = first_update_s * (self.sizes.num_updates - first_update)
             if seconds > SLOW_RUN_DAYS * 86400:

@@ -13,6 +13,9 @@ TORSO_CHANNELS = {"nature": (32, 64, 64), "impala": (16, 32, 32), "minatar": (16
 MINATAR_HIDDENS = (128,)
 """The dense layer after the convolution of Young & Tian's (2019) MinAtar network."""
 
+CPU_SIZED = "--channels 4 8 --hiddens 64 --local-num-envs 8 --num-steps 32 --total-timesteps 100000"
+"""PPO's and IMPALA's options for an Atari run sized for a CPU (the README's "Try it on a CPU")"""
+
 
 def observes_small_images(env_id: str) -> bool:
     """Images that are not Atari's frames (uint8 pixels) but small grids of features, as MinAtar's

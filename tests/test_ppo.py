@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax.numpy as jnp
@@ -440,3 +441,27 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, option):
 @pytest.mark.parametrize("args,option", BAD_INPUTS)
 def test_bad_input_is_refused_with_one_line(capsys, args, option):
     assert_refused(ppo, args, option, capsys)
+
+
+# In the long checks (`-m long`): one run of about 15 s.
+@pytest.mark.long
+def test_a_cpu_run_that_would_take_days_says_so_within_its_first_update(tmp_path):
+    # Of the tiny network's first update, 2 epochs x 2 minibatches x 2 microbatches, the second
+    # step is timed; 10^11 steps make the learner alone take days at any CPU's pace.
+    args = [*TINY, "--gradient-accumulation-steps", "2", "--total-timesteps", "100000000000"]
+    proc = started_ignoring_sigint([*args, "--run-name", "days"], tmp_path)
+    # A run that never says so is ended, and the wait below fails.
+    deadline = threading.Timer(180, proc.kill)
+    deadline.start()
+    try:
+        line = wait_for_line(proc, "note: one learner step took ")
+    finally:
+        deadline.cancel()
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    days = float(line.split(" would take at least ")[1].split(" days")[0])
+    assert days > 1, line
+    assert line.rstrip().endswith(
+        "a run sized for a CPU: uv run python cleanba/cleanba_ppo.py --env-id Breakout-v5 "
+        "--channels 4 8 --hiddens 64 --local-num-envs 8 --num-steps 32 --total-timesteps 100000"
+    )
