@@ -25,7 +25,7 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from csv_columns import RUN_COLUMNS
-from slurm_local import (
+from slurm_lab import (
     REPO,
     RESULTS,
     Lab,

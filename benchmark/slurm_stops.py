@@ -26,7 +26,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from csv_columns import RUN_COLUMNS
-from slurm_local import (
+from slurm_lab import (
     REPO,
     RESULTS,
     Lab,
