@@ -25,11 +25,14 @@ def missing_root() -> str | None:
 
 def missing_tmpfs() -> str | None:
     with tempfile.TemporaryDirectory() as folder:
-        mounted = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", folder],
-            capture_output=True,
-            text=True,
-        )
+        try:
+            mounted = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", folder],
+                capture_output=True,
+                text=True,
+            )
+        except FileNotFoundError:
+            return "no mount command: install util-linux (its mount mounts the tests' tmpfs)"
         if mounted.returncode:
             why = (mounted.stderr.strip().splitlines() or [f"exit {mounted.returncode}"])[0]
             return (

@@ -739,10 +739,10 @@ def train(args: Args):
     noise_stds = noise_stds_of(
         np.arange(sizes.num_envs), sizes.num_envs, args.noise_std, args.noise_alpha
     )
-    learned = None  # the last update's that learned
-    pending = (
-        origin.pending_priorities
-    )  # the last call's TD errors not yet written as priorities (`learn`)
+    # The `Learned` of the last update that learned, and the last call's TD errors not yet written
+    # as priorities (`learn`).
+    learned = None
+    pending = origin.pending_priorities
     if pending is not None:
         pending = pending._replace(td=replicate(pending.td, learner_devices))
     with run.learner_loop([*actors.threads, jobs.thread]) as end:

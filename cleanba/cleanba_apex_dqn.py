@@ -1047,7 +1047,9 @@ def train(args: Args):
         np.arange(sizes.num_envs), sizes.num_envs, args.epsilon_base, args.epsilon_alpha
     )
     schedule = learning_rate_of(args, sizes)
-    learned = None  # the last update's that learned
+    # The `Learned` of the last update that learned, and the last call's TD errors not yet written
+    # as priorities (`learn`).
+    learned = None
     pending = origin.pending_priorities
     if pending is not None:
         pending = pending._replace(td=replicate(pending.td, learner_devices))

@@ -45,7 +45,8 @@ FIRST_REPLICA = Checkpointing()
 
 def save_checkpoint(run_dir: str, state, counters: dict, keep: int = 2):
     """Saves `state` (the host copy of the learner's, `Checkpointing.on_host`) with `counters`
-    (which hold "update"); keeps the newest `keep` files. A file that cannot be written raises an
+    (which hold "update"); of the files up to this update, keeps the newest `keep` (one of a later
+    update is left alone). A file that cannot be written raises an
     OSError that names it, the older files intact and no temporary file left."""
     saved_state = flax.serialization.to_state_dict(jax.device_get(state))
     payload = flax.serialization.msgpack_serialize({"state": saved_state, "counters": counters})
@@ -113,8 +114,13 @@ a checkpoint written before resumes"""
 
 
 def restored_state(path: str, state, saved_state: dict):
-    """`state` (an unreplicated template) with the values of the checkpoint at `path`."""
-    saved_state = {RENAMED_FIELDS.get(key, key): value for key, value in saved_state.items()}
+    """`state` (an unreplicated template) with the values of the checkpoint at `path`; a field the
+    template has under a name of RENAMED_FIELDS is read under its old name where the checkpoint
+    has that one."""
+    fields = getattr(state, "_fields", ())
+    for old, new in RENAMED_FIELDS.items():
+        if new in fields and new not in saved_state and old in saved_state:
+            saved_state = {new if key == old else key: value for key, value in saved_state.items()}
     try:
         return flax.serialization.from_state_dict(state, saved_state)
     except (ValueError, KeyError) as error:

@@ -33,6 +33,7 @@ import importlib.metadata
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -396,6 +397,8 @@ def _vector_env(factories: list, mode: str):
 
 WITH_WORKERS = weakref.WeakSet()
 """the `GymnasiumVectorEnv`s in async mode"""
+ENDING_LOCK = threading.Lock()
+"""held while a `GymnasiumVectorEnv` takes its vector environment to end its workers"""
 
 
 def end_workers():
@@ -502,24 +505,27 @@ class GymnasiumVectorEnv:
 
     def __del__(self):
         # Gymnasium's own deletion would end the workers with SIGTERM, which they ignore.
-        if self.mode == "async":
+        if getattr(self, "mode", None) == "async":
             self.end_workers()
 
     def end_workers(self):
-        """Kills the workers and lets go of the vector environment (`end_workers`). An actor
-        thread waiting for them gets an error and ends within WORKERS_GONE_SECONDS; the process
-        is ending."""
-        if self.envs is None:
+        """Kills the workers and lets go of the vector environment (`end_workers`), once, whichever
+        thread asks first. An actor thread waiting for them gets an error and ends within
+        WORKERS_GONE_SECONDS; the process is ending."""
+        with ENDING_LOCK:
+            envs = getattr(self, "envs", None)
+            self.envs = None
+        if envs is None:
             return
-        for process in self.envs.processes:
+        for process in envs.processes:
             process.kill()
-        for process in self.envs.processes:
+        for process in envs.processes:
             process.join()
         # Closed already: its deletion would otherwise close it again, waiting for the step in
         # flight.
-        self.envs.closed = True
-        gone = weakref.ref(self.envs)
-        self.envs = None
+        envs.closed = True
+        gone = weakref.ref(envs)
+        del envs
         deadline = time.monotonic() + WORKERS_GONE_SECONDS
         while gone() is not None and time.monotonic() < deadline:
             time.sleep(0.01)

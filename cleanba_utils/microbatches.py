@@ -62,14 +62,14 @@ def microbatch_update(
     prepare_on_devices = pmap(prepare, in_axes=(0, None))
     step_on_devices = pmap(microbatch_step, in_axes=(0, 0, None, *[None] * num_indices))
 
-    untimed = on_step_timed is not None and len(schedule) > 1
+    step_to_time = on_step_timed is not None and len(schedule) > 1
 
     def update_fn(state, rollouts, update):
-        nonlocal untimed
+        nonlocal step_to_time
         prepared = prepare_on_devices(rollouts, update)
         metrics = []
         for number, indices in enumerate(schedule):
-            timed = untimed and number == 1
+            timed = step_to_time and number == 1
             if timed:
                 jax.block_until_ready(state)
                 start = time.time()
@@ -78,7 +78,7 @@ def microbatch_update(
             )
             if timed:
                 jax.block_until_ready(state)
-                untimed = False
+                step_to_time = False
                 on_step_timed(time.time() - start, len(schedule))
             metrics.append(step_metrics)
         return state, per_optimizer_step(jax.tree.map(lambda *m: jnp.stack(m, axis=-1), *metrics))

@@ -65,10 +65,8 @@ class Run:
 
     def after_update(self, state, update: int) -> int:
         """Called with what a checkpoint of `update` saves as soon as the update is dispatched:
-        `stops.Stops.after_update`, which returns the exit code of a stop (else 0). After the
-        session's first update, a run that would take days says so."""
-        self.logs.note_finished(update, self.evaluations.untrained_evaluation_s)
-        return self.stops.after_update(state, update)
+        `stops.Stops.after_update`, which returns the exit code of a stop (else 0)."""
+        return self.stops.after_update(state, update, self.evaluations.untrained_evaluation_s)
 
     def learner_loop(self, threads: list):
         """`stops.Stops.learner_loop`: wraps the learner's loop."""
@@ -82,13 +80,20 @@ class Run:
         code hub.UPLOAD_FAILED_EXIT_CODE, every file of the run written."""
         self.stops.training_done = True
         self.logs.end_progress()
+        wall_time_s = self.stops.wall_time()
         fingerprint = run_files.params_fingerprint(params)
         model_path = self.save_model(params)
         eval_returns = self.final_evaluation(params, update, optimizer_steps)
-        self.write_summary(fingerprint, update)
+        self.write_summary(fingerprint, update, wall_time_s)
         upload_failure = None
         if self.args.upload_model and self.is_main:
-            upload_failure = self.upload(params, update, fingerprint, model_path, eval_returns)
+            upload_failure = self.upload(
+                params,
+                update=update,
+                fingerprint=fingerprint,
+                model_path=model_path,
+                eval_returns=eval_returns,
+            )
         self.logs.close()
         self.stops.end_if_events_failed()
         if self.args.track and self.is_main:
@@ -130,11 +135,11 @@ class Run:
         print(f"eval: mean return {np.mean(eval_returns):.1f} over {len(eval_returns)} episodes")
         return eval_returns
 
-    def write_summary(self, fingerprint: str, update: int):
-        """summary.json: the fingerprint, steps, speed and the evaluations (process 0's)."""
+    def write_summary(self, fingerprint: str, update: int, wall_time_s: float):
+        """summary.json: the fingerprint, steps, speed up to the end of training (`wall_time_s`)
+        and the evaluations (process 0's)."""
         if not self.is_main:
             return
-        wall_time_s = self.stops.wall_time()
         global_step = update * self.sizes.steps_per_update
         summary = dict(
             params_fingerprint=fingerprint,
@@ -143,7 +148,7 @@ class Run:
             sps=int(global_step / wall_time_s),
             wall_time_s=wall_time_s,
         )
-        evaluations = self.evaluations.evaluations
+        evaluations = self.evaluations.made
         if evaluations:
             summary["eval_return"] = evaluations[-1][1]
             summary["eval_returns"] = evaluations
@@ -199,7 +204,14 @@ def open_run(
     if resumed_update:
         print(f"resuming {name} from update {resumed_update}")
     if is_main:
-        write_spec(args, sizes, name, script_path, run_dir, resumed_update)
+        write_spec(
+            args,
+            sizes,
+            name=name,
+            script_path=script_path,
+            run_dir=run_dir,
+            resumed_update=resumed_update,
+        )
     if args.upload_model and is_main:
         hub.note_missing_token()
     if args.track and is_main:
@@ -228,10 +240,9 @@ def open_run(
         sizes=sizes,
         dir=run_dir,
         evaluate=evaluate,
-        first_update=resumed_update,
         logs=logs,
         stops=stops,
-        evaluations=kept_evaluations(run_dir, purge_step),
+        made=kept_evaluations(run_dir, purge_step),
     )
     run = Run(
         args=args,
@@ -245,7 +256,14 @@ def open_run(
         model_card=model_card,
     )
     if is_main:
-        print(opening_line(args, sizes, name, len(global_learner_devices), backend), flush=True)
+        line = opening_line(
+            args,
+            sizes,
+            name=name,
+            num_learner_devices=len(global_learner_devices),
+            backend=backend,
+        )
+        print(line, flush=True)
         logs.start_progress(stops.end_if_events_failed)
     return run
 

@@ -29,11 +29,9 @@ class RunEvaluations:
     evaluate: object
     """the script's `evaluate(params, args, num_episodes, seed)`: the returns of `num_episodes`
     episodes of the policy `params` (what `evaluate_and_log` and the end of the run play)"""
-    first_update: int
-    """the update this session started from: 0, or a resumed run's checkpoint"""
     logs: RunLogs
     stops: Stops
-    evaluations: list = dataclasses.field(default_factory=list)
+    made: list = dataclasses.field(default_factory=list)
     """(global step, mean return) of the run's evaluations, those made before a resume included"""
     last_evaluation: tuple | None = None
     """(update, returns of its episodes) of this process's newest evaluation"""
@@ -56,7 +54,7 @@ class RunEvaluations:
         gives what the script's `evaluate` plays, the expression of its evaluations after an
         update; it is called in every process, as those are."""
         args = self.args
-        if self.first_update or not (args.eval_every > 0 and args.eval_episodes > 0):
+        if self.logs.first_update or not (args.eval_every > 0 and args.eval_episodes > 0):
             return
         started = time.time()
         self.evaluate_and_log(0, policy(), 0)
@@ -89,9 +87,9 @@ class RunEvaluations:
             {"charts/eval_return": mean_return, "charts/opt_step": optimizer_steps}, global_step
         )
         print(f"eval: mean return {mean_return:.1f} at step {global_step}", flush=True)
-        self.evaluations.append([global_step, mean_return])
+        self.made.append([global_step, mean_return])
         self.last_evaluation = (update, returns)
-        self.stops.write_json(EVALUATIONS_FILE, self.evaluations)
+        self.stops.write_json(EVALUATIONS_FILE, self.made)
 
 
 def kept_evaluations(run_dir: str, purge_step: int | None) -> list:

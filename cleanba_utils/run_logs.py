@@ -58,7 +58,7 @@ class RunLogs:
     """a note has said that the run would take days on this CPU"""
     events_failure: tuple | None = None
     """(path, OSError) of the first write of the TensorBoard events that failed (`guard_events`)"""
-    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    close_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     """held while the TensorBoard writer closes, which two threads ending the run may ask for"""
 
     def __post_init__(self):
@@ -97,7 +97,7 @@ class RunLogs:
 
     def close(self):
         """Flushes and closes the TensorBoard writer (`guard_events` notes a failed write)."""
-        with self.lock:
+        with self.close_lock:
             self.writer.close()
 
     def sps(self, global_step: int) -> int:

@@ -12,6 +12,7 @@ thread of its own and goes on watching:
   arrives twice (the terminal's SIGINT to the process group, then uv's forward): SIGINTs within
   SAME_CTRL_C_SECONDS of the first are that one stop; a later Ctrl-C quits at once."""
 
+import contextlib
 import os
 import signal
 import sys
@@ -65,12 +66,16 @@ BEFORE_ENDING: list = []
 
 def end_process(exit_code: int):
     """Ends the process at once with `exit_code`, its output flushed: not waiting for a computation
-    in flight, which Python's exit would (XLA's teardown)."""
-    for function in BEFORE_ENDING:
-        function()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(exit_code)
+    in flight, which Python's exit would (XLA's teardown). A function of BEFORE_ENDING that fails
+    never keeps the process from ending."""
+    try:
+        for function in BEFORE_ENDING:
+            with contextlib.suppress(Exception):
+                function()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(exit_code)
 
 
 def exit_at_once(signum: int):
@@ -91,14 +96,26 @@ class Unfailing:
     def write(self, text: str) -> int:
         try:
             return self.stream.write(text)
-        except (OSError, ValueError):
+        except OSError:
             return len(text)
+        except ValueError:
+            # A closed stream (the reader's end gone with it); another ValueError is a bug.
+            if not self.stream.closed:
+                raise
+            return len(text)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
 
     def flush(self):
         try:
             self.stream.flush()
-        except (OSError, ValueError):
+        except OSError:
             pass
+        except ValueError:
+            if not self.stream.closed:
+                raise
 
     def __getattr__(self, name):
         return getattr(self.stream, name)

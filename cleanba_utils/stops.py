@@ -126,11 +126,13 @@ class Stops:
         if self.logs.events_failure is not None:
             self.write_failed("TensorBoard events", *self.logs.events_failure)
 
-    def after_update(self, state, update: int) -> int:
+    def after_update(self, state, update: int, untrained_evaluation_s: float = 0.0) -> int:
         """Called with what a checkpoint of `update` saves (through `checkpointing`) as soon as the
         update is dispatched (its arrays may still be computing). Checkpoints as --checkpoint-every
         asks; on a stop signal received by any process, checkpoints and returns the exit code (128
-        + the signal), else 0. A signal during the last update lets the run end."""
+        + the signal), else 0. A signal during the last update lets the run end. After the
+        session's first update, a run that would take days says so (`RunLogs.note_finished`, the
+        evaluation before it, `untrained_evaluation_s`, left out)."""
         self.end_if_events_failed()
         last = update == self.sizes.num_updates
         stop = self.stop_agreed(self.received_signals) and not last
@@ -140,6 +142,7 @@ class Stops:
         if due:
             # Outside the lock: a stop meanwhile saves the update before.
             wait_until_computed(state)
+        self.logs.note_finished(update, untrained_evaluation_s)
         with self.checkpoint_lock:
             self.completed.append((update, state))
             self.training_done = last

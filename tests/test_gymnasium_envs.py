@@ -529,24 +529,25 @@ def stopped_with_its_workers(tmp_path, signum: int) -> tuple[subprocess.Popen, s
     group (a terminal's Ctrl-C, SLURM's signal to every process of a job step) after its first
     progress line: the process, its stderr, and the seconds from the signal to its end."""
     args = [*SMALL["cleanba_ppo.py"], "--total-timesteps", "10000000"]
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(REPO / "cleanba" / "cleanba_ppo.py"),
-            *["--env-id", "gymnasium:CartPole-v1", "--vectorization-mode", "async"],
-            *[*args, "--run-name", "stopped"],
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    wait_for_line(proc, "update ")
-    sent_at = time.time()
-    os.killpg(proc.pid, signum)
-    _, stderr = proc.communicate(timeout=60)
-    return proc, stderr, time.time() - sent_at
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO / "cleanba" / "cleanba_ppo.py"),
+                *["--env-id", "gymnasium:CartPole-v1", "--vectorization-mode", "async"],
+                *[*args, "--run-name", "stopped"],
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+        )
+        wait_for_line(proc, "update ")
+        sent_at = time.time()
+        os.killpg(proc.pid, signum)
+        proc.communicate(timeout=60)
+    return proc, (tmp_path / "stderr.txt").read_text(), time.time() - sent_at
 
 
 # In the long checks (`-m long`): two runs of about 20 s each.

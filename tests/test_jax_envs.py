@@ -43,7 +43,7 @@ class Writer:
 
 
 def episodes_of(writer, num_envs: int) -> Episodes:
-    """A run's episodes (`Run.episodes`) logged to `writer`."""
+    """A run's episodes (`RunLogs.episodes`) logged to `writer`."""
     return Episodes(writer, deque(maxlen=100), np.zeros(num_envs), np.zeros(num_envs, np.int64))
 
 

@@ -572,7 +572,7 @@ def test_a_resumed_runs_summary_keeps_earlier_evaluations_and_a_finished_run_ign
         devices,
         evaluate=evaluate,
     )
-    assert resumed.evaluations.evaluations == [[16, 2.0], [32, 4.0]]
+    assert resumed.evaluations.made == [[16, 2.0], [32, 4.0]]
     resumed.evaluate_and_log(5, params=None, optimizer_steps=15)
     handlers = {signum: signal.getsignal(signum) for signum in signals.STOP_SIGNALS}
     try:
@@ -628,7 +628,7 @@ def test_the_untrained_policy_is_evaluated_at_step_0_once_with_eval_every(tmp_pa
     resumed.evaluate_untrained(lambda: pytest.fail("evaluated again"))
     resumed.logs.end_progress()
     resumed.logs.writer.close()
-    assert resumed.evaluations.evaluations == [[0, 4.5]] and len(played) == 1
+    assert resumed.evaluations.made == [[0, 4.5]] and len(played) == 1
     # Without --eval-every (an evaluation after the last update only) or --eval-episodes: none.
     for name, args in [
         ("final_only", NamedRunArgs(run_name="final_only", eval_every=0)),
@@ -640,7 +640,7 @@ def test_the_untrained_policy_is_evaluated_at_step_0_once_with_eval_every(tmp_pa
         run.logs.end_progress()
         run.logs.writer.close()
         assert (
-            run.evaluations.evaluations == []
+            run.evaluations.made == []
             and not (tmp_path / "runs" / name / "evaluations.json").exists()
         )
 
@@ -648,7 +648,7 @@ def test_the_untrained_policy_is_evaluated_at_step_0_once_with_eval_every(tmp_pa
 def test_after_update_checkpoints_on_schedule_and_at_the_end_and_stops_on_a_signal(tmp_path):
     writer = SummaryWriter(str(tmp_path))
     logs = RunLogs(args=RunArgs(), sizes=RunSizes(), writer=writer, first_update=0)
-    run = Stops(
+    stops = Stops(
         args=RunArgs(),
         sizes=RunSizes(),
         dir=str(tmp_path),
@@ -658,17 +658,17 @@ def test_after_update_checkpoints_on_schedule_and_at_the_end_and_stops_on_a_sign
         received_signals=[],
     )
     state = replicated_state(1.0)[0]
-    assert [run.after_update(state, update) for update in range(1, 6)] == [0] * 5
+    assert [stops.after_update(state, update) for update in range(1, 6)] == [0] * 5
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
         "update_000000004.ckpt",
         "update_000000005.ckpt",
     ]
-    run.received_signals.append(signal.SIGTERM)
-    run.dir = str(tmp_path / "preempted")
-    assert run.after_update(state, 3) == 128 + signal.SIGTERM
+    stops.received_signals.append(signal.SIGTERM)
+    stops.dir = str(tmp_path / "preempted")
+    assert stops.after_update(state, 3) == 128 + signal.SIGTERM
     assert os.listdir(tmp_path / "preempted" / "checkpoints") == ["update_000000003.ckpt"]
     # A signal during the last update lets the run finish.
-    assert run.after_update(state, 5) == 0
+    assert stops.after_update(state, 5) == 0
 
 
 HUGE_PAGES_PROBE = """
