@@ -269,14 +269,22 @@ def resume_or_start(args, template, identity: dict, script_path: str) -> tuple:
     """What a run starts from: `(saved, counters)`. With --resume, `saved` is the newest checkpoint
     whose checksum holds, restored into the structure of `template` (`checkpoints.resume_from`,
     which refuses another experiment's with one line); otherwise, or where the run has written no
-    checkpoint yet, None. `counters`: the update done (0 for a fresh start), the wall time before
+    checkpoint yet, None. A named run without --resume whose folder holds checkpoints is refused
+    with one line. `counters`: the update done (0 for a fresh start), the wall time before
     the resume, `identity` (the global sizes and the seed, and what else the script adds) and the
     record of the script and its options (`checkpoints.options_record`), which a resume must
     match: what a script hands to `open_run`."""
     record = options_record(args, script_path)
     checkpoint = None
+    run_dir = run_dir_of(args)
     if args.resume:
-        checkpoint = resume_from(run_dir_of(args), template, identity, record)
+        checkpoint = resume_from(run_dir, template, identity, record)
+    elif run_dir and glob.glob(os.path.join(run_dir, "checkpoints", "*.ckpt")):
+        # A fresh run there would write beside them, and a later --resume take the newest of both.
+        fail(
+            f"--run-name {args.run_name}: {run_dir}/checkpoints holds the checkpoints of a run; "
+            "continue it with --resume, or give another --run-name (or move the folder away)"
+        )
     saved, counters = checkpoint or (None, dict(update=0, wall_time_s=0.0))
     kept = dict(update=counters["update"], wall_time_s=counters["wall_time_s"], **identity)
     return saved, kept | {OPTIONS_RECORD: record}

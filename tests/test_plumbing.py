@@ -831,3 +831,30 @@ def test_take_rollouts_takes_one_per_queue_in_order_and_refuses_a_stale_one():
     queues[0].put(PlayedRollout(update=3, policy_version=1))
     with pytest.raises(RuntimeError, match="lag 1, expected 0"):
         handoff.take_rollouts(queues[:1], 3, lag, stop)
+
+
+def test_a_named_run_without_resume_over_its_checkpoints_is_one_line_and_exit_2(
+    tmp_path, monkeypatch, capsys
+):
+    # A fresh run there would write beside the earlier run's checkpoints, and a later --resume
+    # would take the newest of both.
+    monkeypatch.chdir(tmp_path)
+    template = replicated_state(0.0)[1]
+    record = {checkpoints.OPTIONS_RECORD: checkpoints.options_record(NamedRunArgs(), "script.py")}
+    counters = dict(update=3, wall_time_s=1.0, **record)
+    checkpoints.save_checkpoint("runs/evaluated", replicated_state(2.0)[1], counters)
+    with pytest.raises(SystemExit) as exit_:
+        checkpoints.resume_or_start(NamedRunArgs(), template, {}, "script.py")
+    assert exit_.value.code == 2
+    line = capsys.readouterr().err.strip()
+    assert line == (
+        "error: --run-name evaluated: runs/evaluated/checkpoints holds the checkpoints of a run; "
+        "continue it with --resume, or give another --run-name (or move the folder away)"
+    )
+    # With --resume the run continues from them; a run of another name starts afresh.
+    saved, counters = checkpoints.resume_or_start(
+        NamedRunArgs(resume=True), template, {}, "script.py"
+    )
+    assert counters["update"] == 3 and saved.params["w"][0] == 2.0
+    _, fresh = checkpoints.resume_or_start(NamedRunArgs(run_name="other"), template, {}, "s.py")
+    assert fresh["update"] == 0
