@@ -368,7 +368,7 @@ def actor_thread(
         env_offset=env_offset,
         env_record=env_record,
         act=functools.partial(policy_step, network, action_key),
-        bootstrap_value=lambda params, obs: network.apply(params, obs)[1],
+        bootstrap=lambda params, obs: network.apply(params, obs)[1],
         device=device,
     )
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)

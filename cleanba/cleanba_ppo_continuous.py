@@ -409,7 +409,7 @@ def actor_thread(
         env_offset=env_offset,
         env_record=env_record,
         act=functools.partial(act, network, action_key, action_space.low, action_space.high),
-        bootstrap_value=lambda policy, obs: policy_outputs(network, policy, obs)[2],
+        bootstrap=lambda policy, obs: policy_outputs(network, policy, obs)[2],
     )
     for update in lag.updates():
         param_wait_start = time.time()

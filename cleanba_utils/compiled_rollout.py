@@ -121,7 +121,7 @@ def start(
     env_offset: int,
     env_record: EnvRecord | None,
     act: Callable,
-    bootstrap_value: Callable | None = None,
+    bootstrap: Callable | None = None,
     device=None,
 ) -> CompiledRollout:
     """The environments env_offset .. env_offset + --local-num-envs - 1 of the run's `num_envs` (the
@@ -153,7 +153,7 @@ def start(
             handle,
             played,
             obs,
-            None if bootstrap_value is None else bootstrap_value(params, obs),
+            None if bootstrap is None else bootstrap(params, obs),
         )
 
     if env_record is None:

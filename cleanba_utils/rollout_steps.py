@@ -47,7 +47,7 @@ class PlayedRollout(NamedTuple):
     next_obs: Any
     """(envs, ...) the observation after the rollout's last step"""
     bootstrap_value: Any
-    """the script's `bootstrap_value(params, next_obs)` (PPO: the critic's value of the observation
+    """the script's `bootstrap(params, next_obs)` (PPO: the critic's value of the observation
     after the last step, which bootstraps the returns), None where it gives none"""
     record: Any
     """the environments' record after the rollout (a copy, which later rollouts leave alone), for

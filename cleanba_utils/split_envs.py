@@ -192,7 +192,7 @@ class SplitRollout:
     split_policies: list
     """per split, the script's `act` jitted with the split's environment indices (NumPy, a
     constant of the program, as in a compiled rollout): `policy(params, obs, step, step_input)`"""
-    bootstrap_value: Callable | None
+    bootstrap: Callable | None
     episodes: Any
     episode_over: Callable
     device: Any
@@ -254,9 +254,9 @@ class SplitRollout:
         )
         next_obs = self.envs.next_obs
         bootstrap_value = None
-        if self.bootstrap_value is not None:
+        if self.bootstrap is not None:
             bootstrap_value = np.asarray(
-                self.bootstrap_value(params, jax.device_put(next_obs, self.device))
+                self.bootstrap(params, jax.device_put(next_obs, self.device))
             )
         return PlayedRollout(
             steps=steps,
@@ -281,7 +281,7 @@ def start_splits(
     env_offset: int,
     env_record,
     act: Callable,
-    bootstrap_value: Callable | None = None,
+    bootstrap: Callable | None = None,
     device=None,
     episode_over: Callable = ended,
     keep_record: bool = False,
@@ -312,7 +312,7 @@ def start_splits(
             jax.jit(functools.partial(_acting_on, act, envs.env_ids[split]))
             for split in envs.env_slices
         ],
-        bootstrap_value=None if bootstrap_value is None else jax.jit(bootstrap_value),
+        bootstrap=None if bootstrap is None else jax.jit(bootstrap),
         episodes=episodes,
         episode_over=episode_over,
         device=device,

@@ -147,7 +147,7 @@ class Writer:
 def test_start_splits_gives_the_compiled_rollouts_interface(num_splits):
     """`start_splits`: the policy's step in the compiled rollout's signature on the splits, the
     steps env-major as the plain loop plays them, the episodes counted and their ends listed, and
-    `bootstrap_value` of the observation after the rollout."""
+    `bootstrap` of the observation after the rollout."""
     import jax.numpy as jnp
 
     from cleanba_utils.episodes import Episodes
@@ -170,7 +170,7 @@ def test_start_splits_gives_the_compiled_rollouts_interface(num_splits):
         env_offset=0,
         env_record=None,
         act=act,
-        bootstrap_value=lambda params, obs: obs.reshape(len(obs), -1).sum(axis=1),
+        bootstrap=lambda params, obs: obs.reshape(len(obs), -1).sum(axis=1),
     )
     plays = [rollout.play(np.float32(2), update) for update in (1, 2)]
     steps = [np.concatenate(fields, axis=1) for fields in zip(*[p.steps for p in plays])]
