@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import os
 import time
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -25,6 +25,7 @@ from flax.training.train_state import TrainState
 from cleanba_utils import (
     accelerators,
     compiled_rollout,
+    cores,
     distributed,
     hub,
     kept_lag,
@@ -42,7 +43,7 @@ from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, start_actor_thr
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.kept_lag import Continuation
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
-from cleanba_utils.microbatches import microbatch_update, rolls
+from cleanba_utils.microbatches import microbatch_update, minibatch_ids, rolls
 from cleanba_utils.run import open_run
 from cleanba_utils.run_args import GYMNASIUM_IMAGES, RUN_NEEDS, DeviceArgs
 from cleanba_utils.run_logs import LearnerTimes
@@ -113,6 +114,15 @@ class Args(DeviceArgs):
     """the sizes of the dense layers after the torso (images; default 256 after the ResNet, 128
     after MinAtar's convolution), or of the hidden layers of each of the separate actor and critic
     MLPs (vector observations; default 256)"""
+    core: Literal["none", "lstm", "gru"] = "none"
+    """a recurrent core between the torso and the heads (cleanba_utils/cores.py), its state carried
+    per environment and reset where an episode starts, each environment's sequence replayed by the
+    learner from the state its first step met: for tasks whose observation does not show all the
+    agent needs. The IMPALA paper's deep agent has an LSTM; the default has none, as the Cleanba
+    paper's runs"""
+    core_size: int = positive(256)
+    """the units of the core (the IMPALA paper's LSTM: 256); for vector observations, also of the
+    dense layer before it"""
 
     gradient_accumulation_steps: int = positive(1)
     """split each minibatch into this many microbatches whose gradients are summed before one
@@ -132,6 +142,7 @@ NEEDS = {
     **RUN_NEEDS,
     "frame_stack": GYMNASIUM_IMAGES,
     "channels": parsing.IMAGE_OBSERVATIONS,
+    "core_size": cores.A_CORE,
 }
 
 
@@ -239,17 +250,53 @@ class Network(nn.Module):
     Young & Tian's (2019) MinAtar torso for small float images (MinAtar's 10x10 channels); separate
     actor and critic MLPs for vector observations (N, D), as in the classic-control PPO references:
     through a shared torso, the critic's gradients (its targets, discounted returns, approach 1 /
-    (1 - gamma) on CartPole) swamp the policy's."""
+    (1 - gamma) on CartPole) swamp the policy's.
+
+    With a recurrent `core` (--core) it takes sequences, time-major (`cores`): `(obs (T, N, ...),
+    the state entering step 0, is_reset (T, N)) -> (logits, values, the state after step T - 1)`.
+    Images: the core after the torso's dense layers, linear heads (the IMPALA paper's deep agent,
+    without its last action and reward as inputs); vectors: a dense layer of `core_size` units
+    (ReLU), the core, then the separate MLPs (PureJaxRL's `ppo_rnn.py` has one such layer)."""
 
     channels: tuple[int, ...]
     hiddens: tuple[int, ...]
     num_actions: int
+    core: str = "none"
+    core_size: int = 256
 
     @nn.compact
-    def __call__(self, obs):
+    def __call__(self, obs, core_state=None, is_reset=None):
+        if self.core != "none":
+            return self.through_core(obs, core_state, is_reset)
         if obs.ndim != 4:
             x = obs.astype(jnp.float32)
             return MLP(self.hiddens, self.num_actions, 0.01)(x), MLP(self.hiddens, 1, 1.0)(x)[:, 0]
+        x = self.image_torso(obs)
+        logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(x)
+        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
+        return logits, value[:, 0]
+
+    def through_core(self, obs, core_state, is_reset):
+        steps_and_envs = obs.shape[:2]
+        flat = obs.reshape(-1, *obs.shape[2:])
+        if flat.ndim != 4:
+            dense = nn.Dense(self.core_size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))
+            x = nn.relu(dense(flat.astype(jnp.float32)))
+        else:
+            x = self.image_torso(flat)
+        core_state, x = cores.Core(self.core, self.core_size)(
+            core_state, x.reshape(*steps_and_envs, -1), is_reset
+        )
+        x = x.reshape(-1, self.core_size)
+        if flat.ndim != 4:
+            logits = MLP(self.hiddens, self.num_actions, 0.01)(x)
+            value = MLP(self.hiddens, 1, 1.0)(x)[:, 0]
+        else:
+            logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(x)
+            value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)[:, 0]
+        return logits.reshape(*steps_and_envs, -1), value.reshape(steps_and_envs), core_state
+
+    def image_torso(self, obs):
         if obs.dtype != jnp.uint8:
             x = MinAtarTorso(self.channels)(jnp.transpose(obs, (0, 2, 3, 1)))
         else:
@@ -259,9 +306,7 @@ class Network(nn.Module):
             x = nn.relu(x).reshape(x.shape[0], -1)
         for hidden in self.hiddens:
             x = nn.relu(nn.Dense(hidden, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
-        logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(x)
-        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
-        return logits, value[:, 0]
+        return x
 
 
 # === Actor ===
@@ -293,6 +338,8 @@ class Trajectories(NamedTuple):
     truncations: np.ndarray
     is_reset: np.ndarray
     env_ids: np.ndarray
+    first_core_state: Any = None
+    """with a recurrent core: the state each environment's first step met (None without one)"""
 
 
 class Rollout(NamedTuple):
@@ -307,6 +354,9 @@ class Rollout(NamedTuple):
     data: Trajectories
     record: Any
     timing: ActorTimes
+    next_core_state: Any = None
+    """with a recurrent core, the state after the rollout, on the host: a JAX environment's
+    checkpoint holds it"""
 
 
 def sample_actions(logits, key, step, env_ids):
@@ -323,14 +373,22 @@ class PolicyOutputs(NamedTuple):
     logprobs: jax.Array
 
 
-def policy_step(network, action_key, params, obs, env_ids, step, step_input):
+def policy_step(network, action_key, params, obs, env_ids, step, step_input, *core):
     """The policy's step on a batch of environments (`env_ids`, their global indices) at policy
     step `step`: the sampled actions and their log-probabilities (V-trace's behaviour policy μ).
-    `step_input` is unused (the compiled rollout's per-step input)."""
-    logits = network.apply(params, obs)[0]
+    `step_input` is unused (the compiled rollout's per-step input). With a recurrent core, `core`
+    is (the state, `is_reset`) and the step also returns the state after it (one step of the
+    sequence)."""
+    if core:
+        core_state, is_reset = core
+        logits, _, core_state = network.apply(params, obs[None], core_state, is_reset[None])
+        logits = logits[0]
+    else:
+        logits = network.apply(params, obs)[0]
     action = sample_actions(logits, action_key, step, env_ids)
     logprob = jax.nn.log_softmax(logits)[jnp.arange(action.shape[0]), action]
-    return action, PolicyOutputs(logprobs=logprob)
+    outputs = PolicyOutputs(logprobs=logprob)
+    return (action, outputs, core_state) if core else (action, outputs)
 
 
 def actor_thread(
@@ -345,17 +403,20 @@ def actor_thread(
     param_queue,
     rollout_queue,
     env_record,
+    core_state,
 ):
     """One actor thread (`start_actor_threads`) on `device`, playing the updates of `lag`:
     environments with global indices env_offset .. env_offset + local_num_envs - 1, their rollouts
     split among the local `learner_devices`. envpool's environments step in Python beside the
     policy's inference; a JAX environment's steps and the policy's run in one compiled program,
     continued from their part of `env_record` in a resumed run (None: a fresh run, or envpool's
-    environments)."""
+    environments). `core_state`: with a recurrent core, the run's environments' state before the
+    first rollout (zeros, or a resumed JAX environment's), else None."""
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     on_learner_devices = learner_sharding(learner_devices)
     num_slices = len(learner_devices)
     start_rollout = compiled_rollout.start if is_jax_env(args.env_id) else split_envs.start_splits
+    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
     envs = start_rollout(
         make_env,
         args,
@@ -365,8 +426,8 @@ def actor_thread(
         env_record=env_record,
         act=functools.partial(policy_step, network, action_key),
         device=device,
+        core_state=None if core_state is None else jax.tree.map(lambda x: x[env_ids], core_state),
     )
-    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
     # The observations with the one after the last step, which the learner evaluates with its
     # current parameters, env-major on the actor's device.
     with_next_obs = jax.jit(lambda obs, next_obs: jnp.concatenate([obs, next_obs[:, None]], axis=1))
@@ -394,6 +455,7 @@ def actor_thread(
             truncations=split(steps.truncations),
             is_reset=split(steps.is_reset),
             env_ids=split(env_ids),
+            first_core_state=jax.tree.map(split, played.first_core_state),
         )
         timing = ActorTimes(
             param_queue_get_time=param_queue_get_time,
@@ -407,21 +469,46 @@ def actor_thread(
             data=jax.device_put(data, on_learner_devices),
             record=played.record,
             timing=timing,
+            next_core_state=played.next_core_state,
         )
         queue_put(rollout_queue, rollout, run.stop)
 
 
+def network_of(args, num_actions: int) -> Network:
+    return Network(
+        args.channels,
+        args.hiddens,
+        num_actions,
+        core=args.core,
+        core_size=args.core_size,
+    )
+
+
 def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
-    """Plays one episode in each of `num_episodes` fresh environments with the sampled policy."""
+    """Plays one episode in each of `num_episodes` fresh environments with the sampled policy (with
+    a recurrent core, each episode from a zero state)."""
     envs = make_env(args, seed, num_episodes)
-    network = Network(args.channels, args.hiddens, envs.action_space.n)
+    network = network_of(args, envs.action_space.n)
     env_ids = jnp.arange(num_episodes)
+    key = jax.random.PRNGKey(seed)
+    if args.core == "none":
+        act = jax.jit(lambda p, o, step: sample_actions(network.apply(p, o)[0], key, step, env_ids))
+        return play_episodes(envs, num_episodes, lambda obs, step: act(params, obs, step))
+    # Each environment plays one episode: its state never resets.
+    no_reset = np.zeros(num_episodes, bool)
     act = jax.jit(
-        lambda p, o, step: sample_actions(
-            network.apply(p, o)[0], jax.random.PRNGKey(seed), step, env_ids
+        lambda p, o, step, state: policy_step(
+            network, key, p, o, env_ids, step, None, state, no_reset
         )
     )
-    return play_episodes(envs, num_episodes, lambda obs, step: act(params, obs, step))
+    core_state = cores.initial_state(args.core, args.core_size, num_episodes)
+
+    def recurrent_act(obs, step):
+        nonlocal core_state
+        action, _, core_state = act(params, obs, step, core_state)
+        return action
+
+    return play_episodes(envs, num_episodes, recurrent_act)
 
 
 # The model card of --upload-model: the algorithm, its papers and how `evaluate` acts.
@@ -479,6 +566,8 @@ class Batch(NamedTuple):
     terminations: jax.Array
     truncations: jax.Array
     valid: jax.Array
+    first_core_state: Any = None
+    """with a recurrent core: the state each environment's first step met"""
 
 
 def impala_loss(
@@ -497,12 +586,23 @@ def impala_loss(
     """Sums of per-sample losses over this device's valid samples, divided by the global count.
 
     The current parameters evaluate all T + 1 observations of each environment, so V-trace corrects
-    for the actor's policy having been older than the one being trained."""
+    for the actor's policy having been older than the one being trained. With a recurrent core, each
+    environment's sequence is replayed from the state its first step met, the state reset after
+    its reset steps as the actor's was (`cores`)."""
     num_envs_and_obs = batch.obs.shape[:2]
-    obs = batch.obs.reshape(-1, *batch.obs.shape[2:])
-    logits, values = apply_fn(params, obs)
-    logits = logits.reshape(*num_envs_and_obs, -1)
-    values = values.reshape(num_envs_and_obs)
+    if batch.first_core_state is None:
+        obs = batch.obs.reshape(-1, *batch.obs.shape[2:])
+        logits, values = apply_fn(params, obs)
+        logits = logits.reshape(*num_envs_and_obs, -1)
+        values = values.reshape(num_envs_and_obs)
+    else:
+        time_major = lambda x: jnp.swapaxes(x, 0, 1)
+        # The last observation follows the rollout's last step: its reset flag acts on no later one.
+        is_reset = jnp.pad(batch.valid == 0, ((0, 0), (0, 1)))
+        logits, values, _ = apply_fn(
+            params, time_major(batch.obs), batch.first_core_state, time_major(is_reset)
+        )
+        logits, values = time_major(logits), time_major(values)
     log_probs = jax.nn.log_softmax(logits[:, :-1])
     actions = batch.actions[..., None].astype(jnp.int32)
     logprob = jnp.take_along_axis(log_probs, actions, axis=-1)[..., 0]
@@ -546,9 +646,9 @@ def init_state(args: Args, sizes: Sizes):
     environments the checkpoint holds the learner state alone; on a JAX environment also the
     environments' state and the parameters sent last (`ON_RESUME_JAX_ENVS`)."""
     probe_env = make_env(args, args.seed, 1)
-    network = Network(args.channels, args.hiddens, probe_env.action_space.n)
-    params = network.init(
-        jax.random.fold_in(jax.random.PRNGKey(args.seed), 0), probe_env.reset()[0]
+    network = network_of(args, probe_env.action_space.n)
+    params = cores.init_network(
+        network, jax.random.fold_in(jax.random.PRNGKey(args.seed), 0), probe_env.reset()[0]
     )
     probe_env.close()
     learning_rate = lambda count: learning_rate_at(args, sizes, 1 + count // args.num_minibatches)
@@ -561,20 +661,30 @@ def init_state(args: Args, sizes: Sizes):
     optimizer = optax.MultiSteps(optimizer, args.gradient_accumulation_steps, use_grad_mean=False)
     state = TrainState.create(apply_fn=network.apply, params=params, tx=optimizer)
     if is_jax_env(args.env_id):
-        return network, kept_lag.run_origin(args, sizes, __file__, state, acting_params=params)
+        # With a recurrent core, the checkpoint holds every environment's state after the rollouts.
+        origin = kept_lag.run_origin(
+            args,
+            sizes,
+            __file__,
+            state,
+            acting_params=params,
+            actor_carry=first_core_state(args, sizes),
+        )
+        if origin.actor_carry is None:
+            origin = origin._replace(actor_carry=first_core_state(args, sizes))
+        return network, origin
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
     saved, counters = resume_or_start(args, state, identity, __file__)
-    return network, kept_lag.learner_origin(state if saved is None else saved, counters)
+    origin = kept_lag.learner_origin(state if saved is None else saved, counters)
+    # envpool's environments start anew on a resume, their cores' states with them.
+    return network, origin._replace(actor_carry=first_core_state(args, sizes))
 
 
-def minibatch_ids(key, env_ids, num_minibatches):
-    """Environment g goes to minibatch perm[g % M] of its block of M = num_minibatches consecutive
-    indices, perm being a random permutation keyed by the block: the global index alone decides, and
-    a device that holds whole blocks has equally many environments in every minibatch."""
-    block_permutation = lambda g: jax.random.permutation(
-        jax.random.fold_in(key, g // num_minibatches), num_minibatches
-    )
-    return jax.vmap(lambda g: block_permutation(g)[g % num_minibatches])(env_ids)
+def first_core_state(args: Args, sizes: Sizes):
+    """Every environment's core state before its first step: zeros (`cores`); () without a core."""
+    if args.core == "none":
+        return ()
+    return jax.device_get(cores.initial_state(args.core, args.core_size, sizes.num_envs))
 
 
 def make_update(args: Args, learner_devices: list, rolled: bool, on_step_timed=None):
@@ -600,6 +710,7 @@ def make_update(args: Args, learner_devices: list, rolled: bool, on_step_timed=N
             terminations=data.terminations.astype(jnp.float32),
             truncations=data.truncations.astype(jnp.float32),
             valid=1.0 - data.is_reset.astype(jnp.float32),
+            first_core_state=data.first_core_state,
         )
         ids = minibatch_ids(
             jax.random.fold_in(learner_key, update), data.env_ids, args.num_minibatches
@@ -716,6 +827,7 @@ def train(args: Args):
         network=network,
         learner_devices=learner_devices,
         env_record=origin.env_record,
+        core_state=None if args.core == "none" else origin.actor_carry,
     )
     with run.learner_loop(actors.threads) as end:
         actors.send_first(first_replica(state.params), acting_params=origin.acting_params)
@@ -728,7 +840,12 @@ def train(args: Args):
             if is_jax_env(args.env_id):
                 # Every process's environments after the rollouts, in global env order.
                 record = gathered_rollouts([r.record for r in rollouts], args.distributed)
-                saved = Continuation(state, actors.last_sent, record)
+                core_state = ()
+                if args.core != "none":
+                    core_state = gathered_rollouts(
+                        [r.next_core_state for r in rollouts], args.distributed
+                    )
+                saved = Continuation(state, actors.last_sent, record, actor_carry=core_state)
             jax.block_until_ready(state)
             learner_times = LearnerTimes(
                 rollout_queue_get_time=rollout_queue_get_time,

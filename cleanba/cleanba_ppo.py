@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import os
 import time
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -23,6 +23,7 @@ from flax.training.train_state import TrainState
 from cleanba_utils import (
     accelerators,
     compiled_rollout,
+    cores,
     distributed,
     hub,
     kept_lag,
@@ -40,7 +41,7 @@ from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, start_actor_thr
 from cleanba_utils.huge_pages import restart_with_huge_pages
 from cleanba_utils.kept_lag import Continuation
 from cleanba_utils.max_pool import max_pool_3x3_stride_2
-from cleanba_utils.microbatches import microbatch_update, rolls
+from cleanba_utils.microbatches import microbatch_update, minibatch_ids, rolls
 from cleanba_utils.run import open_run
 from cleanba_utils.run_args import GYMNASIUM_IMAGES, RUN_NEEDS, DeviceArgs
 from cleanba_utils.run_logs import LearnerTimes
@@ -115,6 +116,14 @@ class Args(DeviceArgs):
     """the sizes of the dense layers after the torso (images; default 256 after the ResNet, 128
     after MinAtar's convolution), or of the hidden layers of each of the separate actor and critic
     MLPs (vector observations; default 256)"""
+    core: Literal["none", "lstm", "gru"] = "none"
+    """a recurrent core between the torso and the heads (cleanba_utils/cores.py), its state carried
+    per environment and reset where an episode starts: for tasks whose observation does not show
+    all the agent needs. With one, a minibatch is a set of whole environment sequences, which the
+    loss replays from the state their first step met"""
+    core_size: int = positive(256)
+    """the units of the core (the IMPALA paper's LSTM: 256); for vector observations, also of the
+    dense layer before it"""
 
     gradient_accumulation_steps: int | None = positive(None)
     """split each minibatch into this many microbatches whose gradients are summed before one
@@ -137,6 +146,7 @@ NEEDS = {
     **RUN_NEEDS,
     "frame_stack": GYMNASIUM_IMAGES,
     "channels": parsing.IMAGE_OBSERVATIONS,
+    "core_size": cores.A_CORE,
 }
 
 
@@ -171,7 +181,16 @@ def validate_layout(args: Args):
     sizes = sizes_of(args, jax.process_count())
     parsing.check_devices(args, sizes.num_updates, sizes.steps_per_update)
     microbatches = args.num_minibatches * args.gradient_accumulation_steps
-    if args.num_steps % microbatches:
+    envs_per_device = args.local_num_envs // len(args.learner_device_ids)
+    if args.core != "none" and envs_per_device % microbatches:
+        fail(
+            f"--local-num-envs {args.local_num_envs} over {len(args.learner_device_ids)} learner "
+            f"device(s) gives {envs_per_device} envs per device, not divisible by "
+            f"--num-minibatches {args.num_minibatches} x --gradient-accumulation-steps "
+            f"{args.gradient_accumulation_steps}: with --core {args.core} every device puts "
+            "equally many whole environment sequences in each microbatch"
+        )
+    if args.core == "none" and args.num_steps % microbatches:
         fail(
             f"--num-steps {args.num_steps} must be divisible by --num-minibatches "
             f"{args.num_minibatches} x --gradient-accumulation-steps "
@@ -242,17 +261,53 @@ class Network(nn.Module):
     Young & Tian's (2019) MinAtar torso for small float images (MinAtar's 10x10 channels); separate
     actor and critic MLPs for vector observations (N, D), as in the classic-control PPO references:
     through a shared torso, the critic's gradients (its targets, discounted returns, approach 1 /
-    (1 - gamma) on CartPole) swamp the policy's."""
+    (1 - gamma) on CartPole) swamp the policy's.
+
+    With a recurrent `core` (--core) it takes sequences, time-major (`cores`): `(obs (T, N, ...),
+    the state entering step 0, is_reset (T, N)) -> (logits, values, the state after step T - 1)`.
+    Images: the core after the torso's dense layers, linear heads (the IMPALA paper's deep agent,
+    without its last action and reward as inputs); vectors: a dense layer of `core_size` units
+    (ReLU), the core, then the separate MLPs (PureJaxRL's `ppo_rnn.py` has one such layer)."""
 
     channels: tuple[int, ...]
     hiddens: tuple[int, ...]
     num_actions: int
+    core: str = "none"
+    core_size: int = 256
 
     @nn.compact
-    def __call__(self, obs):
+    def __call__(self, obs, core_state=None, is_reset=None):
+        if self.core != "none":
+            return self.through_core(obs, core_state, is_reset)
         if obs.ndim != 4:
             x = obs.astype(jnp.float32)
             return MLP(self.hiddens, self.num_actions, 0.01)(x), MLP(self.hiddens, 1, 1.0)(x)[:, 0]
+        x = self.image_torso(obs)
+        logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(x)
+        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
+        return logits, value[:, 0]
+
+    def through_core(self, obs, core_state, is_reset):
+        steps_and_envs = obs.shape[:2]
+        flat = obs.reshape(-1, *obs.shape[2:])
+        if flat.ndim != 4:
+            dense = nn.Dense(self.core_size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))
+            x = nn.relu(dense(flat.astype(jnp.float32)))
+        else:
+            x = self.image_torso(flat)
+        core_state, x = cores.Core(self.core, self.core_size)(
+            core_state, x.reshape(*steps_and_envs, -1), is_reset
+        )
+        x = x.reshape(-1, self.core_size)
+        if flat.ndim != 4:
+            logits = MLP(self.hiddens, self.num_actions, 0.01)(x)
+            value = MLP(self.hiddens, 1, 1.0)(x)[:, 0]
+        else:
+            logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(x)
+            value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)[:, 0]
+        return logits.reshape(*steps_and_envs, -1), value.reshape(steps_and_envs), core_state
+
+    def image_torso(self, obs):
         if obs.dtype != jnp.uint8:
             x = MinAtarTorso(self.channels)(jnp.transpose(obs, (0, 2, 3, 1)))
         else:
@@ -262,9 +317,7 @@ class Network(nn.Module):
             x = nn.relu(x).reshape(x.shape[0], -1)
         for hidden in self.hiddens:
             x = nn.relu(nn.Dense(hidden, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
-        logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01))(x)
-        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
-        return logits, value[:, 0]
+        return x
 
 
 # === Actor ===
@@ -296,6 +349,8 @@ class Trajectories(NamedTuple):
     truncations: np.ndarray
     is_reset: np.ndarray
     env_ids: np.ndarray
+    first_core_state: Any = None
+    """with a recurrent core: the state each environment's first step met (None without one)"""
 
 
 class Rollout(NamedTuple):
@@ -310,6 +365,9 @@ class Rollout(NamedTuple):
     data: Trajectories
     record: Any
     timing: ActorTimes
+    next_core_state: Any = None
+    """with a recurrent core, the state after the rollout, on the host: a JAX environment's
+    checkpoint holds it"""
 
 
 def sample_actions(logits, key, step, env_ids):
@@ -327,14 +385,30 @@ class PolicyOutputs(NamedTuple):
     values: jax.Array
 
 
-def policy_step(network, action_key, params, obs, env_ids, step, step_input):
+def policy_step(network, action_key, params, obs, env_ids, step, step_input, *core):
     """The policy's step on a batch of environments (`env_ids`, their global indices) at policy
     step `step`: the sampled actions, their log-probabilities and the values. `step_input` is
-    unused (the compiled rollout's per-step input)."""
-    logits, value = network.apply(params, obs)
+    unused (the compiled rollout's per-step input). With a recurrent core, `core` is (the state,
+    `is_reset`) and the step also returns the state after it (one step of the sequence)."""
+    if core:
+        core_state, is_reset = core
+        logits, value, core_state = network.apply(params, obs[None], core_state, is_reset[None])
+        logits, value = logits[0], value[0]
+    else:
+        logits, value = network.apply(params, obs)
     action = sample_actions(logits, action_key, step, env_ids)
     logprob = jax.nn.log_softmax(logits)[jnp.arange(action.shape[0]), action]
-    return action, PolicyOutputs(logprobs=logprob, values=value)
+    outputs = PolicyOutputs(logprobs=logprob, values=value)
+    return (action, outputs, core_state) if core else (action, outputs)
+
+
+def bootstrap_value(network, params, obs, *core_state):
+    """The critic's value of the observation after the rollout's last step (with a recurrent core,
+    from the state after that step)."""
+    if core_state:
+        no_reset = jnp.zeros((1, obs.shape[0]), bool)
+        return network.apply(params, obs[None], core_state[0], no_reset)[1][0]
+    return network.apply(params, obs)[1]
 
 
 def actor_thread(
@@ -349,17 +423,20 @@ def actor_thread(
     param_queue,
     rollout_queue,
     env_record,
+    core_state,
 ):
     """One actor thread (`start_actor_threads`) on `device`, playing the updates of `lag`:
     environments with global indices env_offset .. env_offset + local_num_envs - 1, their rollouts
     split among the local `learner_devices`. envpool's environments step in Python beside the
     policy's inference; a JAX environment's steps and the policy's run in one compiled program,
     continued from their part of `env_record` in a resumed run (None: a fresh run, or envpool's
-    environments)."""
+    environments). `core_state`: with a recurrent core, the run's environments' state before the
+    first rollout (zeros, or a resumed JAX environment's), else None."""
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     on_learner_devices = learner_sharding(learner_devices)
     num_slices = len(learner_devices)
     start_rollout = compiled_rollout.start if is_jax_env(args.env_id) else split_envs.start_splits
+    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
     envs = start_rollout(
         make_env,
         args,
@@ -368,10 +445,10 @@ def actor_thread(
         env_offset=env_offset,
         env_record=env_record,
         act=functools.partial(policy_step, network, action_key),
-        bootstrap=lambda params, obs: network.apply(params, obs)[1],
+        bootstrap=functools.partial(bootstrap_value, network),
         device=device,
+        core_state=None if core_state is None else jax.tree.map(lambda x: x[env_ids], core_state),
     )
-    env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
 
     for update in lag.updates():
         param_wait_start = time.time()
@@ -397,6 +474,7 @@ def actor_thread(
             truncations=split(steps.truncations),
             is_reset=split(steps.is_reset),
             env_ids=split(env_ids),
+            first_core_state=jax.tree.map(split, played.first_core_state),
         )
         timing = ActorTimes(
             param_queue_get_time=param_queue_get_time,
@@ -410,21 +488,46 @@ def actor_thread(
             data=jax.device_put(data, on_learner_devices),
             record=played.record,
             timing=timing,
+            next_core_state=played.next_core_state,
         )
         queue_put(rollout_queue, rollout, run.stop)
 
 
+def network_of(args, num_actions: int) -> Network:
+    return Network(
+        args.channels,
+        args.hiddens,
+        num_actions,
+        core=args.core,
+        core_size=args.core_size,
+    )
+
+
 def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
-    """Plays one episode in each of `num_episodes` fresh environments with the sampled policy."""
+    """Plays one episode in each of `num_episodes` fresh environments with the sampled policy (with
+    a recurrent core, each episode from a zero state)."""
     envs = make_env(args, seed, num_episodes)
-    network = Network(args.channels, args.hiddens, envs.action_space.n)
+    network = network_of(args, envs.action_space.n)
     env_ids = jnp.arange(num_episodes)
+    key = jax.random.PRNGKey(seed)
+    if args.core == "none":
+        act = jax.jit(lambda p, o, step: sample_actions(network.apply(p, o)[0], key, step, env_ids))
+        return play_episodes(envs, num_episodes, lambda obs, step: act(params, obs, step))
+    # Each environment plays one episode: its state never resets.
+    no_reset = np.zeros(num_episodes, bool)
     act = jax.jit(
-        lambda p, o, step: sample_actions(
-            network.apply(p, o)[0], jax.random.PRNGKey(seed), step, env_ids
+        lambda p, o, step, state: policy_step(
+            network, key, p, o, env_ids, step, None, state, no_reset
         )
     )
-    return play_episodes(envs, num_episodes, lambda obs, step: act(params, obs, step))
+    core_state = cores.initial_state(args.core, args.core_size, num_episodes)
+
+    def recurrent_act(obs, step):
+        nonlocal core_state
+        action, _, core_state = act(params, obs, step, core_state)
+        return action
+
+    return play_episodes(envs, num_episodes, recurrent_act)
 
 
 # The model card of --upload-model: the algorithm, its papers and how `evaluate` acts.
@@ -451,7 +554,8 @@ def gae(rewards, values, terminations, truncations, *, gamma, gae_lambda):
 
 class Batch(NamedTuple):
     """Samples (envs, steps) of the learner: what the actor played, with the rollout's values, the
-    GAE returns and advantages, and `valid` (0 on envpool's reset steps, which do not count)."""
+    GAE returns and advantages, and `valid` (0 on envpool's reset steps, which do not count). With
+    a recurrent core, whole environment sequences and the state their first step met."""
 
     obs: jax.Array
     actions: jax.Array
@@ -460,14 +564,25 @@ class Batch(NamedTuple):
     returns: jax.Array
     advantages: jax.Array
     valid: jax.Array
+    first_core_state: Any = None
 
 
 def ppo_loss(params, apply_fn, batch: Batch, count, *, clip_coef, ent_coef, vf_coef, clip_vloss):
-    """Sums of per-sample losses over this device's valid samples, divided by the global count."""
-    obs = batch.obs.reshape(-1, *batch.obs.shape[2:])
-    logits, value = apply_fn(params, obs)
-    logits = logits.reshape(*batch.actions.shape, -1)
-    value = value.reshape(batch.actions.shape)
+    """Sums of per-sample losses over this device's valid samples, divided by the global count.
+    With a recurrent core, each environment's sequence replayed from the state its first step met,
+    the state reset after its reset steps as the actor's was (`cores`)."""
+    if batch.first_core_state is None:
+        obs = batch.obs.reshape(-1, *batch.obs.shape[2:])
+        logits, value = apply_fn(params, obs)
+        logits = logits.reshape(*batch.actions.shape, -1)
+        value = value.reshape(batch.actions.shape)
+    else:
+        time_major = lambda x: jnp.swapaxes(x, 0, 1)
+        is_reset = batch.valid == 0
+        logits, value, _ = apply_fn(
+            params, time_major(batch.obs), batch.first_core_state, time_major(is_reset)
+        )
+        logits, value = time_major(logits), time_major(value)
     log_probs = jax.nn.log_softmax(logits)
     actions = batch.actions[..., None].astype(jnp.int32)
     logprob = jnp.take_along_axis(log_probs, actions, axis=-1)[..., 0]
@@ -504,9 +619,9 @@ def init_state(args: Args, sizes: Sizes):
     environments the checkpoint holds the learner state alone; on a JAX environment also the
     environments' state and the parameters sent last (`ON_RESUME_JAX_ENVS`)."""
     probe_env = make_env(args, args.seed, 1)
-    network = Network(args.channels, args.hiddens, probe_env.action_space.n)
-    params = network.init(
-        jax.random.fold_in(jax.random.PRNGKey(args.seed), 0), probe_env.reset()[0]
+    network = network_of(args, probe_env.action_space.n)
+    params = cores.init_network(
+        network, jax.random.fold_in(jax.random.PRNGKey(args.seed), 0), probe_env.reset()[0]
     )
     probe_env.close()
     optimizer_steps_per_update = args.update_epochs * args.num_minibatches
@@ -522,10 +637,30 @@ def init_state(args: Args, sizes: Sizes):
     optimizer = optax.MultiSteps(optimizer, args.gradient_accumulation_steps, use_grad_mean=False)
     state = TrainState.create(apply_fn=network.apply, params=params, tx=optimizer)
     if is_jax_env(args.env_id):
-        return network, kept_lag.run_origin(args, sizes, __file__, state, acting_params=params)
+        # With a recurrent core, the checkpoint holds every environment's state after the rollouts.
+        origin = kept_lag.run_origin(
+            args,
+            sizes,
+            __file__,
+            state,
+            acting_params=params,
+            actor_carry=first_core_state(args, sizes),
+        )
+        if origin.actor_carry is None:
+            origin = origin._replace(actor_carry=first_core_state(args, sizes))
+        return network, origin
     identity = dict(sizes=dataclasses.asdict(sizes), seed=args.seed)
     saved, counters = resume_or_start(args, state, identity, __file__)
-    return network, kept_lag.learner_origin(state if saved is None else saved, counters)
+    origin = kept_lag.learner_origin(state if saved is None else saved, counters)
+    # envpool's environments start anew on a resume, their cores' states with them.
+    return network, origin._replace(actor_carry=first_core_state(args, sizes))
+
+
+def first_core_state(args: Args, sizes: Sizes):
+    """Every environment's core state before its first step: zeros (`cores`); () without a core."""
+    if args.core == "none":
+        return ()
+    return jax.device_get(cores.initial_state(args.core, args.core_size, sizes.num_envs))
 
 
 def take_steps(x, steps):
@@ -543,7 +678,11 @@ def make_update(args: Args, learner_devices: list, rolled: bool, on_step_timed=N
     steps are permuted by its own key and cut into `num_minibatches` chunks; a minibatch is the
     union of every environment's chunk, a microbatch the union of a sub-chunk), and every mean is a
     global one (psum of sums over psum of counts), so the number of learner devices changes the
-    result only by float rounding. `rolled` and `on_step_timed`: see `microbatch_update`."""
+    result only by float rounding. `rolled` and `on_step_timed`: see `microbatch_update`.
+
+    With a recurrent core a minibatch is a set of whole environment sequences instead (each
+    environment's minibatch from its global index, `minibatch_ids`, as IMPALA's), and a
+    microbatch a subset of them."""
     learner_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 2)
     minibatch_steps = args.num_steps // args.num_minibatches
     microbatch_steps = minibatch_steps // args.gradient_accumulation_steps
@@ -559,16 +698,7 @@ def make_update(args: Args, learner_devices: list, rolled: bool, on_step_timed=N
             data.truncations.astype(jnp.float32),
         )
         valid = 1.0 - data.is_reset.astype(jnp.float32)
-        # Every epoch shuffles each environment's steps with a key of its own.
         epoch_keys = jax.random.fold_in(learner_key, update)
-        shuffled = jax.vmap(
-            lambda epoch: jax.vmap(
-                lambda env_id: jax.random.permutation(
-                    jax.random.fold_in(jax.random.fold_in(epoch_keys, epoch), env_id),
-                    args.num_steps,
-                )
-            )(data.env_ids)
-        )(jnp.arange(args.update_epochs))
         batch = Batch(
             obs=data.obs,
             actions=data.actions,
@@ -577,41 +707,77 @@ def make_update(args: Args, learner_devices: list, rolled: bool, on_step_timed=N
             returns=returns,
             advantages=advantages,
             valid=valid,
+            first_core_state=data.first_core_state,
         )
+        if args.core != "none":
+            # Every epoch deals the environments into minibatches: minibatch m is the m-th block of
+            # the epoch's order.
+            orders = jax.vmap(
+                lambda epoch: jnp.argsort(
+                    minibatch_ids(
+                        jax.random.fold_in(epoch_keys, epoch), data.env_ids, args.num_minibatches
+                    ),
+                    stable=True,
+                )
+            )(jnp.arange(args.update_epochs))
+            return batch, orders
+        # Every epoch shuffles each environment's steps with a key of its own.
+        shuffled = jax.vmap(
+            lambda epoch: jax.vmap(
+                lambda env_id: jax.random.permutation(
+                    jax.random.fold_in(jax.random.fold_in(epoch_keys, epoch), env_id),
+                    args.num_steps,
+                )
+            )(data.env_ids)
+        )(jnp.arange(args.update_epochs))
         return batch, shuffled
 
     def microbatch_step(state, prepared, update, epoch, minibatch, microbatch):
         """One microbatch of one minibatch of one epoch: its gradient, summed over the devices,
         accumulated into the minibatch's optimizer step."""
-        batch, every_epoch_shuffled = prepared
-        # Minibatch m takes the m-th chunk of every environment's shuffled steps, and microbatch k
-        # the k-th sub-chunk.
-        shuffled = every_epoch_shuffled[epoch]
-        in_minibatch = jax.lax.dynamic_slice_in_dim(
-            shuffled, minibatch * minibatch_steps, minibatch_steps, axis=1
-        )
-        in_microbatch = jax.lax.dynamic_slice_in_dim(
-            in_minibatch, microbatch * microbatch_steps, microbatch_steps, axis=1
-        )
+        batch, every_epoch_order = prepared
+        order = every_epoch_order[epoch]
+        if args.core == "none":
+            # Minibatch m takes the m-th chunk of every environment's shuffled steps, and microbatch
+            # k the k-th sub-chunk.
+            in_minibatch = jax.lax.dynamic_slice_in_dim(
+                order, minibatch * minibatch_steps, minibatch_steps, axis=1
+            )
+            part_of_minibatch = lambda x: jax.lax.dynamic_slice_in_dim(
+                x, microbatch * microbatch_steps, microbatch_steps, axis=1
+            )
+            take = take_steps
+        else:
+            # Minibatch m takes the m-th block of environments, whole sequences, and microbatch k
+            # the k-th sub-block.
+            envs_per_minibatch = order.shape[0] // args.num_minibatches
+            envs_per_microbatch = envs_per_minibatch // args.gradient_accumulation_steps
+            in_minibatch = jax.lax.dynamic_slice_in_dim(
+                order, minibatch * envs_per_minibatch, envs_per_minibatch
+            )
+            part_of_minibatch = lambda x: jax.lax.dynamic_slice_in_dim(
+                x, microbatch * envs_per_microbatch, envs_per_microbatch
+            )
+            take = lambda x, envs: x[envs]
+        in_microbatch = part_of_minibatch(in_minibatch)
         # The count and the advantage statistics are the whole minibatch's, so that K microbatches
         # sum to exactly the gradient of their minibatch.
-        valid = take_steps(batch.valid, in_minibatch)
-        advantages = take_steps(batch.advantages, in_minibatch)
+        valid = take(batch.valid, in_minibatch)
+        advantages = take(batch.advantages, in_minibatch)
         count = jnp.maximum(jax.lax.psum(valid.sum(), "devices"), 1.0)
         if args.norm_adv:
             mean = jax.lax.psum((advantages * valid).sum(), "devices") / count
             var = jax.lax.psum((((advantages - mean) ** 2) * valid).sum(), "devices") / count
             advantages = (advantages - mean) / (jnp.sqrt(var) + 1e-8)
         samples = Batch(
-            obs=take_steps(batch.obs, in_microbatch),
-            actions=take_steps(batch.actions, in_microbatch),
-            logprobs=take_steps(batch.logprobs, in_microbatch),
-            values=take_steps(batch.values, in_microbatch),
-            returns=take_steps(batch.returns, in_microbatch),
-            advantages=jax.lax.dynamic_slice_in_dim(
-                advantages, microbatch * microbatch_steps, microbatch_steps, axis=1
-            ),
-            valid=take_steps(batch.valid, in_microbatch),
+            obs=take(batch.obs, in_microbatch),
+            actions=take(batch.actions, in_microbatch),
+            logprobs=take(batch.logprobs, in_microbatch),
+            values=take(batch.values, in_microbatch),
+            returns=take(batch.returns, in_microbatch),
+            advantages=part_of_minibatch(advantages),
+            valid=take(batch.valid, in_microbatch),
+            first_core_state=jax.tree.map(lambda x: x[in_microbatch], batch.first_core_state),
         )
         grads, metrics = jax.grad(ppo_loss, has_aux=True)(
             state.params,
@@ -707,6 +873,7 @@ def train(args: Args):
         network=network,
         learner_devices=learner_devices,
         env_record=origin.env_record,
+        core_state=None if args.core == "none" else origin.actor_carry,
     )
     with run.learner_loop(actors.threads) as end:
         actors.send_first(first_replica(state.params), acting_params=origin.acting_params)
@@ -719,7 +886,12 @@ def train(args: Args):
             if is_jax_env(args.env_id):
                 # Every process's environments after the rollouts, in global env order.
                 record = gathered_rollouts([r.record for r in rollouts], args.distributed)
-                saved = Continuation(state, actors.last_sent, record)
+                core_state = ()
+                if args.core != "none":
+                    core_state = gathered_rollouts(
+                        [r.next_core_state for r in rollouts], args.distributed
+                    )
+                saved = Continuation(state, actors.last_sent, record, actor_carry=core_state)
             jax.block_until_ready(state)
             learner_times = LearnerTimes(
                 rollout_queue_get_time=rollout_queue_get_time,

@@ -32,7 +32,7 @@ import dataclasses
 import functools
 import os
 import time
-from typing import NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import flax.linen as nn
 import flax.serialization
@@ -43,7 +43,15 @@ import optax
 import rlax
 from flax.training.train_state import TrainState
 
-from cleanba_utils import compiled_rollout, distributed, hub, kept_lag, parsing, split_envs
+from cleanba_utils import (
+    compiled_rollout,
+    cores,
+    distributed,
+    hub,
+    kept_lag,
+    parsing,
+    split_envs,
+)
 from cleanba_utils.devices import first_replica, gathered_rollouts, learner_sharding, replicate
 from cleanba_utils.env_ids import is_gymnasium_env
 from cleanba_utils.env_records import EnvRecord
@@ -53,6 +61,7 @@ from cleanba_utils.evaluation_episodes import play_episodes
 from cleanba_utils.fields import in_range, non_negative, positive
 from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, start_actor_threads
 from cleanba_utils.kept_lag import Continuation
+from cleanba_utils.microbatches import minibatch_ids
 from cleanba_utils.run import open_run
 from cleanba_utils.run_args import RUN_NEEDS, DeviceArgs
 from cleanba_utils.run_logs import LearnerTimes
@@ -113,12 +122,21 @@ class Args(DeviceArgs):
     """the maximum global norm of the gradient"""
     hiddens: tuple[int, ...] = (64, 64)
     """the sizes of the tanh hidden layers of each of the separate actor and critic MLPs"""
+    core: Literal["none", "lstm", "gru"] = "none"
+    """a recurrent core before the actor and critic MLPs (cleanba_utils/cores.py), its state
+    carried per environment and reset where an episode starts: for tasks whose observation does not
+    show all the agent needs. With one, a minibatch is a set of whole environment sequences, which
+    the loss replays from the state their first step met (so --num-minibatches must divide the
+    environments of each learner device)"""
+    core_size: int = positive(256)
+    """the units of the core, and of the dense layer (ReLU) before it"""
 
 
 # The options that act only in some configurations, with what each needs: `validate` refuses one
 # set away from its default where its need does not hold.
 NEEDS = {
     **RUN_NEEDS,
+    "core_size": cores.A_CORE,
 }
 
 
@@ -148,7 +166,16 @@ def validate_layout(args: Args):
     """The checks that need the devices (and, with --distributed, the number of processes)."""
     sizes = sizes_of(args, jax.process_count())
     parsing.check_devices(args, sizes.num_updates, sizes.steps_per_update)
-    if args.num_steps % args.num_minibatches:
+    envs_per_device = args.local_num_envs // len(args.learner_device_ids)
+    if args.core != "none" and envs_per_device % args.num_minibatches:
+        fail(
+            f"--local-num-envs {args.local_num_envs} over {len(args.learner_device_ids)} learner "
+            f"device(s) gives {envs_per_device} envs per device, not divisible by "
+            f"--num-minibatches {args.num_minibatches}: with --core {args.core} a minibatch holds "
+            "whole environment sequences (set --num-minibatches to a divisor, or more "
+            "--local-num-envs)"
+        )
+    if args.core == "none" and args.num_steps % args.num_minibatches:
         fail(
             f"--num-steps {args.num_steps} must be divisible by --num-minibatches "
             f"{args.num_minibatches}: a minibatch takes an equal chunk of every environment's steps"
@@ -242,17 +269,33 @@ class MLP(nn.Module):
 
 class Network(nn.Module):
     """Separate actor and critic MLPs on normalized observations (N, D): the actor gives the mean of
-    a diagonal Gaussian, its log standard deviation a state-independent parameter (initially 0)."""
+    a diagonal Gaussian, its log standard deviation a state-independent parameter (initially 0).
+
+    With a recurrent `core` (--core) it takes sequences, time-major (`cores`): `(obs (T, N, D), the
+    state entering step 0, is_reset (T, N)) -> (mean, log_std, values, the state after step T -
+    1)`, the MLPs on the core's outputs after a dense layer of `core_size` units (ReLU) and the
+    core (PureJaxRL's `ppo_rnn.py`'s embedding and GRU)."""
 
     hiddens: tuple[int, ...]
     action_dim: int
+    core: str = "none"
+    core_size: int = 256
 
     @nn.compact
-    def __call__(self, obs):
-        mean = MLP(self.hiddens, self.action_dim, 0.01)(obs)
+    def __call__(self, obs, core_state=None, is_reset=None):
+        x = obs
+        if self.core != "none":
+            steps_and_envs = obs.shape[:2]
+            dense = nn.Dense(self.core_size, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))
+            x = nn.relu(dense(obs))
+            core_state, x = cores.Core(self.core, self.core_size)(core_state, x, is_reset)
+            x = x.reshape(-1, self.core_size)
+        mean = MLP(self.hiddens, self.action_dim, 0.01)(x)
         log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
-        value = MLP(self.hiddens, 1, 1.0)(obs)[:, 0]
-        return mean, log_std, value
+        value = MLP(self.hiddens, 1, 1.0)(x)[:, 0]
+        if self.core == "none":
+            return mean, log_std, value
+        return mean.reshape(*steps_and_envs, -1), log_std, value.reshape(steps_and_envs), core_state
 
 
 def log_2pi(dtype):
@@ -296,9 +339,18 @@ def policy_from_dict(saved: dict) -> Policy:
     )
 
 
-def policy_outputs(network: Network, policy: Policy, obs):
-    """The network on observations normalized with the policy's statistics: mean, log_std, value."""
-    return network.apply(policy.params, normalize_observations(policy.normalizer.obs, obs))
+def policy_outputs(network: Network, policy: Policy, obs, *core):
+    """The network on observations normalized with the policy's statistics: mean, log_std, value.
+    With a recurrent core, `core` is (the state, `is_reset`), and the state after the step follows
+    (one step of the sequence)."""
+    obs = normalize_observations(policy.normalizer.obs, obs)
+    if not core:
+        return network.apply(policy.params, obs)
+    core_state, is_reset = core
+    mean, log_std, value, core_state = network.apply(
+        policy.params, obs[None], core_state, is_reset[None]
+    )
+    return mean[0], log_std, value[0], core_state
 
 
 def sample_actions(mean, log_std, key, step, env_ids):
@@ -326,6 +378,8 @@ class Trajectories(NamedTuple):
     truncations: np.ndarray
     is_reset: np.ndarray
     env_ids: np.ndarray
+    first_core_state: Any = None
+    """with a recurrent core: the state each environment's first step met (None without one)"""
 
 
 class Rollout(NamedTuple):
@@ -343,6 +397,8 @@ class Rollout(NamedTuple):
     discounted_return: np.ndarray
     """each environment's discounted return after the rollout, which scales its next rewards"""
     timing: ActorTimes
+    next_core_state: Any = None
+    """with a recurrent core, its state after the rollout, on the host (for a checkpoint)"""
 
 
 class PolicyOutputs(NamedTuple):
@@ -354,14 +410,25 @@ class PolicyOutputs(NamedTuple):
     values: jax.Array
 
 
-def act(network: Network, key, low, high, policy: Policy, obs, env_ids, step, _):
+def act(network: Network, key, low, high, policy: Policy, obs, env_ids, step, _, *core):
     """One step of the compiled rollout (`compiled_rollout`): the sampled actions, clipped to the
-    action bounds (in the task's action type) for the environments."""
-    mean, log_std, value = policy_outputs(network, policy, obs)
+    action bounds (in the task's action type) for the environments. With a recurrent core, `core`
+    is (the state, `is_reset`) and the state after the step follows."""
+    mean, log_std, value, *core_state = policy_outputs(network, policy, obs, *core)
     action = sample_actions(mean=mean, log_std=log_std, key=key, step=step, env_ids=env_ids)
     env_action = jnp.clip(action.astype(low.dtype), low, high)
     logprob = gaussian_log_prob(mean, log_std, action)
-    return env_action, PolicyOutputs(actions=action, logprobs=logprob, values=value)
+    outputs = PolicyOutputs(actions=action, logprobs=logprob, values=value)
+    return env_action, outputs, *core_state
+
+
+def bootstrap_value(network: Network, policy: Policy, obs, *core_state):
+    """The critic's value of the observation after the rollout's last step (with a recurrent core,
+    from the state after that step)."""
+    if core_state:
+        no_reset = jnp.zeros(obs.shape[0], bool)
+        return policy_outputs(network, policy, obs, core_state[0], no_reset)[2]
+    return policy_outputs(network, policy, obs)[2]
 
 
 def actor_thread(
@@ -377,6 +444,7 @@ def actor_thread(
     rollout_queue,
     env_record,
     discounted_returns,
+    core_state,
 ):
     """One actor thread (`start_actor_threads`) on `device`, playing the updates of `lag`:
     environments with global indices env_offset .. env_offset + local_num_envs - 1 in a compiled
@@ -385,7 +453,8 @@ def actor_thread(
     the checkpoint, and of `discounted_returns` (None: a fresh run). The policy's actions are stored
     unclipped (their log-probabilities are the Gaussian's); the environments receive them clipped to
     the action bounds. Which policy plays which rollout: `cleanba_utils.handoff`, with
-    `ON_RESUME`."""
+    `ON_RESUME`. `core_state`: with a recurrent core, every environment's state before the first
+    rollout (zeros, or the checkpoint's), else None."""
     action_key = jax.random.fold_in(jax.random.PRNGKey(args.seed), 1)
     on_learner_devices = learner_sharding(learner_devices)
     # Each environment's discounted return, restarted with each episode: a resumed run's from the
@@ -409,7 +478,8 @@ def actor_thread(
         env_offset=env_offset,
         env_record=env_record,
         act=functools.partial(act, network, action_key, action_space.low, action_space.high),
-        bootstrap=lambda policy, obs: policy_outputs(network, policy, obs)[2],
+        bootstrap=functools.partial(bootstrap_value, network),
+        core_state=None if core_state is None else jax.tree.map(lambda x: x[own_envs], core_state),
     )
     for update in lag.updates():
         param_wait_start = time.time()
@@ -426,18 +496,19 @@ def actor_thread(
             discounted_return = discounted_return * args.gamma + steps.rewards[:, step]
             discounted_returns[:, step] = discounted_return
             discounted_return[steps.terminations[:, step] | steps.truncations[:, step]] = 0.0
-        bootstrap_value = np.asarray(played.bootstrap_value)[:, None]
+        last_value = np.asarray(played.bootstrap_value)[:, None]
         data = Trajectories(
             obs=steps.obs,
             actions=steps.outputs.actions,
             logprobs=steps.outputs.logprobs,
-            values=np.concatenate([steps.outputs.values, bootstrap_value], axis=1),
+            values=np.concatenate([steps.outputs.values, last_value], axis=1),
             rewards=steps.rewards.astype(np.float32),
             discounted_returns=discounted_returns.astype(np.float32),
             terminations=steps.terminations,
             truncations=steps.truncations,
             is_reset=steps.is_reset,
             env_ids=env_ids,
+            first_core_state=played.first_core_state,
         )
         # One slice of environments per learner device: a single host-to-device copy of the whole
         # rollout, overlapped with the learner's work.
@@ -454,6 +525,7 @@ def actor_thread(
                 rollout_time=time.time() - rollout_start,
                 env_step_time=played.env_step_time,
             ),
+            next_core_state=played.next_core_state,
         )
         queue_put(rollout_queue, rollout, run.stop)
 
@@ -463,12 +535,32 @@ def evaluate(saved_policy: dict, args: Args, num_episodes: int, seed: int) -> li
     and the normalizer statistics frozen; `saved_policy` is a Policy's state dict."""
     policy = policy_from_dict(saved_policy)
     envs = make_env(args, seed, num_episodes)
-    network = Network(args.hiddens, envs.action_space.shape[0])
-    mean_action = jax.jit(lambda policy, obs: policy_outputs(network, policy, obs)[0])
+    network = network_of(args, envs.action_space.shape[0])
     low = envs.action_space.low
     high = envs.action_space.high
-    act = lambda obs, _: np.clip(np.asarray(mean_action(policy, flat_observation(obs))), low, high)
-    return play_episodes(envs, num_episodes, act)
+    if args.core == "none":
+        mean_action = jax.jit(lambda policy, obs: policy_outputs(network, policy, obs)[0])
+        act = lambda obs, _: np.clip(
+            np.asarray(mean_action(policy, flat_observation(obs))), low, high
+        )
+        return play_episodes(envs, num_episodes, act)
+    # Each environment plays one episode: its state never resets.
+    no_reset = np.zeros(num_episodes, bool)
+    step_core = jax.jit(
+        lambda policy, obs, state: policy_outputs(network, policy, obs, state, no_reset)
+    )
+    core_state = cores.initial_state(args.core, args.core_size, num_episodes)
+
+    def recurrent_act(obs, _):
+        nonlocal core_state
+        mean, _, _, core_state = step_core(policy, flat_observation(obs), core_state)
+        return np.clip(np.asarray(mean), low, high)
+
+    return play_episodes(envs, num_episodes, recurrent_act)
+
+
+def network_of(args, action_dim: int) -> Network:
+    return Network(args.hiddens, action_dim, core=args.core, core_size=args.core_size)
 
 
 # The model card of --upload-model: the algorithm, its papers and how `evaluate` acts.
@@ -507,7 +599,8 @@ def gae(rewards, values, terminations, truncations, *, gamma, gae_lambda):
 
 
 class Batch(NamedTuple):
-    """This device's minibatch (envs, steps of each env, ...); `valid` is 0 on reset steps."""
+    """This device's minibatch (envs, steps of each env, ...); `valid` is 0 on reset steps. With a
+    recurrent core, whole environment sequences and the state their first step met."""
 
     obs: jax.Array
     actions: jax.Array
@@ -516,14 +609,25 @@ class Batch(NamedTuple):
     returns: jax.Array
     advantages: jax.Array
     valid: jax.Array
+    first_core_state: Any = None
 
 
 def ppo_loss(params, apply_fn, batch: Batch, count, *, clip_coef, ent_coef, vf_coef, clip_vloss):
-    """Sums of per-sample losses over this device's valid samples, divided by the global count."""
-    obs = batch.obs.reshape(-1, batch.obs.shape[-1])
-    mean, log_std, value = apply_fn(params, obs)
-    mean = mean.reshape(batch.actions.shape)
-    value = value.reshape(batch.values.shape)
+    """Sums of per-sample losses over this device's valid samples, divided by the global count.
+    With a recurrent core, each environment's sequence replayed from the state its first step met,
+    the state reset after its reset steps as the actor's was (`cores`)."""
+    if batch.first_core_state is None:
+        obs = batch.obs.reshape(-1, batch.obs.shape[-1])
+        mean, log_std, value = apply_fn(params, obs)
+        mean = mean.reshape(batch.actions.shape)
+        value = value.reshape(batch.values.shape)
+    else:
+        time_major = lambda x: jnp.swapaxes(x, 0, 1)
+        is_reset = batch.valid == 0
+        mean, log_std, value, _ = apply_fn(
+            params, time_major(batch.obs), batch.first_core_state, time_major(is_reset)
+        )
+        mean, value = time_major(mean), time_major(value)
     logratio = gaussian_log_prob(mean, log_std, batch.actions) - batch.logprobs
     ratio = jnp.exp(logratio)
     pg_loss = jnp.maximum(
@@ -563,10 +667,12 @@ def init_state(args: Args, sizes: Sizes):
     and with --resume the newest checkpoint's policy and environments."""
     probe_env = make_env(args, args.seed, 1)
     obs_dim = flat_observation(probe_env.reset()[0]).shape[1]
-    network = Network(args.hiddens, probe_env.action_space.shape[0])
+    network = network_of(args, probe_env.action_space.shape[0])
     probe_env.close()
-    params = network.init(
-        jax.random.fold_in(jax.random.PRNGKey(args.seed), 0), np.zeros((1, obs_dim), np.float32)
+    params = cores.init_network(
+        network,
+        jax.random.fold_in(jax.random.PRNGKey(args.seed), 0),
+        np.zeros((1, obs_dim), np.float32),
     )
     steps_per_update = args.update_epochs * args.num_minibatches
     learning_rate = lambda count: learning_rate_at(args, sizes, 1 + count // steps_per_update)
@@ -581,11 +687,26 @@ def init_state(args: Args, sizes: Sizes):
         normalizer=initial_normalizer(obs_dim),
     )
     acting_policy = Policy(params=params, normalizer=state.normalizer)
-    # The actors' carry: every environment's discounted return.
-    discounted_returns = np.zeros(sizes.num_envs)
+    # The actors' carry: every environment's discounted return, and with a recurrent core its
+    # state.
+    actor_carry = np.zeros(sizes.num_envs)
+    if args.core != "none":
+        core_state = cores.initial_state(args.core, args.core_size, sizes.num_envs)
+        actor_carry = (actor_carry, jax.device_get(core_state))
     return network, kept_lag.run_origin(
-        args, sizes, __file__, state, acting_policy, actor_carry=discounted_returns
+        args, sizes, __file__, state, acting_policy, actor_carry=actor_carry
     )
+
+
+def carried(args: Args, sizes: Sizes, actor_carry) -> tuple:
+    """(every environment's discounted return, its core state) from the actors' carry, the
+    checkpoint's or None: a fresh run's discounted returns are None (the actors start them at
+    zero), its core states zeros, and without a core the states are None."""
+    if args.core == "none":
+        return actor_carry, None
+    if actor_carry is None:
+        return None, jax.device_get(cores.initial_state(args.core, args.core_size, sizes.num_envs))
+    return actor_carry
 
 
 def take_steps(x, steps):
@@ -636,18 +757,33 @@ def make_update(args: Args, learner_devices: list):
             returns=returns,
             advantages=advantages,
             valid=1.0 - data.is_reset.astype(jnp.float32),
+            first_core_state=data.first_core_state,
         )
 
         def epoch_step(state, epoch):
             epoch_key = jax.random.fold_in(jax.random.fold_in(learner_key, update), epoch)
-            orders = jax.vmap(
-                lambda g: jax.random.permutation(jax.random.fold_in(epoch_key, g), args.num_steps)
-            )(data.env_ids)
+            if args.core == "none":
+                orders = jax.vmap(
+                    lambda g: jax.random.permutation(
+                        jax.random.fold_in(epoch_key, g), args.num_steps
+                    )
+                )(data.env_ids)
+            else:
+                # Whole environment sequences: minibatch m is the m-th block of this order.
+                order = jnp.argsort(
+                    minibatch_ids(epoch_key, data.env_ids, args.num_minibatches), stable=True
+                )
+                envs_per_minibatch = order.shape[0] // args.num_minibatches
 
             def minibatch_step(state, minibatch):
-                first = minibatch * minibatch_steps
-                picked = jax.lax.dynamic_slice_in_dim(orders, first, minibatch_steps, axis=1)
-                batch = jax.tree.map(lambda x: take_steps(x, picked), rollout)
+                if args.core == "none":
+                    first = minibatch * minibatch_steps
+                    picked = jax.lax.dynamic_slice_in_dim(orders, first, minibatch_steps, axis=1)
+                    batch = jax.tree.map(lambda x: take_steps(x, picked), rollout)
+                else:
+                    first = minibatch * envs_per_minibatch
+                    picked = jax.lax.dynamic_slice_in_dim(order, first, envs_per_minibatch)
+                    batch = jax.tree.map(lambda x: x[picked], rollout)
                 count = jnp.maximum(jax.lax.psum(batch.valid.sum(), "devices"), 1.0)
                 if args.norm_adv:
                     batch = batch._replace(advantages=normalized_advantages(batch, count))
@@ -739,7 +875,7 @@ def train(args: Args):
         network=network,
         learner_devices=learner_devices,
         env_record=origin.env_record,
-        discounted_returns=origin.actor_carry,
+        **dict(zip(["discounted_returns", "core_state"], carried(args, sizes, origin.actor_carry))),
     )
     with run.learner_loop(actors.threads) as end:
         actors.send_first(host_policy(state), acting_params=origin.acting_params)
@@ -757,7 +893,13 @@ def train(args: Args):
             record, discounted_returns = gathered_rollouts(
                 [(r.record, r.discounted_return) for r in rollouts], args.distributed
             )
-            kept = Continuation(state, actors.last_sent, record, actor_carry=discounted_returns)
+            actor_carry = discounted_returns
+            if args.core != "none":
+                core_state = gathered_rollouts(
+                    [r.next_core_state for r in rollouts], args.distributed
+                )
+                actor_carry = (discounted_returns, core_state)
+            kept = Continuation(state, actors.last_sent, record, actor_carry=actor_carry)
             jax.block_until_ready(state)
             learner_times = LearnerTimes(
                 rollout_queue_get_time=rollout_queue_get_time,

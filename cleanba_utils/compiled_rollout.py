@@ -9,7 +9,9 @@ The script gives its policy's step, `act(params, obs, env_ids, step, step_input)
 outputs)`: the actions the environments receive and its own per-step outputs (a NamedTuple: the
 sampled actions, log-probabilities, values…), `env_ids` the environments' global indices (NumPy, a
 constant of the program) and `step` the policy step of the run (0, 1, …). It gets back the rollout
-as `rollout_steps.PlayedRollout`, its `Steps` env-major (envs, steps, ...).
+as `rollout_steps.PlayedRollout`, its `Steps` env-major (envs, steps, ...). A network with a
+recurrent core acts with its state, which the program carries from step to step
+(`rollout_steps`).
 
 Made and called with 64-bit types on for envpool (`envs.needs_x64`; `jax.enable_x64`, for the
 calling thread only): envpool's MuJoCo and dm_control tasks take float64 actions and give float64
@@ -56,6 +58,8 @@ class CompiledRollout:
     device: Any = None
     """where the program runs: the actor's device, to which `play` puts the parameters (None: where
     they are)"""
+    core_state: Any = None
+    """the recurrent core's state that the next rollout's first step meets (None: no core)"""
 
     def play(self, params, update: int, step_inputs=None) -> PlayedRollout:
         """The rollout of `update` with `params`, its steps' policy steps (update - 1) x
@@ -66,14 +70,19 @@ class CompiledRollout:
             params = jax.device_put(params, self.device)
         start = time.time()
         with jax.enable_x64(needs_x64(self.envs)):
-            self.handle, steps, last_obs, bootstrap_value = self.program(
+            first_core_state = self.core_state
+            core = None if first_core_state is None else (first_core_state, self.next_is_reset)
+            self.handle, steps, last_obs, bootstrap_value, core = self.program(
                 handle=self.handle,
                 params=params,
                 obs=self.next_obs,
                 first_step=np.int32(first_step),
                 step_inputs=step_inputs,
+                core=core,
             )
             steps = jax.device_get(steps)
+            if core is not None:
+                self.core_state = core[0]
         env_step_time = time.time() - start
         obs, env_actions, outputs, rewards, terminations, truncations = steps
         is_reset = np.zeros(terminations.shape, bool)
@@ -110,6 +119,8 @@ class CompiledRollout:
             episode_ends=episode_ends,
             inference_time=0.0,
             env_step_time=env_step_time,
+            first_core_state=None if first_core_state is None else jax.device_get(first_core_state),
+            next_core_state=None if core is None else jax.device_get(self.core_state),
         )
 
 
@@ -123,6 +134,7 @@ def start(
     act: Callable,
     bootstrap: Callable | None = None,
     device=None,
+    core_state=None,
 ) -> CompiledRollout:
     """The environments env_offset .. env_offset + --local-num-envs - 1 of the run's `num_envs` (the
     script's `make_env(args, seed, num_envs)`, seeded --seed + env_offset onwards) and the compiled
@@ -130,31 +142,43 @@ def start(
     (`RunLogs.episodes`). A fresh run (`env_record` None) resets them; a resumed one brings them to
     their part of `env_record`, every environment's at the checkpoint (`env_records.fast_forward`),
     and the episodes' running sums with them. `device`: the actor thread's, where the program runs
-    (None: wherever the parameters are)."""
+    (None: wherever the parameters are). `core_state`: the recurrent core's state of the thread's
+    environments before the first rollout (`cores`: zeros, or a resumed run's), with which `act`
+    and `bootstrap(params, obs, core_state)` take the state; None without a core."""
     envs = make_env(args, args.seed + env_offset, args.local_num_envs)
     env_ids = np.arange(env_offset, env_offset + args.local_num_envs, dtype=np.int32)
 
     def step(carry, step_input):
-        handle, obs, params = carry
+        handle, obs, params, core = carry
         policy_step, inputs = step_input
-        env_actions, outputs = act(params, obs, env_ids, policy_step, inputs)
+        if core is None:
+            env_actions, outputs = act(params, obs, env_ids, policy_step, inputs)
+        else:
+            core_state, is_reset = core
+            env_actions, outputs, core_state = act(
+                params, obs, env_ids, policy_step, inputs, core_state, is_reset
+            )
         handle, next_obs, rewards, terminations, truncations = step_envs(
             handle, env_actions, policy_step
         )
+        if core is not None:
+            # The step after an episode's end is a reset step.
+            core = (core_state, terminations | truncations)
         played = (obs, env_actions, outputs, rewards, terminations, truncations)
-        return (handle, next_obs, params), played
+        return (handle, next_obs, params, core), played
 
     @jax.jit
-    def program(handle, params, obs, first_step, step_inputs):
+    def program(handle, params, obs, first_step, step_inputs, core):
         steps = first_step + jnp.arange(args.num_steps, dtype=jnp.int32)
-        carry = (handle, obs, params)
-        (handle, obs, _), played = jax.lax.scan(step, carry, (steps, step_inputs))
-        return (
-            handle,
-            played,
-            obs,
-            None if bootstrap is None else bootstrap(params, obs),
-        )
+        carry = (handle, obs, params, core)
+        (handle, obs, _, core), played = jax.lax.scan(step, carry, (steps, step_inputs))
+        if bootstrap is None:
+            bootstrap_value = None
+        elif core is None:
+            bootstrap_value = bootstrap(params, obs)
+        else:
+            bootstrap_value = bootstrap(params, obs, core[0])
+        return handle, played, obs, bootstrap_value, core
 
     if env_record is None:
         record = env_records.empty_record(args.local_num_envs, args.env_id, args.env_params)
@@ -174,6 +198,7 @@ def start(
         handle, step_envs = compiled_step(envs)
     if device is not None:
         handle = jax.device_put(handle, device)
+        core_state = jax.device_put(core_state, device)
     return CompiledRollout(
         envs=envs,
         handle=handle,
@@ -185,4 +210,5 @@ def start(
         num_steps=args.num_steps,
         num_envs=num_envs,
         device=device,
+        core_state=core_state,
     )

@@ -1,6 +1,8 @@
 """How a learner update runs on its devices: the microbatch steps of a schedule over one prepared
-rollout, in a rolled `lax.scan` or in a Python loop over one compiled step. The algorithm (what
-`prepare` and the step compute, and the loops the schedule unrolls) stays in the script."""
+rollout, in a rolled `lax.scan` or in a Python loop over one compiled step; and, for a learner whose
+minibatches are whole environment sequences (IMPALA's, a recurrent core's), which minibatch each
+environment joins (`minibatch_ids`). The algorithm (what `prepare` and the step compute, and the
+loops the schedule unrolls) stays in the script."""
 
 import functools
 import time
@@ -17,6 +19,16 @@ def rolls(platform: str, convolutional: bool) -> bool:
     convolutional network loops in Python over one compiled step (an unrolled loop would keep every
     step's activations alive)."""
     return platform != "cpu" or not convolutional
+
+
+def minibatch_ids(key, env_ids, num_minibatches):
+    """Environment g goes to minibatch perm[g % M] of its block of M = num_minibatches consecutive
+    indices, perm being a random permutation keyed by the block: the global index alone decides, and
+    a device that holds whole blocks has equally many environments in every minibatch."""
+    block_permutation = lambda g: jax.random.permutation(
+        jax.random.fold_in(key, g // num_minibatches), num_minibatches
+    )
+    return jax.vmap(lambda g: block_permutation(g)[g % num_minibatches])(env_ids)
 
 
 def microbatch_update(

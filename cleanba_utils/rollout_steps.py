@@ -3,7 +3,10 @@ Python beside the policy's inference (`split_envs.start_splits`), or the policy'
 environments' steps in one compiled program (`compiled_rollout.start`: every JAX environment, and
 envpool's MuJoCo and dm_control tasks for the continuous scripts). Both take the script's policy
 step `act(params, obs, env_ids, step, step_input) -> (env_actions, outputs)` and count the
-episodes."""
+episodes. A network with a recurrent core (`cores`) acts with its state as well: given the
+environments' first state (`core_state`), a rollout calls `act(params, obs, env_ids, step,
+step_input, core_state, is_reset) -> (env_actions, outputs, core_state)`, `is_reset` the step's
+reset steps, and carries the state from step to step and rollout to rollout."""
 
 from typing import Any, NamedTuple
 
@@ -58,3 +61,9 @@ class PlayedRollout(NamedTuple):
     in one compiled program)"""
     env_step_time: float
     """seconds stepping the environments (in one compiled program: the policy's steps too)"""
+    first_core_state: Any = None
+    """the recurrent core's state (`cores`) that the rollout's first step met, from which the
+    learner replays each environment's steps; None without a core"""
+    next_core_state: Any = None
+    """the core's state after the rollout's last step, which the next rollout's first step meets
+    (a checkpoint holds it, on the host); None without a core"""

@@ -127,8 +127,9 @@ class SplitEnvs:
 
     def play(self, first_step: int, num_steps: int, act: Callable, record: Callable) -> Played:
         """Plays steps `first_step` .. `first_step + num_steps - 1` of every environment. At step
-        t, for each split in turn, `act(t, split, obs)` gets the split's observations (host) and
-        returns its actions (host) and what else to keep; the actions go to the split's instance,
+        t, for each split in turn, `act(t, split, obs, is_reset)` gets the split's observations
+        (host) and which of its environments play a reset step, and returns its actions (host) and
+        what else to keep; the actions go to the split's instance,
         whose worker threads step them while the next splits take their turn. Once step t's results
         are in for every split, `record(t, EnvStep)` gets them while the environments play step
         t + 1."""
@@ -140,6 +141,7 @@ class SplitEnvs:
             results = []
             chosen = []
             for split, instance in enumerate(self.instances):
+                is_reset = self.is_reset[self.env_slices[split]]
                 if playing:
                     tic = time.time()
                     obs, rewards, terminations, truncations, info = instance.recv()
@@ -147,9 +149,11 @@ class SplitEnvs:
                     info = _with_thread_env_ids(info, self.env_slices[split].start)
                     results.append((rewards, terminations, truncations, info))
                     self.split_obs[split] = obs
+                    # The step after an episode's end is a reset step.
+                    is_reset = terminations | truncations
                 if step < first_step + num_steps:
                     tic = time.time()
-                    actions, outputs = act(step, split, self.split_obs[split])
+                    actions, outputs = act(step, split, self.split_obs[split], is_reset)
                     inference_time += time.time() - tic
                     instance.send(actions)
                     chosen.append((actions, outputs))
@@ -191,7 +195,8 @@ class SplitRollout:
     envs: SplitEnvs
     split_policies: list
     """per split, the script's `act` jitted with the split's environment indices (NumPy, a
-    constant of the program, as in a compiled rollout): `policy(params, obs, step, step_input)`"""
+    constant of the program, as in a compiled rollout): `policy(params, obs, step, step_input)`,
+    with a recurrent core `policy(params, obs, step, step_input, core_state, is_reset)`"""
     bootstrap: Callable | None
     episodes: Any
     episode_over: Callable
@@ -203,6 +208,9 @@ class SplitRollout:
     record: EnvRecord | None = None
     """the environments' record (`env_records`), kept step by step where the script's checkpoints
     bring them back (the continuous scripts on Gymnasium's environments), else None"""
+    core_states: list | None = None
+    """per split, the recurrent core's state that its environments' next step meets, on the
+    actor's device (None: no core)"""
 
     def play(self, params, update: int, step_inputs=None) -> PlayedRollout:
         """The rollout of `update` with `params`, its steps' policy steps (update - 1) x
@@ -212,13 +220,19 @@ class SplitRollout:
         takes at each step, or None."""
         first_step = (update - 1) * self.num_steps
         episode_ends = []
+        first_core_state = None if self.core_states is None else _join(self.core_states)
 
-        def act(step, split, obs):
+        def act(step, split, obs, is_reset):
             obs = jax.device_put(obs, self.device)
             step_input = None if step_inputs is None else step_inputs[step - first_step]
-            actions, outputs = jax.device_get(
-                self.split_policies[split](params, obs, step, step_input)
-            )
+            policy = self.split_policies[split]
+            if self.core_states is None:
+                actions, outputs = jax.device_get(policy(params, obs, step, step_input))
+            else:
+                actions, outputs, self.core_states[split] = policy(
+                    params, obs, step, step_input, self.core_states[split], is_reset
+                )
+                actions, outputs = jax.device_get((actions, outputs))
             return actions, (obs, outputs)
 
         def record(step, played):
@@ -253,11 +267,14 @@ class SplitRollout:
             is_reset=env_major([s.is_reset for s in played.steps]),
         )
         next_obs = self.envs.next_obs
+        next_core_state = None if self.core_states is None else _join(self.core_states)
         bootstrap_value = None
         if self.bootstrap is not None:
-            bootstrap_value = np.asarray(
-                self.bootstrap(params, jax.device_put(next_obs, self.device))
-            )
+            on_device = jax.device_put(next_obs, self.device)
+            if next_core_state is None:
+                bootstrap_value = np.asarray(self.bootstrap(params, on_device))
+            else:
+                bootstrap_value = np.asarray(self.bootstrap(params, on_device, next_core_state))
         return PlayedRollout(
             steps=steps,
             next_obs=next_obs,
@@ -266,11 +283,13 @@ class SplitRollout:
             episode_ends=episode_ends,
             inference_time=played.inference_time,
             env_step_time=played.env_step_time,
+            first_core_state=jax.device_get(first_core_state),
+            next_core_state=jax.device_get(next_core_state),
         )
 
 
-def _acting_on(act: Callable, env_ids: np.ndarray, params, obs, step, step_input):
-    return act(params, obs, env_ids, step, step_input)
+def _acting_on(act: Callable, env_ids: np.ndarray, params, obs, step, step_input, *core):
+    return act(params, obs, env_ids, step, step_input, *core)
 
 
 def start_splits(
@@ -285,6 +304,7 @@ def start_splits(
     device=None,
     episode_over: Callable = ended,
     keep_record: bool = False,
+    core_state=None,
 ) -> SplitRollout:
     """The environments env_offset .. env_offset + --local-num-envs - 1 of the run's `num_envs` (the
     script's `make_env(args, seed, num_envs)`, seeded --seed + env_offset onwards, in --env-splits
@@ -297,7 +317,11 @@ def start_splits(
     With `keep_record` (a script whose checkpoints bring the environments back: the continuous
     scripts on Gymnasium's environments) the rollouts keep the environments' record, and a resumed
     run (`env_record`, the thread's part of the checkpoint's) brings them back to it; else a resumed
-    run makes them anew (envpool's Atari cannot be brought back)."""
+    run makes them anew (envpool's Atari cannot be brought back).
+
+    `core_state`: the recurrent core's state of the thread's environments before the first rollout
+    (`cores`), with which `act` and `bootstrap(params, obs, core_state)` take the state; None
+    without a core."""
     assert keep_record or env_record is None, "a record is kept only with keep_record"
     envs = SplitEnvs.of_actor_thread(make_env, args, env_offset)
     record = None
@@ -322,4 +346,10 @@ def start_splits(
         num_steps=args.num_steps,
         num_envs=num_envs,
         record=record,
+        core_states=None
+        if core_state is None
+        else [
+            jax.device_put(jax.tree.map(lambda x, s=split: x[s], core_state), device)
+            for split in envs.env_slices
+        ],
     )

@@ -23,6 +23,7 @@ from helpers import (
 )
 
 from cleanba import cleanba_impala as impala
+from cleanba_utils.microbatches import minibatch_ids
 
 
 def python_vtrace(
@@ -171,8 +172,8 @@ def test_loss_handles_termination_truncation_and_reset_steps():
 
 def test_minibatch_membership_depends_on_global_env_index_only():
     key = jax.random.PRNGKey(3)
-    together = impala.minibatch_ids(key, jnp.arange(16), 4)
-    halves = [impala.minibatch_ids(key, jnp.arange(8) + k, 4) for k in (0, 8)]
+    together = minibatch_ids(key, jnp.arange(16), 4)
+    halves = [minibatch_ids(key, jnp.arange(8) + k, 4) for k in (0, 8)]
     np.testing.assert_array_equal(together, np.concatenate(halves))
     # Every block of 4 consecutive envs sends one env to each minibatch, in an order that varies.
     assert all(

@@ -55,7 +55,7 @@ def test_the_splits_play_what_one_instance_plays(num_splits):
     envs = SplitEnvs(make_breakout, seed=10, num_envs=num_envs, num_splits=num_splits)
     recorded = []
 
-    def act(step, split, obs):
+    def act(step, split, obs, is_reset):
         env_ids = np.arange(num_envs)[envs.env_slices[split]]
         return actions_of(step, env_ids), obs.copy()
 
@@ -106,7 +106,7 @@ def test_each_split_steps_while_the_next_one_acts():
         lambda seed, n: LoggingInstance(log, next(names), n), seed=0, num_envs=4, num_splits=2
     )
 
-    def act(step, split, obs):
+    def act(step, split, obs, is_reset):
         log.append(f"act {'ab'[split]} {step}")
         return np.zeros(len(obs)), None
 
