@@ -172,8 +172,8 @@ def main():
         print(f"{label}: threshold {LEARNING_TESTS[name].threshold}", flush=True)
         for record in records:
             episodes = len(record["returns"])
-            print(f"  seed {record['seed']}: {record['score']:.1f} ({episodes} episodes)")
-        print(f"  worst {min(scores):.1f}, mean {np.mean(scores):.1f}, best {max(scores):.1f}")
+            print(f"  seed {record['seed']}: {record['score']:.2f} ({episodes} episodes)")
+        print(f"  worst {min(scores):.2f}, mean {np.mean(scores):.2f}, best {max(scores):.2f}")
 
 
 if __name__ == "__main__":

@@ -119,6 +119,14 @@ APEX_DPG_PENDULUM = (
     " --learning-starts 1000 --total-timesteps 16000 --log-frequency 1000"
 )
 PPO_CONTINUOUS_PENDULUM = "--env-id Pendulum-v1 --total-timesteps 200000 --log-frequency 1000"
+# bsuite's MemoryChain (gymnax): the context bit shown at an episode's start decides the reward of
+# its last action, 5 steps later; a feed-forward policy can only guess (a mean return of 0).
+MEMORY_CHAIN = (
+    "--env-id gymnax:MemoryChain-bsuite --core gru --hiddens 64 --local-num-envs 16"
+    " --num-actor-threads 1 --num-steps 32 --num-minibatches 4 --update-epochs 4"
+    " --learning-rate 1e-3 --gradient-accumulation-steps 1 --total-timesteps 15000"
+    " --log-frequency 1000"
+)
 RUN = " --seed 1 --run-name learning"
 LEARNING_TESTS = {
     "ppo": LearningTest("cleanba_ppo.py", (CARTPOLE + CLEANRL_PPO + RUN).split(), 1, 90),
@@ -134,6 +142,7 @@ LEARNING_TESTS = {
     "ppo_continuous": LearningTest(
         "cleanba_ppo_continuous.py", (PPO_CONTINUOUS_PENDULUM + RUN).split(), 1, 700
     ),
+    "ppo_memory": LearningTest("cleanba_ppo.py", (MEMORY_CHAIN + RUN).split(), 1, 0.5),
 }
 
 
