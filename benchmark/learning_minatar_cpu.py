@@ -22,7 +22,10 @@ The runs, in order:
   0.1 (`--env-params sticky_action_prob=0.1`) and no cap on an episode's length.
 - IMPALA, 10M steps on Breakout and SpaceInvaders, the script's defaults (the paper's: 2 x 64
   environments, unrolls of 20, 4 minibatches, RMSProp at 6e-4 annealed; lag 1) with the same
-  network.
+  network; then, since those do not learn, 2M steps on Breakout with the defaults and with RMSProp
+  changed one way each (a learning rate ten times larger; epsilon 1e-5 and 1e-8; epsilon and the
+  gradient's clip of the IMPALA paper's summed loss, rescaled to a mean over the minibatch's 640
+  steps: 0.01 / 640² and 40 / 640), and 10M steps on both games with epsilon 1e-8.
 - Ape-X DQN, 5M steps on Breakout, Young & Tian's budget (5M frames: MinAtar has no frame skip),
   the script's defaults (Ape-X's) but its replay, Young & Tian's 100,000 transitions, on their
   environment (sticky actions, no cap).
@@ -41,6 +44,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import numpy as np
 from csv_columns import RUN_COLUMNS
 from measure import code_of_runs, resumable_benchmark_options, run_resumable
 
@@ -76,7 +80,7 @@ def young_tian_env(game: str) -> list[str]:
 class Run(NamedTuple):
     script: str
     mode: str
-    """the CSV's mode column"""
+    """the CSV's mode column (with the options that set the run apart from its script's others)"""
     env_id: str
     seed: int
     steps: int
@@ -120,6 +124,37 @@ RUNS |= {
 }
 RUNS |= {
     f"impala_{game}_s1": Run("cleanba_impala", "async", minatar(game), 1, 10_000_000, [])
+    for game in ("breakout", "space_invaders")
+}
+# IMPALA's RMSProp beside its defaults: 2M steps on Breakout, one change each, then 10M on both
+# games with the epsilon that learns.
+IMPALA_RMSPROP = {
+    "defaults": [],
+    "lr6e-3": ["--learning-rate", "6e-3"],
+    "eps1e-5": ["--rmsprop-eps", "1e-5"],
+    "eps1e-8": ["--rmsprop-eps", "1e-8"],
+    "summed_loss": ["--rmsprop-eps", "2.44e-8", "--max-grad-norm", "0.0625"],
+}
+RUNS |= {
+    f"impala_breakout_2m_{name}_s1": Run(
+        "cleanba_impala",
+        " ".join(["async", *options]),
+        minatar("breakout"),
+        1,
+        2_000_000,
+        options,
+    )
+    for name, options in IMPALA_RMSPROP.items()
+}
+RUNS |= {
+    f"impala_{game}_eps1e-8_s1": Run(
+        "cleanba_impala",
+        "async --rmsprop-eps 1e-8",
+        minatar(game),
+        1,
+        10_000_000,
+        IMPALA_RMSPROP["eps1e-8"],
+    )
     for game in ("breakout", "space_invaders")
 }
 RUNS["apex_dqn_breakout_s1"] = Run(
@@ -214,6 +249,15 @@ STICKY_SETTINGS = {
 YOUNG_TIAN_DQN = {"Breakout-MinAtar": 10}
 
 
+def impala_probes(rows: list[dict]) -> list[str]:
+    """The 2M runs of IMPALA on Breakout, each as its options and final return."""
+    return [
+        f"{r['mode'].removeprefix('async').strip() or 'the defaults'} {r['final_return']:.1f}"
+        for r in rows
+        if r["script"] == "cleanba_impala" and r["steps"] <= 2_000_000 and r["finished"]
+    ]
+
+
 def comparison(rows: list[dict]) -> list[str]:
     """The written comparison: each finished result beside the published figures of the same
     environment settings (above or below each), the mean over seeds where there are several."""
@@ -269,6 +313,38 @@ def comparison(rows: list[dict]) -> list[str]:
         scores = finished("cleanba_apex_dqn", f"gymnax:{game}", sticky=True)
         if scores:
             lines.append(line(f"Ape-X DQN, {game}", scores, {"Young & Tian DQN (5M)": figure}))
+    return lines
+
+
+def second_moments(tree, inside_nu: bool = False) -> list:
+    """The leaves under every `nu` key of a checkpoint's optimizer state (RMSProp's ν), flat."""
+    if not isinstance(tree, dict):
+        return [np.asarray(tree).ravel()] if inside_nu else []
+    return [
+        leaf
+        for key, value in tree.items()
+        for leaf in second_moments(value, inside_nu or key == "nu")
+    ]
+
+
+def rmsprop_scale(work_dir: Path) -> list[str]:
+    """What RMSProp divides the gradients of IMPALA's runs at their defaults by, read from their
+    newest checkpoints: the root of its mean square ν per parameter against √ε = 0.1."""
+    from cleanba_utils.checkpoints import newest_checkpoint
+
+    lines = []
+    for name in ("impala_breakout_s1", "impala_space_invaders_s1"):
+        run_dir = work_dir / "runs" / name
+        if not (run_dir / "summary.json").exists():
+            continue
+        path, saved = newest_checkpoint(str(run_dir))
+        opt_state = saved["state"]["learner"]["opt_state"]
+        root = np.sqrt(np.concatenate(second_moments(opt_state)))
+        lines.append(
+            f"- {name}, {Path(path).name}: √ν of its {root.size:,} parameters: median "
+            f"{np.median(root):.1e}, 99th percentile {np.percentile(root, 99):.1e}, largest "
+            f"{root.max():.1e}; {100 * np.mean(root < 0.1):.3f} % below √ε = 0.1."
+        )
     return lines
 
 
@@ -375,7 +451,22 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
         "(`GYMNAX_SETTINGS`, `STICKY_SETTINGS` and `YOUNG_TIAN_DQN` in the script; pgx's and Young "
         "& Tian's read from their plots):\n\n"
         + ("\n".join(comparison(rows)) or "(none finished yet)")
-        + "\n\n"
+        + "\n\n## IMPALA's RMSProp on MinAtar\n\n"
+        "IMPALA at its defaults (the Cleanba paper's: RMSProp, ε = 0.01 under the root, lr 6e-4) "
+        "does not learn these games. Its losses are means over a minibatch's steps (the Cleanba "
+        "paper's), where the IMPALA paper's are sums: the same gradients are smaller by the "
+        "minibatch's 640 steps, and MinAtar's small network gives small ones. RMSProp divides "
+        "each parameter's gradient by √(ν + ε); with ν far below ε it steps as SGD at lr / √ε. "
+        "Read from the runs' last checkpoints:\n\n"
+        + ("\n".join(rmsprop_scale(work_dir)) or "(not run yet)")
+        + "\n\nThe 2M runs on Breakout (`impala_breakout_2m_*`, one change each, in the table) "
+        "show which change makes it learn: "
+        + ("; ".join(impala_probes(rows)) or "(not run yet)")
+        + ". The summed-loss run sets ε and the gradient's clip to the IMPALA paper's for its sum "
+        "over 640 steps, rescaled to the mean (RMSProp on a loss k times larger with ε is RMSProp "
+        "on the loss with ε / k², and the clip scales by k): 0.01 / 640² and 40 / 640. "
+        "`--rmsprop-eps` sets ε (docs/impala.md); the default stays the Cleanba paper's, with "
+        "which its Atari results were published.\n\n"
         "## Published figures\n\n" + "\n".join(published) + "\n\n"
         "gymnax-blines' figures are those gymnax 1.0.1's README lists (R: 15, 28, 58, –, 131; "
         "checked in the installed package's metadata); the others are read from plots "

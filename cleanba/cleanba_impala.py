@@ -69,7 +69,14 @@ class Args(DeviceArgs):
     total_timesteps: int = positive(50_000_000)
     """total environment steps (agent steps, not frames) of the run"""
     learning_rate: float = positive(6e-4)
-    """the learning rate of the optimizer"""
+    """the learning rate of RMSProp (decay 0.99, momentum 0)"""
+    rmsprop_eps: float = positive(0.01)
+    """RMSProp's epsilon, added to the mean square under the root as in TensorFlow's RMSProp, which
+    the IMPALA paper ran (optax eps_in_sqrt=True); 0.01 is the Cleanba and IMPALA papers'. The
+    IMPALA paper's losses are sums over the batch's steps, these are means (the Cleanba paper's), so
+    the same gradients are smaller here by the minibatch's number of steps: where nearly every
+    parameter's mean square is below epsilon, RMSProp steps as SGD at learning rate / √epsilon.
+    A smaller epsilon lets it scale small gradients (MinAtar's: docs/impala.md)"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to zero over the run"""
     local_num_envs: int = positive(64)
@@ -654,7 +661,9 @@ def init_state(args: Args, sizes: Sizes):
     learning_rate = lambda count: learning_rate_at(args, sizes, 1 + count // args.num_minibatches)
     optimizer = optax.chain(
         optax.clip_by_global_norm(args.max_grad_norm),
-        optax.inject_hyperparams(optax.rmsprop)(learning_rate=learning_rate, decay=0.99, eps=0.01),
+        optax.inject_hyperparams(optax.rmsprop)(
+            learning_rate=learning_rate, decay=0.99, eps=args.rmsprop_eps
+        ),
     )
     # The gradients of a minibatch's microbatches are summed (each is its share of the minibatch's
     # mean).
