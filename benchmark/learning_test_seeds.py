@@ -5,7 +5,8 @@ test checks, per seed, so that a threshold is chosen from ten runs rather than o
     python benchmark/learning_test_seeds.py ppo --seeds 1 2 3     # one test, three seeds
     python benchmark/learning_test_seeds.py ppo --broken ascent   # a broken learner must fail
 
-`--set FLAG VALUE ...` overrides flags of the test's command. `--broken` runs the script with its
+`--set FLAG=VALUE ...` overrides flags of the test's command (`--set core=none num-steps=64`: each
+`--flag value` replaced, or added). `--broken` runs the script with its
 learner broken on purpose, to check that the test fails it: `frozen` multiplies every gradient by 0
 (a learning rate of 0), `ascent` by -1 (the wrong sign), `shuffled` permutes the actions of the
 loss's batch (with their behaviour log-probabilities) with a fixed permutation of all its samples,
@@ -113,6 +114,14 @@ def with_overrides(args: list[str], overrides: list[str]) -> list[str]:
     return args
 
 
+def flag_and_value(text: str) -> tuple[str, str]:
+    """`core=none` as `("--core", "none")`."""
+    flag, equals, value = text.partition("=")
+    if not equals or not flag:
+        raise argparse.ArgumentTypeError(f"{text!r}: give FLAG=VALUE, e.g. core=none")
+    return f"--{flag.removeprefix('--')}", value
+
+
 def run_seed(name: str, seed: int, overrides: list[str], work_dir: Path, broken: str | None):
     test = LEARNING_TESTS[name]
     run_name = f"seed_{seed}"
@@ -151,11 +160,14 @@ def main():
         "tests", nargs="*", default=list(LEARNING_TESTS), choices=list(LEARNING_TESTS)
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(1, 11)))
-    parser.add_argument("--set", nargs="+", default=[], dest="overrides", metavar="FLAG_OR_VALUE")
+    parser.add_argument(
+        "--set", nargs="+", default=[], dest="settings", metavar="FLAG=VALUE", type=flag_and_value
+    )
     parser.add_argument("--broken", choices=["frozen", "ascent", "shuffled"])
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/cleanba-learning-seeds"))
     options = parser.parse_args()
+    options.overrides = [word for setting in options.settings for word in setting]
     for name in options.tests:
         run = functools.partial(
             run_seed,
