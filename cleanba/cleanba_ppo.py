@@ -288,6 +288,8 @@ class Network(nn.Module):
         return logits, value[:, 0]
 
     def through_core(self, obs, core_state, is_reset):
+        """The network with its core on sequences: every step's torso at once, the core step by
+        step, every step's heads at once."""
         steps_and_envs = obs.shape[:2]
         flat = obs.reshape(-1, *obs.shape[2:])
         if flat.ndim != 4:
@@ -308,6 +310,7 @@ class Network(nn.Module):
         return logits.reshape(*steps_and_envs, -1), value.reshape(steps_and_envs), core_state
 
     def image_torso(self, obs):
+        """An image's features (N, C, H, W -> N, hidden): the torso and its dense layers."""
         if obs.dtype != jnp.uint8:
             x = MinAtarTorso(self.channels)(jnp.transpose(obs, (0, 2, 3, 1)))
         else:

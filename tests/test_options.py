@@ -54,12 +54,14 @@ DISCRETE_NEEDS = {
     "vectorization_mode": ["--env-id", "gymnasium:CartPole-v1"],
     "capture_video": ["--env-id", CORRIDOR, "--eval-episodes", "1"],
     "frame_stack": ["--env-id", "gymnasium:test_gymnasium_envs:Blink"],
+    "core_size": ["--core", "lstm"],
 }
 CONTINUOUS_NEEDS = {
     **RUN_NEEDS,
     "env_params": ["--env-id", "gymnax:Pendulum-v1"],
     "vectorization_mode": ["--env-id", "gymnasium:Pendulum-v1"],
     "capture_video": ["--env-id", f"{CORRIDOR.removesuffix('Corridor')}ContinuousCorridor"],
+    "core_size": ["--core", "lstm"],
 }
 CONTINUOUS_NEEDS["capture_video"] += ["--eval-episodes", "1"]
 SCRIPTS = {
