@@ -68,7 +68,18 @@ project's 2-core x86 CPU machine (shared with other work), all with the compiled
   about step 120k, the last 100 episodes about -170). Broken: frozen 46.7, 42.6, 59.4; ascent
   (seeds 1-6) 293.0, 398.0, 202.7, 234.5, 98.5, 280.6; shuffled 51.5, 61.3, 67.0. Threshold 700:
   283 below the worst seed, 302 above the best broken run (gradient ascent makes the first 100
-  episodes worse than random, -1,480 to -1,650 on seeds 1-3, and its last 100 -1,140 to -1,350)."""
+  episodes worse than random, -1,480 to -1,650 on seeds 1-3, and its last 100 -1,140 to -1,350).
+
+ppo_memory is PPO with a GRU core on bsuite's MemoryChain (gymnax), a task that needs memory: the
+first observation's bit decides the reward (+1 or -1) of the last of 6 steps, and a policy that
+cannot remember it scores 0 on average. Its broken learner is the feed-forward agent (`--core none`,
+measured with `--set core=none`). 16 environments x 32 steps, learning rate 1e-3, 15k steps (about
+2,100 episodes; a score of at most 2). Measured on 2026-11-29 on this project's 2-core x86 CPU
+machine (shared with other work), seeds 1..10: 0.96, 1.12, 0.78, 1.18, 1.00, 1.04, 1.24, 0.98, 0.92,
+1.18 (each last 100 episodes about 1: remembered). Feed-forward, seeds 1..10: 0.06, 0.22, -0.18,
+0.34, -0.08, 0.04, 0.38, -0.02, 0.06, 0.10. Threshold 0.6: 0.18 below the worst seed, 0.22 above the
+best feed-forward run (the difference of two means of 100 episodes of +1 or -1 has a spread of about
+0.14 where nothing is learned)."""
 
 from typing import NamedTuple
 
@@ -142,7 +153,7 @@ LEARNING_TESTS = {
     "ppo_continuous": LearningTest(
         "cleanba_ppo_continuous.py", (PPO_CONTINUOUS_PENDULUM + RUN).split(), 1, 700
     ),
-    "ppo_memory": LearningTest("cleanba_ppo.py", (MEMORY_CHAIN + RUN).split(), 1, 0.5),
+    "ppo_memory": LearningTest("cleanba_ppo.py", (MEMORY_CHAIN + RUN).split(), 1, 0.6),
 }
 
 
