@@ -213,6 +213,20 @@ def run_all(options):
         )
 
 
+def update_times(work_dir: Path, name: str) -> str:
+    """Where a Cleanba run's update went: the actor's rollout and the learner's update, mean
+    milliseconds per update (TensorBoard's `stats/`, the compiling first update left out)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from helpers import scalars
+
+    run_dir = work_dir / "runs" / name
+    means = {
+        key: 1000 * np.mean([value for _, value in scalars(run_dir, f"stats/{key}")[1:]])
+        for key in ("rollout_time", "learn_time")
+    }
+    return f"rollout {means['rollout_time']:.0f} ms, learner update {means['learn_time']:.0f} ms"
+
+
 def report(options):
     measured = [
         json.loads((options.work_dir / f"{name}.json").read_text())
@@ -263,7 +277,7 @@ def report(options):
     lines = [
         f"# Recurrent cores on a CPU ({time.strftime('%Y-%m-%d')})",
         "",
-        f"{stack_line()}. Made by `python benchmark/recurrent_cpu.py --purejaxrl /tmp/purejaxrl "
+        f"{stack_line()} Made by `python benchmark/recurrent_cpu.py --purejaxrl /tmp/purejaxrl "
         "--purejaxrl-python /tmp/pjvenv/bin/python`; the settings and what differs between the "
         "programs are in its docstring. Cleanba's command (the feed-forward runs without `--core "
         "gru --core-size 128`):",
@@ -285,7 +299,21 @@ def report(options):
             score = cell(program, task, "final_return", "{:.2f}")
             speed = cell(program, task, "sps", "{:,.0f}")
             lines.append(f"| {TASKS[task]} | {PROGRAMS[program]} | {score} | {speed} |")
-    lines += ["", *options.findings, "", "![recurrent cores](recurrent_cpu.png)", ""]
+    lines += [
+        "",
+        "Where each update of 512 steps went (Cleanba, seed 1; the actor plays the next rollout "
+        "while the learner updates only with `--concurrency`, off here):",
+        "",
+    ]
+    for task in TASKS:
+        for program in ("gru", "feed_forward"):
+            name = f"{program}_{task}_s1"
+            if (options.work_dir / "runs" / name).is_dir():
+                times = update_times(options.work_dir, name)
+                lines.append(f"- {TASKS[task]}, {PROGRAMS[program]}: {times}.")
+    for finding in options.findings:
+        lines += ["", finding]
+    lines += ["", "![recurrent cores](recurrent_cpu.png)", ""]
     (results / "recurrent_cpu.md").write_text("\n".join(lines))
 
 
