@@ -520,7 +520,10 @@ def synthetic_rollouts(script, args, learner_devices: list) -> tuple:
     _, reward, terminated, truncated, _ = probe.step(np.zeros(1, dtype=np.int32))
     num_actions = probe.action_space.n
     probe.close()
-    fields = script.Trajectories._fields
+    # The fields without a default (a recurrent core's first state is None without a core).
+    fields = [
+        f for f in script.Trajectories._fields if f not in script.Trajectories._field_defaults
+    ]
     bootstrap = "values" if "values" in fields else "obs"
     n = args.local_num_envs
     steps = args.num_steps

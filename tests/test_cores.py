@@ -195,7 +195,7 @@ def test_a_layout_changes_a_recurrent_run_by_rounding_only(tmp_path):
     args = [
         *["--env-id", "gymnax:MemoryChain-bsuite", "--core", "lstm", "--core-size", "8"],
         *["--hiddens", "16", "--num-steps", "16", "--num-minibatches", "2"],
-        *["--update-epochs", "2", "--total-timesteps", "384"],
+        *["--update-epochs", "2", "--gradient-accumulation-steps", "1", "--total-timesteps", "384"],
     ]
     params = ppo_params_by_layout(tmp_path, args, PPO_LAYOUTS)
     for name in ("two_learners", "two_threads"):
