@@ -19,10 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from cleanba_utils.parsing import Need
-
-CORES = ("none", "lstm", "gru")
-"""--core: no core (the feed-forward network), flax's `OptimizedLSTMCell` or its `GRUCell`"""
+from cleanba_utils.fields import Need
 
 
 def initial_state(kind: str, size: int, num_envs: int) -> Any:
