@@ -25,7 +25,8 @@ The runs, in order:
   network; then, since those do not learn, 2M steps on Breakout with the defaults and with RMSProp
   changed one way each (a learning rate ten times larger; epsilon 1e-5 and 1e-8; epsilon and the
   gradient's clip of the IMPALA paper's summed loss, rescaled to a mean over the minibatch's 640
-  steps: 0.01 / 640² and 40 / 640), and 10M steps on both games with epsilon 1e-8.
+  steps: 0.01 / 640² and 40 / 640; epsilon 1e-8 with an entropy cost ten times smaller), and 10M
+  steps on both games with epsilon 1e-8.
 - Ape-X DQN, 5M steps on Breakout, Young & Tian's budget (5M frames: MinAtar has no frame skip),
   the script's defaults (Ape-X's) but its replay, Young & Tian's 100,000 transitions, on their
   environment (sticky actions, no cap).
@@ -134,6 +135,7 @@ IMPALA_RMSPROP = {
     "eps1e-5": ["--rmsprop-eps", "1e-5"],
     "eps1e-8": ["--rmsprop-eps", "1e-8"],
     "summed_loss": ["--rmsprop-eps", "2.44e-8", "--max-grad-norm", "0.0625"],
+    "eps1e-8_ent1e-3": ["--rmsprop-eps", "1e-8", "--ent-coef", "1e-3"],
 }
 RUNS |= {
     f"impala_breakout_2m_{name}_s1": Run(
