@@ -25,8 +25,8 @@ The runs, in order:
   network; then, since those do not learn, 2M steps on Breakout with the defaults and with RMSProp
   changed one way each (a learning rate ten times larger; epsilon 1e-5 and 1e-8; epsilon and the
   gradient's clip of the IMPALA paper's summed loss, rescaled to a mean over the minibatch's 640
-  steps: 0.01 / 640² and 40 / 640; epsilon 1e-8 with an entropy cost ten times smaller), and 10M
-  steps on both games with epsilon 1e-8.
+  steps: 0.01 / 640² and 40 / 640; epsilon 1e-8 with an entropy cost ten times smaller, or with a
+  learning rate five times larger), and 10M steps on both games with epsilon 1e-8.
 - Ape-X DQN, 5M steps on Breakout, Young & Tian's budget (5M frames: MinAtar has no frame skip),
   the script's defaults (Ape-X's) but its replay, Young & Tian's 100,000 transitions, on their
   environment (sticky actions, no cap).
@@ -136,6 +136,7 @@ IMPALA_RMSPROP = {
     "eps1e-8": ["--rmsprop-eps", "1e-8"],
     "summed_loss": ["--rmsprop-eps", "2.44e-8", "--max-grad-norm", "0.0625"],
     "eps1e-8_ent1e-3": ["--rmsprop-eps", "1e-8", "--ent-coef", "1e-3"],
+    "eps1e-8_lr3e-3": ["--rmsprop-eps", "1e-8", "--learning-rate", "3e-3"],
 }
 RUNS |= {
     f"impala_breakout_2m_{name}_s1": Run(
@@ -346,6 +347,26 @@ def rmsprop_scale(work_dir: Path) -> list[str]:
             f"- {name}, {Path(path).name}: √ν of its {root.size:,} parameters: median "
             f"{np.median(root):.1e}, 99th percentile {np.percentile(root, 99):.1e}, largest "
             f"{root.max():.1e}; {100 * np.mean(root < 0.1):.3f} % below √ε = 0.1."
+        )
+    return lines
+
+
+def entropy_drift(work_dir: Path) -> list[str]:
+    """How the policy's entropy and policy-gradient loss of IMPALA's 10M runs with epsilon 1e-8 went
+    (TensorBoard's `losses/`): their first and last logged values."""
+    lines = []
+    for name in ("impala_breakout_eps1e-8_s1", "impala_space_invaders_eps1e-8_s1"):
+        run_dir = work_dir / "runs" / name
+        if not (run_dir / "summary.json").exists():
+            continue
+        logged = {
+            tag: read_scalars(run_dir, f"losses/{tag}").values for tag in ("entropy", "pg_loss")
+        }
+        lines.append(
+            f"- {name}: the policy's entropy from {logged['entropy'][0]:.2f} to "
+            f"{logged['entropy'][-1]:.2f} (uniform over 3 and 6 actions: 1.10 and 1.79); the "
+            f"policy-gradient loss's largest magnitude in the last half "
+            f"{np.abs(logged['pg_loss'][len(logged['pg_loss']) // 2 :]).max():.1e}."
         )
     return lines
 
