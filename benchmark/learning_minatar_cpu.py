@@ -25,8 +25,9 @@ The runs, in order:
   network; then, since those do not learn, 2M steps on Breakout with the defaults and with RMSProp
   changed one way each (a learning rate ten times larger; epsilon 1e-5 and 1e-8; epsilon and the
   gradient's clip of the IMPALA paper's summed loss, rescaled to a mean over the minibatch's 640
-  steps: 0.01 / 640² and 40 / 640; epsilon 1e-8 with an entropy cost ten times smaller, or with a
-  learning rate five times larger), and 10M steps on both games with epsilon 1e-8.
+  steps: 0.01 / 640² and 40 / 640; epsilon 1e-8 with an entropy cost ten times smaller, a learning
+  rate five times larger, no lag (Sync) or rollouts of 128 steps), and 10M steps on both games with
+  epsilon 1e-8.
 - Ape-X DQN, 5M steps on Breakout, Young & Tian's budget (5M frames: MinAtar has no frame skip),
   the script's defaults (Ape-X's) but its replay, Young & Tian's 100,000 transitions, on their
   environment (sticky actions, no cap).
@@ -137,6 +138,8 @@ IMPALA_RMSPROP = {
     "summed_loss": ["--rmsprop-eps", "2.44e-8", "--max-grad-norm", "0.0625"],
     "eps1e-8_ent1e-3": ["--rmsprop-eps", "1e-8", "--ent-coef", "1e-3"],
     "eps1e-8_lr3e-3": ["--rmsprop-eps", "1e-8", "--learning-rate", "3e-3"],
+    "eps1e-8_sync": ["--rmsprop-eps", "1e-8", "--no-concurrency"],
+    "eps1e-8_steps128": ["--rmsprop-eps", "1e-8", "--num-steps", "128"],
 }
 RUNS |= {
     f"impala_breakout_2m_{name}_s1": Run(
@@ -519,7 +522,8 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
         "the entropy falls:\n\n"
         + ("\n".join(entropy_drift(work_dir)) or "(not run yet)")
         + "\n\nNeither a smaller entropy cost nor a larger learning rate changes Breakout's 2M "
-        "result (the list above): what holds IMPALA on Breakout is not measured yet.\n\n"
+        "result (the list above; so far as the runs without lag and with longer rollouts have "
+        "run, those too): what holds IMPALA on Breakout is not measured yet.\n\n"
         "## Published figures\n\n" + "\n".join(published) + "\n\n"
         "gymnax-blines' figures are those gymnax 1.0.1's README lists (R: 15, 28, 58, –, 131; "
         "checked in the installed package's metadata); the others are read from plots "
