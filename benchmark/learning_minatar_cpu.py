@@ -522,8 +522,8 @@ def report(work_dir: Path, out_dir: Path, date: str, note: str):
         "the entropy falls:\n\n"
         + ("\n".join(entropy_drift(work_dir)) or "(not run yet)")
         + "\n\nNeither a smaller entropy cost nor a larger learning rate changes Breakout's 2M "
-        "result (the list above; so far as the runs without lag and with longer rollouts have "
-        "run, those too): what holds IMPALA on Breakout is not measured yet.\n\n"
+        "result (the list above, with the runs without lag and with rollouts of 128 steps once "
+        "they have run): what holds IMPALA on Breakout is not measured yet.\n\n"
         "## Published figures\n\n" + "\n".join(published) + "\n\n"
         "gymnax-blines' figures are those gymnax 1.0.1's README lists (R: 15, 28, 58, –, 131; "
         "checked in the installed package's metadata); the others are read from plots "
