@@ -37,7 +37,7 @@ from cleanba_utils.devices import first_replica, gathered_rollouts, learner_shar
 from cleanba_utils.env_ids import is_jax_env
 from cleanba_utils.envs import has_image_observations, make_env
 from cleanba_utils.errors import fail
-from cleanba_utils.evaluation_episodes import play_episodes
+from cleanba_utils.evaluation_episodes import carrying_state, play_episodes
 from cleanba_utils.fields import in_range, non_negative, positive
 from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, start_actor_threads
 from cleanba_utils.huge_pages import restart_with_huge_pages
@@ -509,16 +509,12 @@ def evaluate(params, args: Args, num_episodes: int, seed: int) -> list[float]:
     act = jax.jit(
         lambda p, o, step, state: policy_step(
             network, key, p, o, env_ids, step, None, state, no_reset
-        )
+        )[::2]  # the actions and the state after the step
     )
-    core_state = cores.initial_state(args.core, args.core_size, num_episodes)
-
-    def recurrent_act(obs, step):
-        nonlocal core_state
-        action, _, core_state = act(params, obs, step, core_state)
-        return action
-
-    return play_episodes(envs, num_episodes, recurrent_act)
+    first_state = cores.initial_state(args.core, args.core_size, num_episodes)
+    return play_episodes(
+        envs, num_episodes, carrying_state(functools.partial(act, params), first_state)
+    )
 
 
 # The model card of --upload-model: the algorithm, its papers and how `evaluate` acts.

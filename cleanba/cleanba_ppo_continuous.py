@@ -57,7 +57,7 @@ from cleanba_utils.env_ids import is_gymnasium_env
 from cleanba_utils.env_records import EnvRecord
 from cleanba_utils.envs import action_space_of, flat_observation, make_env
 from cleanba_utils.errors import fail
-from cleanba_utils.evaluation_episodes import play_episodes
+from cleanba_utils.evaluation_episodes import carrying_state, play_episodes
 from cleanba_utils.fields import in_range, non_negative, positive
 from cleanba_utils.handoff import ActorTimes, LagRule, OnResume, start_actor_threads
 from cleanba_utils.kept_lag import Continuation
@@ -549,14 +549,13 @@ def evaluate(saved_policy: dict, args: Args, num_episodes: int, seed: int) -> li
     step_core = jax.jit(
         lambda policy, obs, state: policy_outputs(network, policy, obs, state, no_reset)
     )
-    core_state = cores.initial_state(args.core, args.core_size, num_episodes)
 
-    def recurrent_act(obs, _):
-        nonlocal core_state
-        mean, _, _, core_state = step_core(policy, flat_observation(obs), core_state)
-        return np.clip(np.asarray(mean), low, high)
+    def mean_action(obs, _, state):
+        mean, _, _, state = step_core(policy, flat_observation(obs), state)
+        return np.clip(np.asarray(mean), low, high), state
 
-    return play_episodes(envs, num_episodes, recurrent_act)
+    first_state = cores.initial_state(args.core, args.core_size, num_episodes)
+    return play_episodes(envs, num_episodes, carrying_state(mean_action, first_state))
 
 
 def network_of(args, action_dim: int) -> Network:
@@ -865,6 +864,7 @@ def train(args: Args):
         concurrency=args.concurrency,
         on_resume=ON_RESUME,
     )
+    discounted_returns, core_state = carried(args, sizes, origin.actor_carry)
     actors = start_actor_threads(
         actor_thread,
         [jax.local_devices()[i] for i in args.actor_device_ids],
@@ -875,7 +875,8 @@ def train(args: Args):
         network=network,
         learner_devices=learner_devices,
         env_record=origin.env_record,
-        **dict(zip(["discounted_returns", "core_state"], carried(args, sizes, origin.actor_carry))),
+        discounted_returns=discounted_returns,
+        core_state=core_state,
     )
     with run.learner_loop(actors.threads) as end:
         actors.send_first(host_policy(state), acting_params=origin.acting_params)

@@ -9,6 +9,19 @@ def ended(terminated, truncated, info):
     return terminated | truncated
 
 
+def carrying_state(step, state):
+    """`act(obs, step)` for `play_episodes` from a policy with a state (a recurrent core's):
+    `step(obs, step, state) -> (actions, state)`, each step's state carried into the next, from
+    `state`."""
+
+    def act(obs, t):
+        nonlocal state
+        actions, state = step(obs, t, state)
+        return actions
+
+    return act
+
+
 def play_episodes(envs, num_episodes: int, act, episode_over=ended) -> list[float]:
     """Plays one episode in each of the `num_episodes` environments of `envs`, the actions
     `act(obs, step)`; returns their unclipped returns (envpool's `info["reward"]` where it clips),
